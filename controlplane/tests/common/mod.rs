@@ -1,0 +1,105 @@
+//! Shared set-up for tests that need a real PostgreSQL origin.
+//!
+//! The origin is the lab cluster started by `deploy/lab/pg.sh start` (`.ci/run` does it). Each
+//! test gets a database of its own, dropped (with its replication slots) when the guard drops,
+//! so tests can run in parallel without seeing each other's tables, publications or slots.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Connection settings of the lab origin, overridable with `PGLINE_TEST_PG_*`.
+pub fn origin_base() -> (String, u16, String, String) {
+    let host = std::env::var("PGLINE_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = std::env::var("PGLINE_TEST_PG_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(54329);
+    let user = std::env::var("PGLINE_TEST_PG_USER").unwrap_or_else(|_| "postgres".into());
+    let password = std::env::var("PGLINE_TEST_PG_PASSWORD").unwrap_or_else(|_| "pgline".into());
+    (host, port, user, password)
+}
+
+/// A `key=value` connection string for database `db` on the lab origin.
+pub fn conn_string(db: &str) -> String {
+    let (host, port, user, password) = origin_base();
+    format!("host={host} port={port} user={user} password={password} dbname={db}")
+}
+
+/// A database created for one test; dropped, together with its slots, on drop.
+pub struct TestDb {
+    pub name: String,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl TestDb {
+    /// Creates a fresh database named after `tag`, the process id and a counter.
+    pub async fn create(tag: &str) -> TestDb {
+        let name = format!(
+            "t_{tag}_{}_{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let admin = admin_client().await;
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        TestDb { name }
+    }
+
+    pub fn conn_string(&self) -> String {
+        conn_string(&self.name)
+    }
+
+    /// A plain client connected to this database.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        connect(&self.conn_string()).await
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs outside any runtime guarantee: use a small runtime of our own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime for test cleanup");
+            rt.block_on(async move {
+                let admin = admin_client().await;
+                let _ = admin
+                    .batch_execute(&format!(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                         WHERE database = '{name}' AND active_pid IS NOT NULL;"
+                    ))
+                    .await;
+                let _ = admin
+                    .batch_execute(&format!(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE database = '{name}';"
+                    ))
+                    .await;
+                let _ = admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+pub async fn admin_client() -> tokio_postgres::Client {
+    connect(&conn_string("postgres")).await
+}
+
+pub async fn connect(conn: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test origin ({conn}): {e}; is deploy/lab/pg.sh running?"));
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}

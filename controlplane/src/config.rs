@@ -1,0 +1,455 @@
+//! pgline's configuration: a TOML file, overridden by `PGLINE_<SECTION>_<KEY>` environment
+//! variables, overridden by command-line flags (`--set section.key=value` and a few named ones).
+//!
+//! Every section has its own struct with `deny_unknown_fields`, defaults as named constants and a
+//! `validate()`; an unknown key or a bad value stops start-up with a message naming it. The
+//! dataplane never reads files or the environment: [`Config::engine`] and [`Config::store`] hand
+//! it plain structs.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use pgline_dataplane::engine::{self, EngineConfig};
+use pgline_dataplane::resp::Limits;
+use pgline_dataplane::store::StoreConfig;
+use pgline_hugepages::PageLevel;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config: {0}")]
+    Parse(String),
+    #[error("config: {key}: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+/// Sections that `PGLINE_<SECTION>_<KEY>` variables may set.
+pub const SECTIONS: &[&str] = &["origin", "resp", "store", "replication", "catalog", "log"];
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub origin: OriginConfig,
+    pub resp: RespConfig,
+    pub store: StoreSection,
+    pub replication: ReplicationConfig,
+    pub catalog: CatalogConfig,
+    pub log: LogConfig,
+}
+
+pub const DEFAULT_ORIGIN_URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
+pub const DEFAULT_POOL_SIZE: usize = 8;
+pub const DEFAULT_FILL_BATCH: usize = 256;
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 3_000;
+pub const DEFAULT_QUERY_TIMEOUT_MS: u64 = 5_000;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OriginConfig {
+    /// libpq-style `key=value` string or `postgres://` URL.
+    pub url: String,
+    /// Connections used for fills.
+    pub pool_size: usize,
+    /// Most keys of one table read by one batched origin query.
+    pub fill_batch: usize,
+    pub connect_timeout_ms: u64,
+    pub query_timeout_ms: u64,
+}
+
+impl Default for OriginConfig {
+    fn default() -> Self {
+        OriginConfig {
+            url: DEFAULT_ORIGIN_URL.into(),
+            pool_size: DEFAULT_POOL_SIZE,
+            fill_batch: DEFAULT_FILL_BATCH,
+            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            query_timeout_ms: DEFAULT_QUERY_TIMEOUT_MS,
+        }
+    }
+}
+
+impl OriginConfig {
+    /// The parsed connection settings, with the session settings pgline's text formats rely on.
+    pub fn pg_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        let mut cfg: tokio_postgres::Config = self.url.parse().map_err(|e| ConfigError::Invalid {
+            key: "origin.url",
+            reason: format!("{e}"),
+        })?;
+        cfg.options(SESSION_OPTIONS);
+        cfg.application_name("pgline");
+        cfg.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.pg_config()?;
+        check(self.pool_size >= 1 && self.pool_size <= 256, "origin.pool_size", "must be 1..=256")?;
+        check(self.fill_batch >= 1 && self.fill_batch <= 10_000, "origin.fill_batch", "must be 1..=10000")?;
+        check(self.connect_timeout_ms >= 1, "origin.connect_timeout_ms", "must be > 0")?;
+        check(self.query_timeout_ms >= 1, "origin.query_timeout_ms", "must be > 0")
+    }
+}
+
+/// Session settings for every origin connection (fills and replication), so values arrive in the
+/// text forms the row encoder expects.
+pub const SESSION_OPTIONS: &str =
+    "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1";
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:6380";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RespConfig {
+    pub listen: String,
+    pub cores: usize,
+    pub max_connections: usize,
+    /// Empty: no AUTH needed.
+    pub password: String,
+    pub max_request_bytes: usize,
+    pub max_reply_backlog: usize,
+    pub max_args: usize,
+    pub requests_per_turn: usize,
+    pub spin_polls: u32,
+    pub miss_queue: usize,
+}
+
+impl Default for RespConfig {
+    fn default() -> Self {
+        RespConfig {
+            listen: DEFAULT_LISTEN.into(),
+            cores: engine::DEFAULT_CORES,
+            max_connections: engine::DEFAULT_MAX_CONNECTIONS,
+            password: String::new(),
+            max_request_bytes: engine::DEFAULT_MAX_REQUEST_BYTES,
+            max_reply_backlog: engine::DEFAULT_MAX_REPLY_BACKLOG,
+            max_args: Limits::default().max_args,
+            requests_per_turn: engine::DEFAULT_REQUESTS_PER_TURN,
+            spin_polls: engine::DEFAULT_SPIN_POLLS,
+            miss_queue: 4096,
+        }
+    }
+}
+
+impl RespConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.listen.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid {
+            key: "resp.listen",
+            reason: format!("{:?} is not an ip:port address ({e})", self.listen),
+        })?;
+        check(self.cores >= 1 && self.cores <= 256, "resp.cores", "must be 1..=256")?;
+        check(self.max_connections >= 1, "resp.max_connections", "must be >= 1")?;
+        check(self.max_request_bytes >= 1024, "resp.max_request_bytes", "must be >= 1024")?;
+        check(self.max_reply_backlog >= 64 * 1024, "resp.max_reply_backlog", "must be >= 65536")?;
+        check(self.max_args >= 2 && self.max_args <= 1_000_000, "resp.max_args", "must be 2..=1000000")?;
+        check(self.requests_per_turn >= 1, "resp.requests_per_turn", "must be >= 1")?;
+        check(self.miss_queue >= 16, "resp.miss_queue", "must be >= 16")
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreSection {
+    /// Total memory of the store (index + entries), e.g. `"256MiB"` or a number of bytes.
+    pub memory: ByteSize,
+    pub segment: ByteSize,
+    /// Largest page size to try: `1GiB`, `2MiB`, `THP` or `4KiB`.
+    pub max_page: String,
+    pub prefault: bool,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        let d = StoreConfig::default();
+        StoreSection {
+            memory: ByteSize(d.memory_bytes as u64),
+            segment: ByteSize(d.segment_bytes as u64),
+            max_page: "1GiB".into(),
+            prefault: d.prefault,
+        }
+    }
+}
+
+impl StoreSection {
+    pub fn page_level(&self) -> Result<PageLevel, ConfigError> {
+        match self.max_page.to_ascii_lowercase().as_str() {
+            "1gib" | "1g" => Ok(PageLevel::Huge1G),
+            "2mib" | "2m" => Ok(PageLevel::Huge2M),
+            "thp" => Ok(PageLevel::Transparent),
+            "4kib" | "4k" => Ok(PageLevel::Base),
+            other => Err(ConfigError::Invalid {
+                key: "store.max_page",
+                reason: format!("{other:?} is not one of 1GiB, 2MiB, THP, 4KiB"),
+            }),
+        }
+    }
+}
+
+/// A byte count written as a number or as `"<n>[KiB|MiB|GiB]"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value", into = "u64")]
+pub struct ByteSize(pub u64);
+
+impl From<ByteSize> for u64 {
+    fn from(b: ByteSize) -> u64 {
+        b.0
+    }
+}
+
+impl TryFrom<toml::Value> for ByteSize {
+    type Error = String;
+    fn try_from(v: toml::Value) -> Result<Self, String> {
+        match v {
+            toml::Value::Integer(n) if n >= 0 => Ok(ByteSize(n as u64)),
+            toml::Value::String(s) => parse_size(&s).map(ByteSize),
+            other => Err(format!("{other} is not a size (a number of bytes or e.g. \"256MiB\")")),
+        }
+    }
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use KiB, MiB or GiB)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+pub const DEFAULT_SLOT: &str = "pgline";
+pub const DEFAULT_PUBLICATION: &str = "pgline";
+pub const DEFAULT_MAX_LAG_MS: u64 = 10_000;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationConfig {
+    pub slot: String,
+    pub publication: String,
+    /// Past this lag (or with the stream down) hits are not served: reads go to the origin.
+    pub max_lag_ms: u64,
+    pub status_interval_ms: u64,
+    pub reconnect_backoff_ms: u64,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            slot: DEFAULT_SLOT.into(),
+            publication: DEFAULT_PUBLICATION.into(),
+            max_lag_ms: DEFAULT_MAX_LAG_MS,
+            status_interval_ms: 1_000,
+            reconnect_backoff_ms: 500,
+        }
+    }
+}
+
+impl ReplicationConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let ident = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        check(ident(&self.slot), "replication.slot", "must be 1-63 of [a-z0-9_]")?;
+        check(ident(&self.publication), "replication.publication", "must be 1-63 of [a-z0-9_]")?;
+        check(self.status_interval_ms >= 10, "replication.status_interval_ms", "must be >= 10")?;
+        check(self.reconnect_backoff_ms >= 10, "replication.reconnect_backoff_ms", "must be >= 10")
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CatalogConfig {
+    /// Tables to cache (`name` or `schema.name`); empty: every table with a primary key.
+    pub tables: Vec<String>,
+    /// Extra key prefixes: `prefixes = { users = "u" }` makes `u:42` name `users` row 42.
+    pub prefixes: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter, e.g. `info` or `pgline=debug`.
+    pub level: String,
+    pub json: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".into(), json: false }
+    }
+}
+
+fn check(ok: bool, key: &'static str, reason: &str) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid { key, reason: reason.into() })
+    }
+}
+
+impl Config {
+    /// Loads `path` (if any), applies `PGLINE_*` variables from `env`, then `--set` overrides.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[String],
+    ) -> Result<Config, ConfigError> {
+        let mut table = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+                text.parse::<toml::Table>()
+                    .map_err(|e| ConfigError::Parse(format!("{}: {e}", p.display())))?
+            }
+            None => toml::Table::new(),
+        };
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix("PGLINE_") else { continue };
+            let Some((section, key)) = rest.split_once('_') else { continue };
+            let section = section.to_ascii_lowercase();
+            if !SECTIONS.contains(&section.as_str()) {
+                continue;
+            }
+            set_path(&mut table, &format!("{section}.{}", key.to_ascii_lowercase()), &value, &name)?;
+        }
+        for o in overrides {
+            let (key, value) = o
+                .split_once('=')
+                .ok_or_else(|| ConfigError::Parse(format!("--set {o:?}: expected section.key=value")))?;
+            set_path(&mut table, key.trim(), value, &format!("--set {key}"))?;
+        }
+        let cfg: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.message().to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.origin.validate()?;
+        self.resp.validate()?;
+        self.replication.validate()?;
+        self.store().validate().map_err(|e| ConfigError::Invalid { key: "store", reason: e.to_string() })?;
+        for t in self.catalog.prefixes.values() {
+            check(!t.is_empty() && !t.contains(':'), "catalog.prefixes", "a prefix must be non-empty and contain no ':'")?;
+        }
+        Ok(())
+    }
+
+    pub fn store(&self) -> StoreConfig {
+        StoreConfig {
+            memory_bytes: self.store.memory.0 as usize,
+            segment_bytes: self.store.segment.0 as usize,
+            max_page_level: self.store.page_level().unwrap_or(PageLevel::Base),
+            prefault: self.store.prefault,
+        }
+    }
+
+    pub fn engine(&self) -> EngineConfig {
+        let limits = Limits { max_args: self.resp.max_args, ..Limits::default() };
+        EngineConfig {
+            listen: self.resp.listen.parse().expect("validated by RespConfig::validate"),
+            cores: self.resp.cores,
+            max_connections: self.resp.max_connections,
+            max_request_bytes: self.resp.max_request_bytes,
+            max_reply_backlog: self.resp.max_reply_backlog,
+            requests_per_turn: self.resp.requests_per_turn,
+            max_pending_per_conn: engine::DEFAULT_MAX_PENDING_PER_CONN,
+            spin_polls: self.resp.spin_polls,
+            password: (!self.resp.password.is_empty()).then(|| self.resp.password.clone()),
+            limits,
+        }
+    }
+}
+
+/// Sets `section.key` in `table` from a string: TOML syntax if it parses as a value, else a string.
+fn set_path(table: &mut toml::Table, path: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
+    let (section, key) = path
+        .split_once('.')
+        .ok_or_else(|| ConfigError::Parse(format!("{origin}: {path:?} is not section.key")))?;
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let entry = table
+        .entry(section.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    match entry {
+        toml::Value::Table(t) => {
+            t.insert(key.to_string(), value);
+            Ok(())
+        }
+        _ => Err(ConfigError::Parse(format!("{origin}: [{section}] is not a table"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str, env: &[(&str, &str)], sets: &[&str]) -> Result<Config, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("pgline-cfg-{}-{}", std::process::id(), toml.len()));
+        std::fs::write(&dir, toml).unwrap();
+        let env = env.iter().map(|(a, b)| (a.to_string(), b.to_string()));
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let r = Config::load(Some(&dir), env, &sets);
+        let _ = std::fs::remove_file(&dir);
+        r
+    }
+
+    #[test]
+    fn file_env_and_flags_layer_in_order() {
+        let cfg = load(
+            "[resp]\nlisten = \"127.0.0.1:7000\"\ncores = 2\n[store]\nmemory = \"64MiB\"\n",
+            &[("PGLINE_RESP_CORES", "3"), ("PGLINE_TEST_PG_HOST", "ignored")],
+            &["store.memory=\"128MiB\""],
+        )
+        .unwrap();
+        assert_eq!(cfg.resp.listen, "127.0.0.1:7000");
+        assert_eq!(cfg.resp.cores, 3);
+        assert_eq!(cfg.store.memory.0, 128 << 20);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = load("[resp]\nlisten = \"127.0.0.1:7000\"\ncorez = 2\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("corez"), "{err}");
+        let err = load("", &[("PGLINE_STORE_MEMROY", "1")], &[]).unwrap_err();
+        assert!(err.to_string().contains("memroy"), "{err}");
+        let err = load("[nope]\nx = 1\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = load("[resp]\nlisten = \"localhost\"\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("resp.listen"), "{err}");
+        let err = load("[store]\nmemory = \"12 parsecs\"\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("parsecs"), "{err}");
+        let err = load("[resp]\ncores = 0\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("resp.cores"), "{err}");
+        let err = load("[replication]\nslot = \"Bad-Slot\"\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("replication.slot"), "{err}");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1024").unwrap(), 1024);
+        assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);
+        assert_eq!(parse_size("1 GiB").unwrap(), 1 << 30);
+        assert!(parse_size("1TiB").is_err());
+        assert!(parse_size("MiB").is_err());
+    }
+}

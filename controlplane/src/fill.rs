@@ -1,0 +1,177 @@
+//! Reading rows from the origin for misses: batched, one query per table per batch.
+//!
+//! A batch reads every requested key of one table with one statement,
+//! `SELECT cols::text FROM t JOIN unnest($1::text[], ...) AS k ON t.pk = k.k0::type ...`, so
+//! concurrent misses cost one round trip. Keys are matched back by the row's own pk text: a key
+//! that is not the canonical text of its value (`users:042`) never matches and reads as absent,
+//! which keeps one row under one key (see `keytext`). Keys whose text would make the cast fail
+//! are answered without asking the origin, or, for types we cannot check locally, read one by one
+//! so that one bad key cannot fail its neighbours.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgline_dataplane::plane::RowBytes;
+use pgline_dataplane::row::{encode_columns, encode_resp_json};
+
+use crate::catalog::{quote_ident, TableInfo};
+use crate::keytext::{check_key_text, KeyCheck};
+use crate::rowjson::encode_row_json;
+
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum FillError {
+    /// No connection to the origin (down, refused, auth): a retry may help later.
+    #[error("origin unavailable: {0}")]
+    Unavailable(String),
+    /// The origin answered with an error.
+    #[error("origin error: {0}")]
+    Query(String),
+    #[error("origin query timed out after {0} ms")]
+    Timeout(u64),
+}
+
+/// What a fill found for one key.
+#[derive(Debug, Clone)]
+pub enum Fetched {
+    Row(Arc<RowBytes>),
+    /// No such row. `cacheable` is false when the answer came without a clean origin read (e.g.
+    /// a key text the type rejects), so no negative entry is installed for it.
+    Absent { cacheable: bool },
+}
+
+/// Encodes a row (column texts in table order) as the store holds it.
+pub fn encode_row(table: &TableInfo, values: &[Option<&[u8]>]) -> RowBytes {
+    let mut json = Vec::with_capacity(64 + values.iter().map(|v| v.map_or(4, |v| v.len() + 8)).sum::<usize>());
+    encode_row_json(&mut json, &table.json_columns, values);
+    let mut resp_json = Vec::with_capacity(json.len() + 16);
+    encode_resp_json(&mut resp_json, &json);
+    let mut columns = Vec::new();
+    encode_columns(
+        &mut columns,
+        table.columns.iter().zip(values.iter()).map(|(c, v)| (c.name.as_bytes(), *v)),
+    );
+    RowBytes { resp_json, columns }
+}
+
+fn select_list(table: &TableInfo) -> String {
+    table
+        .columns
+        .iter()
+        .map(|c| format!("t.{}::text", quote_ident(&c.name)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The batched statement for `table`: one text[] parameter per key column.
+pub fn batch_sql(table: &TableInfo) -> String {
+    let params: Vec<String> = (0..table.key_columns.len()).map(|i| format!("${}::text[]", i + 1)).collect();
+    let names: Vec<String> = (0..table.key_columns.len()).map(|i| format!("k{i}")).collect();
+    let on: Vec<String> = table
+        .key_columns
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            let col = &table.columns[c];
+            format!("t.{} = k.k{i}::{}", quote_ident(&col.name), col.type_name)
+        })
+        .collect();
+    format!(
+        "SELECT {} FROM {} t JOIN unnest({}) AS k({}) ON {}",
+        select_list(table),
+        table.qualified(),
+        params.join(", "),
+        names.join(", "),
+        on.join(" AND ")
+    )
+}
+
+/// Reads `pks` of `table`; results in the order of `pks`.
+pub async fn fetch(
+    client: &deadpool_postgres::Client,
+    table: &TableInfo,
+    pks: &[Box<[u8]>],
+    timeout_ms: u64,
+) -> Result<Vec<Fetched>, FillError> {
+    let mut results = vec![Fetched::Absent { cacheable: true }; pks.len()];
+    let mut batch: Vec<usize> = Vec::new();
+    let mut single: Vec<usize> = Vec::new();
+    for (i, pk) in pks.iter().enumerate() {
+        let Some(parts) = table.split_pk(pk) else {
+            results[i] = Fetched::Absent { cacheable: true };
+            continue;
+        };
+        let mut verdict = KeyCheck::Canonical;
+        for (part, &c) in parts.iter().zip(&table.key_columns) {
+            match check_key_text(table.columns[c].type_oid, part) {
+                KeyCheck::Canonical => {}
+                KeyCheck::NotCanonical => verdict = KeyCheck::NotCanonical,
+                KeyCheck::Unknown if verdict == KeyCheck::Canonical => verdict = KeyCheck::Unknown,
+                KeyCheck::Unknown => {}
+            }
+        }
+        match verdict {
+            KeyCheck::Canonical => batch.push(i),
+            KeyCheck::Unknown => single.push(i),
+            KeyCheck::NotCanonical => results[i] = Fetched::Absent { cacheable: false },
+        }
+    }
+    if !batch.is_empty() {
+        run(client, table, pks, &batch, &mut results, timeout_ms).await?;
+    }
+    for i in single {
+        match run(client, table, pks, &[i], &mut results, timeout_ms).await {
+            Ok(()) => {}
+            // The origin rejected the key's text for its type: no such row can exist.
+            Err(FillError::Query(_)) => results[i] = Fetched::Absent { cacheable: false },
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(results)
+}
+
+async fn run(
+    client: &deadpool_postgres::Client,
+    table: &TableInfo,
+    pks: &[Box<[u8]>],
+    which: &[usize],
+    results: &mut [Fetched],
+    timeout_ms: u64,
+) -> Result<(), FillError> {
+    let nkeys = table.key_columns.len();
+    let mut params: Vec<Vec<String>> = vec![Vec::with_capacity(which.len()); nkeys];
+    for &i in which {
+        let parts = table.split_pk(&pks[i]).unwrap_or_default();
+        for (k, part) in parts.iter().enumerate() {
+            params[k].push(String::from_utf8_lossy(part).into_owned());
+        }
+    }
+    let sql = batch_sql(table);
+    let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        params.iter().map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+    let query = async {
+        let stmt = client.prepare_cached(&sql).await?;
+        client.query(&stmt, &refs).await
+    };
+    let rows = match tokio::time::timeout(Duration::from_millis(timeout_ms), query).await {
+        Err(_) => return Err(FillError::Timeout(timeout_ms)),
+        Ok(Err(e)) => return Err(classify(e)),
+        Ok(Ok(rows)) => rows,
+    };
+    for row in rows {
+        let texts: Vec<Option<&str>> = (0..table.columns.len()).map(|c| row.get(c)).collect();
+        let values: Vec<Option<&[u8]>> = texts.iter().map(|t| t.map(str::as_bytes)).collect();
+        let Some(pk) = table.pk_text(&values) else { continue };
+        if let Some(&i) = which.iter().find(|&&i| *pks[i] == *pk) {
+            results[i] = Fetched::Row(Arc::new(encode_row(table, &values)));
+        }
+    }
+    Ok(())
+}
+
+pub fn classify(e: tokio_postgres::Error) -> FillError {
+    if let Some(db) = e.as_db_error() {
+        FillError::Query(format!("{} ({})", db.message(), db.code().code()))
+    } else {
+        FillError::Unavailable(e.to_string())
+    }
+}

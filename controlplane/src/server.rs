@@ -1,0 +1,187 @@
+//! Starting and stopping a whole pgline: origin pool and catalog, store, WAL consumer, writer,
+//! dataplane cores. Used by the `pgline serve` binary and, in-process, by the integration tests.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgline_dataplane::engine::Engine;
+use pgline_dataplane::keyspace::KeySpaceCell;
+use pgline_dataplane::plane::{Shared, Wake};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+use crate::catalog::{Catalog, CatalogError};
+use crate::config::{Config, ConfigError};
+use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
+use crate::writer::{AdminCmd, Writer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("origin unreachable: {0}")]
+    Origin(String),
+    #[error("origin has wal_level={0}; pgline needs wal_level=logical (set it in postgresql.conf and restart PostgreSQL)")]
+    WalLevel(String),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error("store: {0}")]
+    Store(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+}
+
+struct NotifyWake(Arc<Notify>);
+
+impl Wake for NotifyWake {
+    fn wake(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// A running pgline.
+pub struct Pgline {
+    pub shared: Arc<Shared>,
+    pub repl: Arc<ReplicationState>,
+    pub catalog: Catalog,
+    admin: mpsc::Sender<AdminCmd>,
+    shutdown: watch::Sender<bool>,
+    engine: Option<Engine>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    local_addr: SocketAddr,
+}
+
+impl Pgline {
+    /// Starts everything; returns once the RESP listeners are bound.
+    pub async fn start(cfg: Config) -> Result<Pgline, StartError> {
+        let pg = cfg.origin.pg_config()?;
+        let mgr = deadpool_postgres::Manager::from_config(
+            pg.clone(),
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
+        );
+        let pool = deadpool_postgres::Pool::builder(mgr)
+            .max_size(cfg.origin.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(Duration::from_millis(cfg.origin.connect_timeout_ms)))
+            .wait_timeout(Some(Duration::from_millis(cfg.origin.query_timeout_ms)))
+            .build()
+            .map_err(|e| StartError::Origin(e.to_string()))?;
+        let client = pool.get().await.map_err(|e| StartError::Origin(e.to_string()))?;
+        let level: String = client
+            .query_one("SHOW wal_level", &[])
+            .await
+            .map_err(|e| StartError::Origin(e.to_string()))?
+            .get(0);
+        if level != "logical" {
+            return Err(StartError::WalLevel(level));
+        }
+        let catalog = Catalog::load(&client, &cfg.catalog).await?;
+        drop(client);
+        tracing::info!(tables = catalog.tables.len(), "catalog loaded");
+
+        let (store, reader) =
+            pgline_dataplane::store::open(&cfg.store()).map_err(|e| StartError::Store(e.to_string()))?;
+        let st = store.stats();
+        tracing::info!(
+            budget = st.budget_bytes,
+            page_level = %st.page_level,
+            pages = st.pages,
+            "store region reserved"
+        );
+        let wake = Arc::new(Notify::new());
+        let shared = Arc::new(Shared::new(
+            reader,
+            KeySpaceCell::new(catalog.keyspace()),
+            cfg.resp.cores,
+            cfg.resp.miss_queue,
+            Arc::new(NotifyWake(wake.clone())),
+        ));
+        let repl = Arc::new(ReplicationState::default());
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (wal_tx, wal_rx) = mpsc::channel(1024);
+        let (admin_tx, admin_rx) = mpsc::channel(64);
+
+        let scope = if cfg.catalog.tables.is_empty() {
+            PublicationScope::AllTables
+        } else {
+            PublicationScope::Tables(catalog.tables.values().map(|t| t.qualified()).collect())
+        };
+        let wal_cfg = WalConfig {
+            slot: cfg.replication.slot.clone(),
+            publication: cfg.replication.publication.clone(),
+            scope,
+            status_interval: Duration::from_millis(cfg.replication.status_interval_ms),
+            keepalive_request_interval: Duration::from_millis(100),
+            reconnect_backoff: Duration::from_millis(cfg.replication.reconnect_backoff_ms),
+        };
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(wal::run_consumer(pg, wal_cfg, repl.clone(), wal_tx, shutdown_rx.clone())));
+        let writer = Writer::new(cfg.clone(), store, shared.clone(), catalog.clone(), pool, repl.clone());
+        tasks.push(tokio::spawn(writer.run(wake, wal_rx, admin_rx, shutdown_rx)));
+
+        let engine = Engine::start(cfg.engine(), shared.clone())
+            .map_err(|source| StartError::Listen { addr: cfg.resp.listen.clone(), source })?;
+        let local_addr = engine.local_addr();
+        tracing::info!(%local_addr, cores = cfg.resp.cores, "RESP listening (kernel sockets)");
+        Ok(Pgline { shared, repl, catalog, admin: admin_tx, shutdown, engine: Some(engine), tasks, local_addr })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The LSN up to which WAL changes are applied to the store.
+    pub fn applied_lsn(&self) -> u64 {
+        self.repl.applied_lsn.load(Ordering::Acquire)
+    }
+
+    /// Waits until hits are served (stream up, lag under the bound) or `timeout` passes.
+    pub async fn wait_serving(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if self.shared.serve_hits.load(Ordering::Acquire) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Waits until the applied LSN reaches `lsn`.
+    pub async fn wait_applied(&self, lsn: u64, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if self.applied_lsn() >= lsn {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    pub async fn flush_all(&self) -> u64 {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.admin.send(AdminCmd::FlushAll(tx)).await;
+        rx.await.unwrap_or(0)
+    }
+
+    /// Every cached entry: (table id, pk text, row JSON or None for "no such row").
+    pub async fn dump(&self) -> Vec<(u32, Vec<u8>, Option<Vec<u8>>)> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.admin.send(AdminCmd::Dump(tx)).await;
+        rx.await.unwrap_or_default()
+    }
+
+    /// Stops the cores and the control-plane tasks.
+    pub async fn shutdown(mut self) {
+        if let Some(engine) = self.engine.take() {
+            tokio::task::spawn_blocking(move || engine.stop()).await.ok();
+        }
+        let _ = self.shutdown.send(true);
+        for t in self.tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! The store's single writer: misses in, fills out, WAL changes applied, in one order.
+//!
+//! Everything that changes the store goes through this one task, so "which happened first, the
+//! fill or the write?" always has an answer. The fill race (DESIGN.md, "Coherence") is closed
+//! with leases:
+//!
+//! 1. A miss for key K with no fill in flight creates a lease: `inflight[K] = (fill, slot)`,
+//!    *before* the fill's origin read is started.
+//! 2. Any WAL change that touches K (insert, update of either its old or new key, delete,
+//!    truncate or relation change of its table) removes `inflight[K]`: the lease is void.
+//! 3. When the fill lands, it is installed only if `inflight[K]` still names it.
+//!
+//! A change that commits after the fill's read began is applied after step 1 (it is decoded from
+//! the WAL only after it commits), so it voids the lease and the possibly older read is never
+//! installed; its waiters still get the value read, which was current at a moment after their
+//! request arrived. A change applied before step 1 committed before the read began, so the read
+//! sees it. See `docs/consistency.md` for the proof sketch.
+//!
+//! Hits of cached keys are refreshed in place from the WAL tuple (so hit ratio survives writes);
+//! an UPDATE whose new tuple lacks an unchanged TOASTed column evicts instead; DELETE turns a
+//! cached row into a negative entry; INSERT refreshes a negative entry.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgline_dataplane::plane::{FillResult, MissReply, Shared};
+use pgline_dataplane::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
+use pgline_dataplane::store::{EntryData, Lookup, StoreWriter};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::catalog::{Catalog, TableInfo};
+use crate::config::Config;
+use crate::fill::{self, encode_row, Fetched, FillError};
+use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
+
+type Key = (u32, Box<[u8]>);
+
+/// Requests from the API and tests to the writer.
+pub enum AdminCmd {
+    FlushAll(oneshot::Sender<u64>),
+    FlushTable(u32, oneshot::Sender<u64>),
+    FlushKey(u32, Box<[u8]>, oneshot::Sender<bool>),
+    /// Every cached entry: (table, pk, row JSON or None for a negative entry).
+    Dump(oneshot::Sender<Vec<(u32, Vec<u8>, Option<Vec<u8>>)>>),
+}
+
+struct FillKey {
+    pk: Box<[u8]>,
+    /// Holds a lease: install the result if it is still live when the fill lands.
+    install: bool,
+    waiters: Vec<(u64, usize)>,
+}
+
+struct Fill {
+    table: Arc<TableInfo>,
+    keys: Vec<FillKey>,
+}
+
+struct FillDone {
+    fill: u64,
+    result: Result<Vec<Fetched>, FillError>,
+}
+
+struct Waiting {
+    core: usize,
+    conn: u64,
+    seq: u64,
+    results: Vec<Option<FillResult>>,
+    remaining: usize,
+}
+
+pub struct Writer {
+    cfg: Config,
+    store: StoreWriter,
+    shared: Arc<Shared>,
+    catalog: Catalog,
+    pool: deadpool_postgres::Pool,
+    repl: Arc<ReplicationState>,
+    inflight: HashMap<Key, (u64, usize)>,
+    fills: HashMap<u64, Fill>,
+    waiting: HashMap<u64, Waiting>,
+    next_id: u64,
+    unsent: VecDeque<(usize, MissReply)>,
+    fill_tx: mpsc::UnboundedSender<FillDone>,
+    fill_rx: mpsc::UnboundedReceiver<FillDone>,
+    /// Whether the catalog caches every table with a primary key (new tables join on sight).
+    all_tables: bool,
+}
+
+impl Writer {
+    pub fn new(
+        cfg: Config,
+        store: StoreWriter,
+        shared: Arc<Shared>,
+        catalog: Catalog,
+        pool: deadpool_postgres::Pool,
+        repl: Arc<ReplicationState>,
+    ) -> Writer {
+        let (fill_tx, fill_rx) = mpsc::unbounded_channel();
+        let all_tables = cfg.catalog.tables.is_empty();
+        Writer {
+            cfg,
+            store,
+            shared,
+            catalog,
+            pool,
+            repl,
+            inflight: HashMap::new(),
+            fills: HashMap::new(),
+            waiting: HashMap::new(),
+            next_id: 1,
+            unsent: VecDeque::new(),
+            fill_tx,
+            fill_rx,
+            all_tables,
+        }
+    }
+
+    /// The writer's loop. Ends when `shutdown` fires.
+    pub async fn run(
+        mut self,
+        wake: Arc<Notify>,
+        mut wal: mpsc::Receiver<WalEvent>,
+        mut admin: mpsc::Receiver<AdminCmd>,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => return,
+                Some(event) = wal.recv() => self.apply_wal(event).await,
+                Some(done) = self.fill_rx.recv() => self.complete_fill(done),
+                _ = wake.notified() => self.take_misses(),
+                Some(cmd) = admin.recv() => self.admin(cmd),
+                _ = tick.tick() => {
+                    self.take_misses();
+                    self.publish_gauges();
+                    self.retry_unsent();
+                }
+            }
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let now_us = crate::wal::now_pg_us();
+        let lag_ms = self.repl.lag_ms(now_us);
+        let streaming = self.repl.streaming.load(Ordering::Relaxed);
+        let gauge = &self.shared.replication;
+        gauge.streaming.store(streaming, Ordering::Relaxed);
+        gauge.applied_lsn.store(self.repl.applied_lsn.load(Ordering::Relaxed), Ordering::Relaxed);
+        gauge.lag_bytes.store(self.repl.lag_bytes(), Ordering::Relaxed);
+        gauge.lag_ms.store(lag_ms, Ordering::Relaxed);
+        let serve = streaming && lag_ms <= self.cfg.replication.max_lag_ms;
+        self.shared.serve_hits.store(serve, Ordering::Release);
+    }
+
+    // ---- misses -------------------------------------------------------------------------
+
+    /// Drains every core's miss queue, answers what the store now has, leases and batches the rest.
+    fn take_misses(&mut self) {
+        let mut new_fills: HashMap<(u32, bool), u64> = HashMap::new();
+        let mut started: Vec<u64> = Vec::new();
+        for core in 0..self.shared.cores() {
+            while let Some(req) = self.shared.queues[core].misses.pop() {
+                let rid = self.next_id;
+                self.next_id += 1;
+                let n = req.keys.len();
+                self.waiting.insert(
+                    rid,
+                    Waiting { core, conn: req.conn, seq: req.seq, results: vec![None; n], remaining: n },
+                );
+                for (idx, key) in req.keys.into_iter().enumerate() {
+                    let Some(table) = self.catalog.get(key.table).cloned() else {
+                        self.resolve(rid, idx, FillResult::Absent);
+                        continue;
+                    };
+                    let install = !req.bypass;
+                    if install {
+                        if let Some(found) = self.lookup(key.table, &key.pk) {
+                            self.resolve(rid, idx, found);
+                            continue;
+                        }
+                        if let Some(&(fid, slot)) = self.inflight.get(&(key.table, key.pk.clone())) {
+                            if let Some(fill) = self.fills.get_mut(&fid) {
+                                fill.keys[slot].waiters.push((rid, idx));
+                                continue;
+                            }
+                        }
+                    }
+                    let batch_key = (key.table, install);
+                    let fid = match new_fills.get(&batch_key) {
+                        Some(&fid) if self.fills[&fid].keys.len() < self.cfg.origin.fill_batch => fid,
+                        _ => {
+                            let fid = self.next_id;
+                            self.next_id += 1;
+                            self.fills.insert(fid, Fill { table: table.clone(), keys: Vec::new() });
+                            new_fills.insert(batch_key, fid);
+                            started.push(fid);
+                            fid
+                        }
+                    };
+                    let fill = self.fills.get_mut(&fid).expect("fill was just created");
+                    let slot = fill.keys.len();
+                    if install {
+                        // The lease: taken before the origin read starts.
+                        self.inflight.insert((key.table, key.pk.clone()), (fid, slot));
+                    }
+                    fill.keys.push(FillKey { pk: key.pk, install, waiters: vec![(rid, idx)] });
+                }
+            }
+        }
+        for fid in started {
+            self.start_fill(fid);
+        }
+    }
+
+    /// What the store holds for a key, as a fill result (the miss raced with another fill).
+    fn lookup(&self, table: u32, pk: &[u8]) -> Option<FillResult> {
+        let reader = self.store.reader();
+        let mut resp_json = Vec::new();
+        match reader.read(table, pk, SECTION_RESP_JSON, &mut resp_json) {
+            Lookup::Miss => None,
+            Lookup::Negative => Some(FillResult::Absent),
+            Lookup::Hit => {
+                let mut columns = Vec::new();
+                if reader.read(table, pk, SECTION_COLUMNS, &mut columns) != Lookup::Hit {
+                    return None;
+                }
+                Some(FillResult::Row(Arc::new(pgline_dataplane::plane::RowBytes { resp_json, columns })))
+            }
+        }
+    }
+
+    fn start_fill(&self, fid: u64) {
+        let Some(fill) = self.fills.get(&fid) else { return };
+        let table = fill.table.clone();
+        let pks: Vec<Box<[u8]>> = fill.keys.iter().map(|k| k.pk.clone()).collect();
+        let pool = self.pool.clone();
+        let tx = self.fill_tx.clone();
+        let timeout_ms = self.cfg.origin.query_timeout_ms;
+        tokio::spawn(async move {
+            let result = match pool.get().await {
+                Ok(client) => fill::fetch(&client, &table, &pks, timeout_ms).await,
+                Err(e) => Err(FillError::Unavailable(e.to_string())),
+            };
+            let _ = tx.send(FillDone { fill: fid, result });
+        });
+    }
+
+    fn complete_fill(&mut self, done: FillDone) {
+        let Some(fill) = self.fills.remove(&done.fill) else { return };
+        let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
+        for (slot, key) in fill.keys.into_iter().enumerate() {
+            let map_key = (fill.table.id, key.pk);
+            let leased = key.install && self.inflight.get(&map_key) == Some(&(done.fill, slot));
+            if leased {
+                self.inflight.remove(&map_key);
+            }
+            let result = match &done.result {
+                Err(e) => FillResult::Error(Arc::from(e.to_string())),
+                Ok(rows) => match rows.get(slot) {
+                    Some(Fetched::Row(row)) => {
+                        if leased {
+                            let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
+                            let entry = EntryData { sections: &sections, negative: false, lsn };
+                            let _ = self.store.insert(map_key.0, &map_key.1, &entry);
+                        }
+                        FillResult::Row(row.clone())
+                    }
+                    Some(Fetched::Absent { cacheable }) => {
+                        if leased && *cacheable {
+                            let entry = EntryData { sections: &[], negative: true, lsn };
+                            let _ = self.store.insert(map_key.0, &map_key.1, &entry);
+                        }
+                        FillResult::Absent
+                    }
+                    None => FillResult::Error(Arc::from("internal: fill returned too few rows")),
+                },
+            };
+            for (rid, idx) in key.waiters {
+                self.resolve(rid, idx, result.clone());
+            }
+        }
+    }
+
+    fn resolve(&mut self, rid: u64, idx: usize, result: FillResult) {
+        let Some(w) = self.waiting.get_mut(&rid) else { return };
+        if w.results[idx].is_none() {
+            w.results[idx] = Some(result);
+            w.remaining -= 1;
+        }
+        if w.remaining == 0 {
+            let w = self.waiting.remove(&rid).expect("present above");
+            let results = w.results.into_iter().map(|r| r.unwrap_or(FillResult::Absent)).collect();
+            self.send(w.core, MissReply { conn: w.conn, seq: w.seq, results });
+        }
+    }
+
+    fn send(&mut self, core: usize, reply: MissReply) {
+        if let Err(reply) = self.shared.queues[core].replies.push(reply) {
+            self.unsent.push_back((core, reply));
+        }
+        self.shared.wake_core(core);
+    }
+
+    fn retry_unsent(&mut self) {
+        for _ in 0..self.unsent.len() {
+            let Some((core, reply)) = self.unsent.pop_front() else { break };
+            self.send(core, reply);
+        }
+    }
+
+    // ---- WAL ----------------------------------------------------------------------------
+
+    async fn apply_wal(&mut self, event: WalEvent) {
+        match event {
+            WalEvent::Txn(txn) => self.apply_txn(txn).await,
+            WalEvent::Progress { lsn } => {
+                self.repl.applied_lsn.fetch_max(lsn, Ordering::AcqRel);
+            }
+            WalEvent::Reset { reason } => {
+                tracing::warn!(%reason, "replication slot was re-created: flushing the cache");
+                self.store.clear();
+                self.inflight.clear();
+            }
+        }
+        self.publish_gauges();
+    }
+
+    async fn apply_txn(&mut self, txn: WalTxn) {
+        for change in txn.changes {
+            match change {
+                Change::Relation(rel) => self.apply_relation(rel).await,
+                Change::Insert { rel, new } => self.apply_upsert(rel, None, &new, txn.end_lsn),
+                Change::Update { rel, old_key, new } => {
+                    self.apply_upsert(rel, old_key.as_deref(), &new, txn.end_lsn)
+                }
+                Change::Delete { rel, old_key } => self.apply_delete(rel, &old_key, txn.end_lsn),
+                Change::Truncate { rels } => {
+                    for rel in rels {
+                        self.drop_table(rel);
+                    }
+                }
+            }
+        }
+        self.repl.applied_commit_ts_us.store(txn.commit_ts_us, Ordering::Relaxed);
+        self.repl.applied_lsn.fetch_max(txn.end_lsn, Ordering::AcqRel);
+    }
+
+    fn drop_table(&mut self, rel: u32) {
+        self.inflight.retain(|(t, _), _| *t != rel);
+        self.store.remove_table(rel);
+    }
+
+    /// A relation message: if the table's shape changed, drop its entries and re-read it.
+    async fn apply_relation(&mut self, rel: crate::wal::Relation) {
+        let known = self.catalog.get(rel.id).cloned();
+        let same = known.as_ref().is_some_and(|t| {
+            t.columns.len() == rel.columns.len()
+                && t.columns.iter().zip(&rel.columns).all(|(a, b)| a.name == b.name)
+        });
+        if same {
+            return;
+        }
+        if known.is_none() && !self.all_tables {
+            return;
+        }
+        self.drop_table(rel.id);
+        let client = match self.pool.get().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(table = rel.id, "catalog refresh failed: {e}");
+                return;
+            }
+        };
+        let result = if known.is_some() {
+            self.catalog.reload_table(&client, rel.id, &self.cfg.catalog).await
+        } else {
+            self.catalog.add_table(&client, rel.id, &self.cfg.catalog).await
+        };
+        if let Err(e) = result {
+            tracing::warn!(table = rel.id, "catalog refresh failed: {e}");
+        }
+        self.shared.keyspace.publish(self.catalog.keyspace());
+        tracing::info!(table = %format!("{}.{}", rel.namespace, rel.name), "relation changed: entries dropped, catalog refreshed");
+    }
+
+    fn apply_upsert(&mut self, rel: u32, old_key: Option<&[TupleValue]>, new: &[TupleValue], lsn: u64) {
+        let Some(table) = self.catalog.get(rel).cloned() else { return };
+        let new_values = texts(new);
+        let new_pk = table.pk_text(&flatten(&new_values));
+        if let Some(old) = old_key {
+            let old_pk = table.pk_text(&flatten(&texts(old)));
+            if let Some(old_pk) = old_pk {
+                if Some(&old_pk) != new_pk.as_ref() {
+                    // The key changed: the row is gone under its old key.
+                    self.void(rel, &old_pk);
+                    if self.store.meta(rel, &old_pk).is_some() {
+                        let entry = EntryData { sections: &[], negative: true, lsn };
+                        let _ = self.store.insert(rel, &old_pk, &entry);
+                    }
+                }
+            }
+        }
+        let Some(pk) = new_pk else { return };
+        self.void(rel, &pk);
+        if self.store.meta(rel, &pk).is_none() {
+            return;
+        }
+        if new_values.iter().any(Option::is_none) {
+            // An unchanged TOASTed value is not in the WAL: the row cannot be rebuilt here.
+            self.store.remove(rel, &pk);
+            return;
+        }
+        let row = encode_row(&table, &flatten(&new_values));
+        let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
+        if self.store.insert(rel, &pk, &EntryData { sections: &sections, negative: false, lsn }).is_err() {
+            self.store.remove(rel, &pk);
+        }
+    }
+
+    fn apply_delete(&mut self, rel: u32, old_key: &[TupleValue], lsn: u64) {
+        let Some(table) = self.catalog.get(rel).cloned() else { return };
+        let Some(pk) = table.pk_text(&flatten(&texts(old_key))) else { return };
+        self.void(rel, &pk);
+        if self.store.meta(rel, &pk).is_some() {
+            let entry = EntryData { sections: &[], negative: true, lsn };
+            if self.store.insert(rel, &pk, &entry).is_err() {
+                self.store.remove(rel, &pk);
+            }
+        }
+    }
+
+    /// Voids the lease on a key, if a fill holds one.
+    fn void(&mut self, rel: u32, pk: &[u8]) {
+        self.inflight.remove(&(rel, Box::<[u8]>::from(pk)));
+    }
+
+    // ---- admin --------------------------------------------------------------------------
+
+    fn admin(&mut self, cmd: AdminCmd) {
+        match cmd {
+            AdminCmd::FlushAll(tx) => {
+                let n = self.store.stats().entries;
+                self.store.clear();
+                self.inflight.clear();
+                let _ = tx.send(n);
+            }
+            AdminCmd::FlushTable(t, tx) => {
+                self.inflight.retain(|(tt, _), _| *tt != t);
+                let _ = tx.send(self.store.remove_table(t));
+            }
+            AdminCmd::FlushKey(t, pk, tx) => {
+                self.void(t, &pk);
+                let _ = tx.send(self.store.remove(t, &pk));
+            }
+            AdminCmd::Dump(tx) => {
+                let mut keys = Vec::new();
+                self.store.for_each_key(|t, pk, meta| keys.push((t, pk.to_vec(), meta.negative)));
+                let reader = self.store.reader();
+                let mut out = Vec::with_capacity(keys.len());
+                for (t, pk, negative) in keys {
+                    if negative {
+                        out.push((t, pk, None));
+                        continue;
+                    }
+                    let mut bulk = Vec::new();
+                    if reader.read(t, &pk, SECTION_RESP_JSON, &mut bulk) == Lookup::Hit {
+                        let json = bulk_payload(&bulk).to_vec();
+                        out.push((t, pk, Some(json)));
+                    }
+                }
+                let _ = tx.send(out);
+            }
+        }
+    }
+}
+
+/// The payload of a `$<len>\r\n<payload>\r\n` bulk string.
+fn bulk_payload(bulk: &[u8]) -> &[u8] {
+    let start = memchr_crlf(bulk).map_or(0, |i| i + 2);
+    let end = bulk.len().saturating_sub(2).max(start);
+    &bulk[start..end]
+}
+
+fn memchr_crlf(b: &[u8]) -> Option<usize> {
+    b.windows(2).position(|w| w == b"\r\n")
+}
+
+/// Column texts of a WAL tuple; `None` marks an unchanged TOASTed value, `Some(None)` SQL NULL.
+fn texts(tuple: &[TupleValue]) -> Vec<Option<Option<&[u8]>>> {
+    tuple
+        .iter()
+        .map(|v| match v {
+            TupleValue::Null => Some(None),
+            TupleValue::UnchangedToast => None,
+            TupleValue::Text(b) => Some(Some(&b[..])),
+        })
+        .collect()
+}
+
+fn flatten<'a>(values: &[Option<Option<&'a [u8]>>]) -> Vec<Option<&'a [u8]>> {
+    values.iter().map(|v| v.flatten()).collect()
+}

@@ -1,0 +1,386 @@
+//! Where a parsed command meets the store.
+//!
+//! `execute` either composes the whole reply into `out` ([`Outcome::Done`]) or, when a key must
+//! come from the origin, composes nothing and returns [`Outcome::Deferred`] with the keys to fill
+//! and what the reply needs later. A hit is visible here as the early `Lookup::Hit` arms: one
+//! optimistic copy of the pre-encoded section into `out`, no allocation.
+
+use crate::keyspace::KeySpace;
+use crate::plane::{CoreStats, MissKey, Shared};
+use crate::resp::command::{ClientSub, Command, CommandSub};
+use crate::resp::compose::{
+    compose_array_header, compose_bulk, compose_error, compose_integer, compose_map_header,
+    compose_null, compose_simple, compose_unknown_command,
+};
+use crate::resp::{Args, Protocol};
+use crate::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
+use crate::store::Lookup;
+
+use super::conn::Session;
+use super::deferred::{compose_all_fields, compose_field, Deferred, Part};
+use super::info;
+
+/// Everything a command may read while it executes on a core.
+pub(crate) struct Exec<'a> {
+    pub shared: &'a Shared,
+    pub keyspace: &'a KeySpace,
+    /// False while hits are not allowed: every lookup is deferred as a bypass read.
+    pub serve_hits: bool,
+    pub stats: &'a CoreStats,
+    /// Reused buffer for sections that are read and then picked apart (HGET and friends).
+    pub scratch: &'a mut Vec<u8>,
+    pub password: Option<&'a [u8]>,
+    pub core: usize,
+}
+
+pub(crate) enum Outcome {
+    Done,
+    Deferred { keys: Vec<MissKey>, deferred: Deferred },
+    /// Reply composed; close the connection once it is written.
+    Close,
+}
+
+/// The result of looking one key up.
+enum Found {
+    /// The section was appended to the output.
+    Hit,
+    /// The row does not exist (cached negative entry) or the key names no cached table.
+    Absent,
+    Miss(MissKey),
+}
+
+impl Exec<'_> {
+    fn find(&mut self, key: &[u8], section: usize, out: &mut Vec<u8>) -> Found {
+        let Some((table, pk)) = self.keyspace.resolve(key) else {
+            CoreStats::add(&self.stats.keys_unknown_table, 1);
+            return Found::Absent;
+        };
+        if !self.serve_hits {
+            CoreStats::add(&self.stats.keys_bypass, 1);
+            return Found::Miss(MissKey { table, pk: pk.into() });
+        }
+        match self.shared.store.read(table, pk, section, out) {
+            Lookup::Hit => {
+                CoreStats::add(&self.stats.keys_hit, 1);
+                Found::Hit
+            }
+            Lookup::Negative => {
+                CoreStats::add(&self.stats.keys_negative_hit, 1);
+                Found::Absent
+            }
+            Lookup::Miss => {
+                CoreStats::add(&self.stats.keys_miss, 1);
+                Found::Miss(MissKey { table, pk: pk.into() })
+            }
+        }
+    }
+
+    /// Runs one command for `session`, composing into `out`.
+    pub fn execute(&mut self, cmd: Command<'_>, session: &mut Session, out: &mut Vec<u8>) -> Outcome {
+        let proto = session.proto;
+        if !session.authenticated && !matches!(cmd, Command::Auth { .. } | Command::Hello { .. } | Command::Quit) {
+            compose_error(out, b"NOAUTH Authentication required.");
+            return Outcome::Done;
+        }
+        match cmd {
+            Command::Get { key } => match self.find(key, SECTION_RESP_JSON, out) {
+                Found::Hit => Outcome::Done,
+                Found::Absent => {
+                    compose_null(out, proto);
+                    Outcome::Done
+                }
+                Found::Miss(k) => deferred(vec![k], Deferred::Get),
+            },
+            Command::MGet { keys } => self.mget(keys, proto, out),
+            Command::Exists { keys } => self.exists(keys, out),
+            Command::HGet { key, field } => self.hash(key, proto, out, |cols, out| {
+                compose_field(out, cols, field, proto)
+            }, || Deferred::HGet { field: field.into() }),
+            Command::HMGet { key, fields } => self.hash(
+                key,
+                proto,
+                out,
+                |cols, out| {
+                    compose_array_header(out, fields.len());
+                    for f in fields.iter() {
+                        compose_field(out, cols, f, proto);
+                    }
+                },
+                || Deferred::HMGet { fields: fields.iter().map(Into::into).collect() },
+            ),
+            Command::HGetAll { key } => self.hash(
+                key,
+                proto,
+                out,
+                |cols, out| compose_all_fields(out, cols, proto),
+                || Deferred::HGetAll,
+            ),
+            other => {
+                self.execute_admin(other, session, out)
+            }
+        }
+    }
+
+    fn mget(&mut self, keys: Args<'_>, proto: Protocol, out: &mut Vec<u8>) -> Outcome {
+        let start = out.len();
+        compose_array_header(out, keys.len());
+        let mut iter = keys.iter().enumerate();
+        for (i, key) in iter.by_ref() {
+            match self.find(key, SECTION_RESP_JSON, out) {
+                Found::Hit => {}
+                Found::Absent => compose_null(out, proto),
+                Found::Miss(first) => {
+                    // Slow path: keep what is known so far, collect the rest.
+                    let header = itoa_len(keys.len());
+                    let mut held = out.split_off(start + header);
+                    out.truncate(start);
+                    let mut parts = Vec::with_capacity(keys.len());
+                    split_held(&held, i, &mut parts);
+                    let mut missing = vec![first];
+                    parts.push(Part::Missing(0));
+                    for (_, key) in iter {
+                        let before = held.len();
+                        match self.find(key, SECTION_RESP_JSON, &mut held) {
+                            Found::Hit => parts.push(Part::Held(before..held.len())),
+                            Found::Absent => {
+                                compose_null(&mut held, proto);
+                                parts.push(Part::Held(before..held.len()));
+                            }
+                            Found::Miss(k) => {
+                                parts.push(Part::Missing(missing.len()));
+                                missing.push(k);
+                            }
+                        }
+                    }
+                    return deferred(missing, Deferred::MGet { parts, held });
+                }
+            }
+        }
+        Outcome::Done
+    }
+
+    fn exists(&mut self, keys: Args<'_>, out: &mut Vec<u8>) -> Outcome {
+        let mut present = 0i64;
+        let mut missing = Vec::new();
+        let start = self.scratch.len();
+        for key in keys.iter() {
+            let mut scratch = std::mem::take(self.scratch);
+            match self.find(key, SECTION_RESP_JSON, &mut scratch) {
+                Found::Hit => present += 1,
+                Found::Absent => {}
+                Found::Miss(k) => missing.push(k),
+            }
+            scratch.truncate(start);
+            *self.scratch = scratch;
+        }
+        if missing.is_empty() {
+            compose_integer(out, present);
+            Outcome::Done
+        } else {
+            deferred(missing, Deferred::Exists { present })
+        }
+    }
+
+    /// HGET / HMGET / HGETALL: read the columns section into scratch, then pick from it.
+    fn hash(
+        &mut self,
+        key: &[u8],
+        proto: Protocol,
+        out: &mut Vec<u8>,
+        compose: impl FnOnce(&[u8], &mut Vec<u8>),
+        later: impl FnOnce() -> Deferred,
+    ) -> Outcome {
+        let mut scratch = std::mem::take(self.scratch);
+        scratch.clear();
+        let outcome = match self.find(key, SECTION_COLUMNS, &mut scratch) {
+            Found::Hit => {
+                compose(&scratch, out);
+                Outcome::Done
+            }
+            Found::Absent => {
+                // A missing hash: nil for HGET, all-nil array for HMGET, empty map for HGETALL.
+                let deferred = later();
+                deferred.compose(&[crate::plane::FillResult::Absent], proto, out);
+                Outcome::Done
+            }
+            Found::Miss(k) => deferred(vec![k], later()),
+        };
+        *self.scratch = scratch;
+        outcome
+    }
+
+    fn execute_admin(&mut self, cmd: Command<'_>, session: &mut Session, out: &mut Vec<u8>) -> Outcome {
+        let proto = session.proto;
+        match cmd {
+            Command::Ping { message: None } => compose_simple(out, b"PONG"),
+            Command::Ping { message: Some(m) } | Command::Echo { message: m } => compose_bulk(out, m),
+            Command::Hello { protover, auth, setname } => {
+                if let Some((user, pass)) = auth {
+                    if !self.check_password(Some(user), pass) {
+                        compose_error(out, WRONGPASS);
+                        return Outcome::Done;
+                    }
+                    session.authenticated = true;
+                }
+                if !session.authenticated {
+                    compose_error(out, b"NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+                    return Outcome::Done;
+                }
+                if let Some(v) = protover {
+                    session.proto = if v == 3 { Protocol::Resp3 } else { Protocol::Resp2 };
+                }
+                if let Some(name) = setname {
+                    session.name = Some(name.into());
+                }
+                info::compose_hello(out, session);
+            }
+            Command::Auth { username, password } => {
+                if self.password.is_none() {
+                    compose_error(out, b"ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
+                } else if self.check_password(username, password) {
+                    session.authenticated = true;
+                    compose_simple(out, b"OK");
+                } else {
+                    compose_error(out, WRONGPASS);
+                }
+            }
+            Command::Select { db: 0 } => compose_simple(out, b"OK"),
+            Command::Select { .. } => compose_error(out, b"ERR DB index is out of range"),
+            Command::DbSize => {
+                let stats = self.shared.store.stats();
+                compose_integer(out, stats.entries.saturating_sub(stats.negative_entries) as i64)
+            }
+            Command::Info { section } => info::compose_info(out, self.shared, section, proto),
+            Command::Command { sub } => match sub {
+                CommandSub::Count => compose_integer(out, crate::resp::command::command::COMMAND_COUNT as i64),
+                CommandSub::Docs => compose_map_header(out, 0, proto),
+                _ => crate::resp::command::command::compose_command_table(out, proto),
+            },
+            Command::Client { sub } => match sub {
+                ClientSub::SetName { name } => {
+                    session.name = (!name.is_empty()).then(|| name.into());
+                    compose_simple(out, b"OK");
+                }
+                ClientSub::GetName => match &session.name {
+                    Some(n) => compose_bulk(out, n),
+                    None => compose_null(out, proto),
+                },
+                ClientSub::SetInfo { attr, value } => {
+                    if attr.eq_ignore_ascii_case(b"lib-name") {
+                        session.lib_name = Some(value.into());
+                    } else if attr.eq_ignore_ascii_case(b"lib-ver") {
+                        session.lib_ver = Some(value.into());
+                    }
+                    compose_simple(out, b"OK");
+                }
+                ClientSub::Id => compose_integer(out, session.client_id as i64),
+                ClientSub::Info => info::compose_client_info(out, session),
+                _ => compose_error(out, b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'"),
+            },
+            Command::Quit => {
+                compose_simple(out, b"OK");
+                return Outcome::Close;
+            }
+            Command::Reset => {
+                session.proto = Protocol::Resp2;
+                session.name = None;
+                session.authenticated = self.password.is_none();
+                compose_simple(out, b"RESET");
+            }
+            Command::Write { name } => {
+                let mut msg = b"READONLY pgline is a read cache of PostgreSQL: '".to_vec();
+                msg.extend(name.iter().map(u8::to_ascii_lowercase));
+                msg.extend_from_slice(b"' is refused; write to PostgreSQL and the change reaches the cache through the WAL");
+                compose_error(out, &msg);
+            }
+            Command::Unknown { name, args } => compose_unknown_command(out, name, args),
+            // The data commands are handled by `execute`.
+            Command::Get { .. } | Command::MGet { .. } | Command::Exists { .. } | Command::HGet { .. }
+            | Command::HMGet { .. } | Command::HGetAll { .. } => {
+                compose_error(out, b"ERR internal: data command in the admin path")
+            }
+        }
+        Outcome::Done
+    }
+
+    fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> bool {
+        let Some(expected) = self.password else { return false };
+        if let Some(user) = user {
+            if user != b"default" {
+                return false;
+            }
+        }
+        constant_time_eq(expected, pass)
+    }
+}
+
+const WRONGPASS: &[u8] = b"WRONGPASS invalid username-password pair or user is disabled.";
+
+fn deferred(keys: Vec<MissKey>, deferred: Deferred) -> Outcome {
+    Outcome::Deferred { keys, deferred }
+}
+
+/// Length of `*<n>\r\n`.
+fn itoa_len(n: usize) -> usize {
+    1 + itoa::Buffer::new().format(n).len() + 2
+}
+
+/// Splits the `count` replies already composed in `held` into parts (each a bulk string or nil).
+fn split_held(held: &[u8], count: usize, parts: &mut Vec<Part>) {
+    let mut at = 0;
+    for _ in 0..count {
+        let len = reply_len(&held[at..]);
+        parts.push(Part::Held(at..at + len));
+        at += len;
+    }
+}
+
+/// Length of the single bulk string or nil reply at the start of `bytes` (composed by us).
+fn reply_len(bytes: &[u8]) -> usize {
+    let line_end = memchr::memchr(b'\n', bytes).map_or(bytes.len(), |i| i + 1);
+    if bytes.first() == Some(&b'$') {
+        let digits = &bytes[1..line_end.saturating_sub(2).max(1)];
+        if let Some(n) = std::str::from_utf8(digits).ok().and_then(|d| d.parse::<usize>().ok()) {
+            return (line_end + n + 2).min(bytes.len());
+        }
+    }
+    line_end
+}
+
+/// Compares without an early exit, so timing does not tell how many leading bytes matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_is_eq() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret1"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn reply_len_walks_bulk_and_nil() {
+        let held = b"$3\r\nabc\r\n$-1\r\n_\r\n$0\r\n\r\n";
+        let mut parts = Vec::new();
+        split_held(held, 4, &mut parts);
+        let ranges: Vec<_> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Held(r) => r.clone(),
+                Part::Missing(_) => unreachable!(),
+            })
+            .collect();
+        assert_eq!(ranges, vec![0..9, 9..14, 14..17, 17..23]);
+    }
+}

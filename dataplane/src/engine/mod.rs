@@ -1,0 +1,121 @@
+//! The engine: per-core poll loops that tie a transport, the RESP codec and the store together.
+//!
+//! One thread per configured core, each with its own listener (kernel path: `SO_REUSEPORT`), its
+//! own connections and its own queues to the control plane; cores share nothing mutable except
+//! the store's optimistic reads and their own counters. See [`core`] for the loop itself and
+//! `docs/architecture.md` for a request followed file by file.
+//!
+//! Hit path (no allocation, no lock, no system call besides the socket read/write that carry
+//! it): `core::process_requests` → `resp::parse_request` → `resp::command::parse_command` →
+//! `execute::Exec::execute` → `store::StoreReader::read` appends the entry's pre-encoded RESP
+//! bytes to the connection's write buffer → `core::dispatch_egress`.
+
+mod conn;
+pub mod core;
+mod deferred;
+mod execute;
+pub mod info;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::plane::Shared;
+use crate::resp::Limits;
+
+/// Default number of dataplane cores.
+pub const DEFAULT_CORES: usize = 1;
+/// Default total client connection limit (split evenly over cores).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default bound on buffered unparsed input per connection (one request must fit).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
+/// Default bound on reply bytes waiting to be written per connection before reading pauses.
+pub const DEFAULT_MAX_REPLY_BACKLOG: usize = 8 * 1024 * 1024;
+/// Default requests executed per connection per loop turn.
+pub const DEFAULT_REQUESTS_PER_TURN: usize = 128;
+/// Default deferred or held replies per connection before reading pauses.
+pub const DEFAULT_MAX_PENDING_PER_CONN: usize = 1024;
+/// Default empty turns a core spins before it sleeps in epoll.
+pub const DEFAULT_SPIN_POLLS: u32 = 2_000;
+
+/// What a core needs to know; composed by the control plane from its config.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub listen: SocketAddr,
+    pub cores: usize,
+    pub max_connections: usize,
+    pub max_request_bytes: usize,
+    pub max_reply_backlog: usize,
+    pub requests_per_turn: usize,
+    pub max_pending_per_conn: usize,
+    pub spin_polls: u32,
+    pub password: Option<String>,
+    pub limits: Limits,
+}
+
+impl EngineConfig {
+    pub fn max_connections_per_core(&self) -> usize {
+        self.max_connections.div_ceil(self.cores.max(1))
+    }
+}
+
+/// Running cores.
+pub struct Engine {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+}
+
+impl Engine {
+    /// Binds every core's listener (so an address in use fails here), then starts the threads.
+    pub fn start(cfg: EngineConfig, shared: Arc<Shared>) -> std::io::Result<Engine> {
+        let cfg = Arc::new(cfg);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut cores = Vec::with_capacity(cfg.cores);
+        let mut listen = cfg.listen;
+        for id in 0..cfg.cores {
+            let core = core::Core::new(id, listen, shared.clone(), cfg.clone())?;
+            // With port 0 the first core picks the port; the others join it.
+            listen = core.local_addr()?;
+            cores.push(core);
+        }
+        let mut threads = Vec::with_capacity(cores.len());
+        for (id, mut core) in cores.into_iter().enumerate() {
+            let stop = stop.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("pgline-core-{id}"))
+                    .spawn(move || core.run(&stop))?,
+            );
+        }
+        Ok(Engine { stop, threads, shared, local_addr: listen })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops the cores and waits for them.
+    pub fn stop(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for id in 0..self.shared.cores() {
+            self.shared.wake_core(id);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}

@@ -1,0 +1,183 @@
+//! The typed boundary between the dataplane cores and the control plane.
+//!
+//! Cores never talk to the origin. A lookup that misses (or any lookup while hits are not
+//! allowed, see [`Shared::serve_hits`]) becomes a [`MissRequest`] on the core's bounded
+//! lock-free queue to the control plane; the answer comes back as a [`MissReply`] on the core's
+//! own reply queue, and the core's waker ends its sleep. Both queues are `crossbeam_queue`
+//! `ArrayQueue`s: a full queue is an immediate, explicit "busy" error to the client, never a
+//! blocked core.
+//!
+//! Everything else the control plane needs to see of the cores is in [`CoreStats`] (plain
+//! relaxed counters, one struct per core) and everything the cores need to see of the control
+//! plane is in [`Shared`] (the store reader, the key space, the replication gauge).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::keyspace::KeySpaceCell;
+use crate::store::StoreReader;
+
+/// One key a core could not answer from the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissKey {
+    pub table: u32,
+    pub pk: Box<[u8]>,
+}
+
+/// Keys of one request that need the origin.
+#[derive(Debug)]
+pub struct MissRequest {
+    pub core: usize,
+    /// Identifies the connection (slot and generation) on its core.
+    pub conn: u64,
+    /// Identifies the pending reply on that connection.
+    pub seq: u64,
+    pub keys: Vec<MissKey>,
+    /// Read the origin but install nothing: hits are currently not allowed (lag, lost stream).
+    pub bypass: bool,
+}
+
+/// A row fetched for a miss, encoded exactly as the store would hold it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RowBytes {
+    /// [`crate::row::SECTION_RESP_JSON`]
+    pub resp_json: Vec<u8>,
+    /// [`crate::row::SECTION_COLUMNS`]
+    pub columns: Vec<u8>,
+}
+
+/// The outcome for one [`MissKey`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FillResult {
+    Row(Arc<RowBytes>),
+    Absent,
+    /// The origin could not answer; the text goes to the client after `-ERR `.
+    Error(Arc<str>),
+}
+
+/// The control plane's answer to one [`MissRequest`], results in the order of its keys.
+#[derive(Debug)]
+pub struct MissReply {
+    pub conn: u64,
+    pub seq: u64,
+    pub results: Vec<FillResult>,
+}
+
+/// Wakes a sleeping party (a core's poll loop, or the control plane's miss dispatcher).
+pub trait Wake: Send + Sync {
+    fn wake(&self);
+}
+
+/// The queues of one core.
+pub struct CoreQueues {
+    pub misses: ArrayQueue<MissRequest>,
+    pub replies: ArrayQueue<MissReply>,
+}
+
+impl CoreQueues {
+    pub fn new(capacity: usize) -> Self {
+        CoreQueues {
+            misses: ArrayQueue::new(capacity.max(1)),
+            replies: ArrayQueue::new(capacity.max(1)),
+        }
+    }
+}
+
+/// Per-core counters, written only by their core with relaxed stores, read by anyone.
+#[derive(Debug, Default)]
+pub struct CoreStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_rejected: AtomicU64,
+    pub connections_closed: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub commands: AtomicU64,
+    pub keys_hit: AtomicU64,
+    pub keys_negative_hit: AtomicU64,
+    pub keys_miss: AtomicU64,
+    pub keys_unknown_table: AtomicU64,
+    pub keys_bypass: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub miss_queue_full: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub polls: AtomicU64,
+}
+
+impl CoreStats {
+    /// Adds `n` to a counter owned by this core (single writer: load + store, no RMW).
+    #[inline]
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+}
+
+/// What the control plane tells the cores (and `INFO`) about replication.
+#[derive(Debug, Default)]
+pub struct ReplicationGauge {
+    pub streaming: AtomicBool,
+    pub applied_lsn: AtomicU64,
+    pub lag_bytes: AtomicU64,
+    pub lag_ms: AtomicU64,
+}
+
+/// Read-mostly state shared by all cores.
+pub struct Shared {
+    pub store: StoreReader,
+    pub keyspace: KeySpaceCell,
+    /// False while the replication stream is down or lags past the bound: every lookup then goes
+    /// to the origin (bypass) so no hit can be older than the bound.
+    pub serve_hits: AtomicBool,
+    pub replication: ReplicationGauge,
+    pub queues: Vec<CoreQueues>,
+    pub stats: Vec<CoreStats>,
+    pub control_waker: Arc<dyn Wake>,
+    /// Each core's waker, set by the core when it starts; the control plane calls it after
+    /// pushing a reply.
+    pub core_wakers: Vec<std::sync::OnceLock<Arc<dyn Wake>>>,
+    pub started_at: std::time::Instant,
+    pub next_client_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(
+        store: StoreReader,
+        keyspace: KeySpaceCell,
+        cores: usize,
+        queue_capacity: usize,
+        control_waker: Arc<dyn Wake>,
+    ) -> Self {
+        Shared {
+            store,
+            keyspace,
+            serve_hits: AtomicBool::new(false),
+            replication: ReplicationGauge::default(),
+            queues: (0..cores).map(|_| CoreQueues::new(queue_capacity)).collect(),
+            stats: (0..cores).map(|_| CoreStats::default()).collect(),
+            control_waker,
+            core_wakers: (0..cores).map(|_| std::sync::OnceLock::new()).collect(),
+            started_at: std::time::Instant::now(),
+            next_client_id: AtomicU64::new(1),
+        }
+    }
+
+    /// Wakes core `core` (after a reply was pushed to its queue).
+    pub fn wake_core(&self, core: usize) {
+        if let Some(waker) = self.core_wakers.get(core).and_then(|w| w.get()) {
+            waker.wake();
+        }
+    }
+
+    pub fn cores(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Sum of one counter over all cores.
+    pub fn total(&self, counter: impl Fn(&CoreStats) -> &AtomicU64) -> u64 {
+        self.stats
+            .iter()
+            .map(|s| counter(s).load(Ordering::Relaxed))
+            .sum()
+    }
+}

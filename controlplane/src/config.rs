@@ -57,6 +57,9 @@ pub struct OriginConfig {
     pub fill_batch: usize,
     pub connect_timeout_ms: u64,
     pub query_timeout_ms: u64,
+    /// Fault injection for tests: hold every fill this long after its origin read, widening the
+    /// fill-vs-write race window. 0 in production.
+    pub fill_delay_ms: u64,
 }
 
 impl Default for OriginConfig {
@@ -67,6 +70,7 @@ impl Default for OriginConfig {
             fill_batch: DEFAULT_FILL_BATCH,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             query_timeout_ms: DEFAULT_QUERY_TIMEOUT_MS,
+            fill_delay_ms: 0,
         }
     }
 }

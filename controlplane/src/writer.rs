@@ -242,11 +242,15 @@ impl Writer {
         let pool = self.pool.clone();
         let tx = self.fill_tx.clone();
         let timeout_ms = self.cfg.origin.query_timeout_ms;
+        let delay = Duration::from_millis(self.cfg.origin.fill_delay_ms);
         tokio::spawn(async move {
             let result = match pool.get().await {
                 Ok(client) => fill::fetch(&client, &table, &pks, timeout_ms).await,
                 Err(e) => Err(FillError::Unavailable(e.to_string())),
             };
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             let _ = tx.send(FillDone { fill: fid, result });
         });
     }

@@ -41,8 +41,13 @@ impl TestDb {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let admin = admin_client().await;
+        // Two statements: DROP/CREATE DATABASE cannot share one implicit transaction.
         admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"))
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .await
+            .expect("drop stale test database");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("create test database");
         TestDb { name }

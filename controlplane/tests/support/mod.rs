@@ -1,0 +1,84 @@
+//! Boots a real pgline in-process against a test database.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use pgline_controlplane::config::Config;
+use pgline_controlplane::server::Pgline;
+
+use crate::common::TestDb;
+
+/// A config for `db` with a unique slot/publication, an ephemeral port and a small store.
+pub fn config(db: &TestDb, cores: usize) -> Config {
+    let url = db.conn_string();
+    let sets = vec![
+        format!("origin.url={}", toml_str(&url)),
+        "resp.listen=\"127.0.0.1:0\"".to_string(),
+        format!("resp.cores={cores}"),
+        "resp.spin_polls=50".to_string(),
+        "store.memory=\"64MiB\"".to_string(),
+        "store.max_page=\"4KiB\"".to_string(),
+        "replication.status_interval_ms=100".to_string(),
+        "replication.reconnect_backoff_ms=100".to_string(),
+        "origin.pool_size=4".to_string(),
+    ];
+    Config::load(None, Vec::<(String, String)>::new(), &sets).expect("test config")
+}
+
+fn toml_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Starts pgline and waits until it serves hits (replication streaming).
+pub async fn start(cfg: Config) -> Pgline {
+    let p = Pgline::start(cfg).await.expect("pgline starts");
+    assert!(p.wait_serving(Duration::from_secs(20)).await, "pgline never started serving hits");
+    p
+}
+
+/// The origin's current WAL insert position.
+pub async fn origin_lsn(client: &tokio_postgres::Client) -> u64 {
+    let row = client
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8", &[])
+        .await
+        .expect("pg_current_wal_lsn");
+    row.get::<_, i64>(0) as u64
+}
+
+/// Waits until pgline has applied everything the origin has written so far.
+pub async fn sync(p: &Pgline, client: &tokio_postgres::Client) {
+    let lsn = origin_lsn(client).await;
+    assert!(
+        p.wait_applied(lsn, Duration::from_secs(20)).await,
+        "applied LSN {} never reached origin LSN {lsn}",
+        p.applied_lsn()
+    );
+}
+
+pub async fn redis(p: &Pgline) -> redis::aio::MultiplexedConnection {
+    let addr = p.local_addr();
+    let client = redis::Client::open(format!("redis://{}:{}/", addr.ip(), addr.port())).unwrap();
+    client.get_multiplexed_async_connection().await.expect("redis connect")
+}
+
+/// Compares every cached entry with the origin's `row_to_json`; returns the stale ones.
+pub async fn stale_entries(p: &Pgline, client: &tokio_postgres::Client) -> Vec<String> {
+    let mut stale = Vec::new();
+    for (table, pk, json) in p.dump().await {
+        let t = p.catalog.get(table).expect("dumped table is in the catalog").clone();
+        let key_col = &t.columns[t.key_columns[0]];
+        let sql = format!(
+            "SELECT row_to_json(t)::text FROM {} t WHERE {}::text = $1",
+            t.qualified(),
+            pgline_controlplane::catalog::quote_ident(&key_col.name)
+        );
+        let pk_text = String::from_utf8(pk.clone()).unwrap();
+        let row = client.query_opt(&sql, &[&pk_text]).await.expect("probe query");
+        let origin: Option<String> = row.map(|r| r.get(0));
+        let cached = json.map(|j| String::from_utf8(j).unwrap());
+        if origin != cached {
+            stale.push(format!("{}:{pk_text}: cached {cached:?}, origin {origin:?}", t.name));
+        }
+    }
+    stale
+}

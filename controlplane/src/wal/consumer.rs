@@ -254,9 +254,14 @@ impl Session<'_> {
                 );
                 let applied = self.state.applied_lsn.load(Ordering::Acquire);
                 if self.txn.is_none() && wal_end > self.last_progress && wal_end > applied {
-                    self.last_progress = wal_end;
-                    if let Some(stop) = self.deliver(WalEvent::Progress { lsn: wal_end }).await {
-                        return Ok(Flow::Stop(stop));
+                    // Progress is advisory and superseded by the next one: never wait for room
+                    // (a slow applier would otherwise stall the stream and its feedback).
+                    match self.events.try_send(WalEvent::Progress { lsn: wal_end }) {
+                        Ok(()) => self.last_progress = wal_end,
+                        Err(mpsc::error::TrySendError::Full(_)) => {}
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            return Ok(Flow::Stop(Stop::ReceiverGone))
+                        }
                     }
                 }
                 Ok(if reply_requested {

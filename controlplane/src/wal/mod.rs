@@ -35,6 +35,8 @@
 //!   `Change::Relation`: appliers must not move `applied_lsn` backwards (take the max).
 //! - Backpressure: while the store writer does not take events, the socket is not read; past
 //!   the origin's `wal_sender_timeout` the origin drops us and we reconnect and resume.
+//! - `Progress` is sent with `try_send` and skipped when the channel is full (the next
+//!   keepalive supersedes it), so a slow applier never stalls the stream on Progress alone.
 //! - Type, Origin and logical-decoding Message messages are ignored.
 
 #![deny(unsafe_code)]

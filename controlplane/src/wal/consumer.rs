@@ -1,0 +1,395 @@
+//! The consumer task: session set-up, the streaming loop, transaction assembly, feedback and
+//! reconnects. See the parent module for the invariants it keeps.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, watch};
+
+use super::conn::{format_lsn, unix_now_us, ReplicationConn, ReplicationEvent, PG_EPOCH_UNIX_US};
+use super::pgoutput::{parse_message, Message};
+use super::{slot, Change, ReplicationState, WalConfig, WalError, WalEvent, WalTxn};
+
+/// How a session ended without an error.
+enum Stop {
+    /// Shutdown was requested (or its sender dropped).
+    Shutdown,
+    /// The event receiver is gone: nobody applies changes any more.
+    ReceiverGone,
+}
+
+/// Runs the WAL consumer until `shutdown` turns true (or its sender or `events`' receiver is
+/// dropped). Errors never end it: each is logged, then it backs off and reconnects.
+pub async fn run_consumer(
+    origin: tokio_postgres::Config,
+    cfg: WalConfig,
+    state: Arc<ReplicationState>,
+    events: mpsc::Sender<WalEvent>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    if let Err(e) = cfg.validate() {
+        tracing::error!(error = %e, "WAL consumer not started");
+        return;
+    }
+    let mut streamed_before = false;
+    let mut attempt = 0u64;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        if attempt > 0 {
+            state.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        attempt += 1;
+        let mut session = Session {
+            cfg: &cfg,
+            state: &state,
+            events: &events,
+            shutdown: &mut shutdown,
+            txn: None,
+            last_progress: 0,
+            flush_floor: 0,
+        };
+        let result = session.run(&origin, &mut streamed_before).await;
+        state.connected.store(false, Ordering::Release);
+        state.streaming.store(false, Ordering::Release);
+        match result {
+            Ok(Stop::Shutdown) => break,
+            Ok(Stop::ReceiverGone) => {
+                tracing::warn!("WAL event receiver dropped; stopping the WAL consumer");
+                break;
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                retryable = e.is_retryable(),
+                backoff_ms = cfg.reconnect_backoff.as_millis() as u64,
+                "WAL consumer session ended; reconnecting"
+            ),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(cfg.reconnect_backoff) => {}
+            r = shutdown.changed() => if r.is_err() { break },
+        }
+    }
+    tracing::info!("WAL consumer stopped");
+}
+
+struct Session<'a> {
+    cfg: &'a WalConfig,
+    state: &'a ReplicationState,
+    events: &'a mpsc::Sender<WalEvent>,
+    shutdown: &'a mut watch::Receiver<bool>,
+    /// The transaction being assembled (Begin seen, Commit not yet).
+    txn: Option<WalTxn>,
+    /// Last `Progress` lsn sent.
+    last_progress: u64,
+    /// The slot's confirmed position at start: a lower `applied_lsn` is not reported (it would
+    /// move the slot backwards, e.g. after a reset).
+    flush_floor: u64,
+}
+
+impl Session<'_> {
+    async fn run(
+        &mut self,
+        origin: &tokio_postgres::Config,
+        streamed_before: &mut bool,
+    ) -> Result<Stop, WalError> {
+        let reset = self.prepare_origin(origin, *streamed_before).await?;
+        if reset {
+            let reason = format!(
+                "replication slot {} was missing and has been re-created",
+                self.cfg.slot
+            );
+            tracing::warn!("{reason}; the cache must be flushed");
+            self.state.resets.fetch_add(1, Ordering::Relaxed);
+            if let Some(stop) = self.deliver(WalEvent::Reset { reason }).await {
+                return Ok(stop);
+            }
+        }
+        let mut conn = ReplicationConn::connect(origin).await?;
+        self.state.connected.store(true, Ordering::Release);
+        let applied = self.state.applied_lsn.load(Ordering::Acquire);
+        let start = if reset { 0 } else { applied };
+        conn.start_logical(&self.cfg.slot, &self.cfg.publication, start)
+            .await?;
+        self.state.streaming.store(true, Ordering::Release);
+        *streamed_before = true;
+        tracing::info!(slot = %self.cfg.slot, start = %format_lsn(start), "WAL streaming started");
+        self.stream(&mut conn).await
+    }
+
+    /// Checks the origin, ensures publication and slot; true if the slot had to be re-created
+    /// after we had streamed from it.
+    async fn prepare_origin(
+        &mut self,
+        origin: &tokio_postgres::Config,
+        streamed_before: bool,
+    ) -> Result<bool, WalError> {
+        let (client, connection) = origin.connect(tokio_postgres::NoTls).await?;
+        let driver = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let result = async {
+            slot::check_wal_level(&client).await?;
+            slot::ensure_publication(&client, &self.cfg.publication, &self.cfg.publication_scope)
+                .await?;
+            let mut reset = false;
+            if !slot::slot_exists(&client, &self.cfg.slot).await? {
+                let lsn = slot::create_slot(&client, &self.cfg.slot).await?;
+                tracing::info!(slot = %self.cfg.slot, lsn = %format_lsn(lsn), "created replication slot");
+                reset = streamed_before;
+            }
+            self.flush_floor = slot::confirmed_flush_lsn(&client, &self.cfg.slot)
+                .await?
+                .unwrap_or(0);
+            Ok(reset)
+        }
+        .await;
+        drop(client);
+        driver.abort();
+        result
+    }
+
+    async fn stream(&mut self, conn: &mut ReplicationConn) -> Result<Stop, WalError> {
+        let period = self
+            .cfg
+            .keepalive_request_interval
+            .min(self.cfg.status_interval);
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_recv = Instant::now();
+        let mut last_status = Instant::now();
+        let mut last_request = Instant::now();
+        loop {
+            tokio::select! {
+                biased;
+                r = self.shutdown.changed() => {
+                    if r.is_err() || *self.shutdown.borrow() {
+                        let _ = self.send_status(conn, false).await;
+                        return Ok(Stop::Shutdown);
+                    }
+                }
+                ev = conn.recv() => {
+                    last_recv = Instant::now();
+                    let reply = self.process_event(ev?).await?;
+                    match reply {
+                        Flow::Continue => {}
+                        Flow::Reply => {
+                            self.send_status(conn, false).await?;
+                            last_status = Instant::now();
+                        }
+                        Flow::Stop(stop) => return Ok(stop),
+                    }
+                }
+                _ = tick.tick() => {
+                    self.note_caught_up();
+                    let now = Instant::now();
+                    let idle = self.txn.is_none()
+                        && now.duration_since(last_recv) >= self.cfg.keepalive_request_interval
+                        && now.duration_since(last_request) >= self.cfg.keepalive_request_interval;
+                    if idle || now.duration_since(last_status) >= self.cfg.status_interval {
+                        self.send_status(conn, idle).await?;
+                        last_status = now;
+                        if idle {
+                            last_request = now;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// write = received, flush = apply = applied (never below the slot's start position).
+    async fn send_status(
+        &self,
+        conn: &mut ReplicationConn,
+        reply_requested: bool,
+    ) -> Result<(), WalError> {
+        let applied = self.state.applied_lsn.load(Ordering::Acquire);
+        let received = self.state.received_lsn.load(Ordering::Acquire).max(applied);
+        let flush = if applied >= self.flush_floor {
+            applied
+        } else {
+            0
+        };
+        conn.send_status(received, flush, flush, reply_requested)
+            .await
+    }
+
+    fn note_caught_up(&self) {
+        let applied = self.state.applied_lsn.load(Ordering::Acquire);
+        if applied >= self.state.server_wal_end.load(Ordering::Acquire) {
+            self.state
+                .caught_up_at_us
+                .store(unix_now_us(), Ordering::Release);
+        }
+    }
+
+    async fn process_event(&mut self, ev: ReplicationEvent) -> Result<Flow, WalError> {
+        match ev {
+            ReplicationEvent::XLogData {
+                wal_start,
+                wal_end,
+                data,
+            } => {
+                let end = wal_end.max(wal_start);
+                self.state.received_lsn.fetch_max(end, Ordering::AcqRel);
+                self.state.server_wal_end.fetch_max(end, Ordering::AcqRel);
+                let msg = parse_message(&data)?;
+                self.process_message(msg).await
+            }
+            ReplicationEvent::Keepalive {
+                wal_end,
+                server_time_us,
+                reply_requested,
+            } => {
+                self.state.received_lsn.fetch_max(wal_end, Ordering::AcqRel);
+                self.state
+                    .server_wal_end
+                    .fetch_max(wal_end, Ordering::AcqRel);
+                self.state.last_server_time_us.store(
+                    server_time_us.saturating_add(PG_EPOCH_UNIX_US),
+                    Ordering::Release,
+                );
+                let applied = self.state.applied_lsn.load(Ordering::Acquire);
+                if self.txn.is_none() && wal_end > self.last_progress && wal_end > applied {
+                    // Progress is advisory and superseded by the next one: never wait for room
+                    // (a slow applier would otherwise stall the stream and its feedback).
+                    match self.events.try_send(WalEvent::Progress { lsn: wal_end }) {
+                        Ok(()) => self.last_progress = wal_end,
+                        Err(mpsc::error::TrySendError::Full(_)) => {}
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            return Ok(Flow::Stop(Stop::ReceiverGone))
+                        }
+                    }
+                }
+                Ok(if reply_requested {
+                    Flow::Reply
+                } else {
+                    Flow::Continue
+                })
+            }
+        }
+    }
+
+    async fn process_message(&mut self, msg: Message) -> Result<Flow, WalError> {
+        let change = match msg {
+            Message::Begin {
+                final_lsn,
+                commit_ts,
+                xid,
+            } => {
+                if let Some(open) = self.txn.take() {
+                    tracing::warn!(
+                        xid = open.xid,
+                        "Begin inside an open transaction; dropped it"
+                    );
+                }
+                self.txn = Some(WalTxn {
+                    xid,
+                    commit_lsn: final_lsn,
+                    end_lsn: 0,
+                    commit_ts_us: commit_ts.saturating_add(PG_EPOCH_UNIX_US),
+                    changes: Vec::new(),
+                });
+                return Ok(Flow::Continue);
+            }
+            Message::Commit {
+                commit_lsn,
+                end_lsn,
+                commit_ts,
+                ..
+            } => return self.process_commit(commit_lsn, end_lsn, commit_ts).await,
+            Message::Relation(rel) => {
+                if self.txn.is_none() {
+                    let txn = WalTxn {
+                        xid: 0,
+                        commit_lsn: 0,
+                        end_lsn: 0,
+                        commit_ts_us: 0,
+                        changes: vec![Change::Relation(rel)],
+                    };
+                    return self.deliver_flow(WalEvent::Txn(txn)).await;
+                }
+                Change::Relation(rel)
+            }
+            Message::Insert { rel, new } => Change::Insert { rel, new },
+            Message::Update { rel, old, new } => Change::Update {
+                rel,
+                old_key: old.map(|o| o.into_values()),
+                new,
+            },
+            Message::Delete { rel, old } => Change::Delete {
+                rel,
+                old_key: old.into_values(),
+            },
+            Message::Truncate { rels, .. } => Change::Truncate { rels },
+            Message::Origin { .. } | Message::Type { .. } | Message::Message { .. } => {
+                return Ok(Flow::Continue)
+            }
+        };
+        let txn = self
+            .txn
+            .as_mut()
+            .ok_or_else(|| WalError::Protocol("row change outside a transaction".into()))?;
+        txn.changes.push(change);
+        Ok(Flow::Continue)
+    }
+
+    async fn process_commit(
+        &mut self,
+        commit_lsn: u64,
+        end_lsn: u64,
+        commit_ts: i64,
+    ) -> Result<Flow, WalError> {
+        let mut txn = self
+            .txn
+            .take()
+            .ok_or_else(|| WalError::Protocol("Commit without Begin".into()))?;
+        txn.commit_lsn = commit_lsn;
+        txn.end_lsn = end_lsn;
+        txn.commit_ts_us = commit_ts.saturating_add(PG_EPOCH_UNIX_US);
+        let applied = self.state.applied_lsn.load(Ordering::Acquire);
+        if end_lsn <= applied {
+            tracing::debug!(xid = txn.xid, end = %format_lsn(end_lsn), "skipping re-delivered txn");
+            return Ok(Flow::Continue);
+        }
+        let n = txn.changes.len() as u64;
+        let flow = self.deliver_flow(WalEvent::Txn(txn)).await?;
+        if matches!(flow, Flow::Continue) {
+            self.state.txns.fetch_add(1, Ordering::Relaxed);
+            self.state.changes.fetch_add(n, Ordering::Relaxed);
+            self.last_progress = self.last_progress.max(end_lsn);
+        }
+        Ok(flow)
+    }
+
+    async fn deliver_flow(&mut self, ev: WalEvent) -> Result<Flow, WalError> {
+        Ok(match self.deliver(ev).await {
+            None => Flow::Continue,
+            Some(stop) => Flow::Stop(stop),
+        })
+    }
+
+    /// Sends `ev` to the store writer, waiting for room; `Some` if the consumer must stop
+    /// instead. A shutdown while waiting drops the event (the slot re-sends it next time).
+    async fn deliver(&mut self, ev: WalEvent) -> Option<Stop> {
+        tokio::select! {
+            r = self.events.send(ev) => r.err().map(|_| Stop::ReceiverGone),
+            _ = wait_shutdown(self.shutdown) => Some(Stop::Shutdown),
+        }
+    }
+}
+
+/// Resolves once shutdown is requested or its sender is dropped.
+async fn wait_shutdown(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|&stop| stop).await;
+}
+
+enum Flow {
+    Continue,
+    /// The server asked for a status update.
+    Reply,
+    Stop(Stop),
+}

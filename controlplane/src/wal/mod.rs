@@ -1,0 +1,234 @@
+//! The WAL consumer: keeps the cache coherent by tailing the origin's WAL.
+//!
+//! Purpose: stream committed changes of the published tables from a permanent logical slot
+//! (`pgoutput`, protocol 1) and hand them, one whole transaction at a time and in commit order,
+//! to the store writer as [`WalEvent`]s. Not on the hit path: it runs as one tokio task in the
+//! control plane ([`run_consumer`]).
+//!
+//! ```text
+//! origin walsender ──CopyBoth──▶ conn::ReplicationConn ──XLogData──▶ pgoutput::parse_message
+//!        ▲                                                                   │
+//!        │ Standby Status Update (flush = applied_lsn)          Begin..Commit → WalTxn
+//!        │                                                                   ▼
+//!   consumer task ◀── state.applied_lsn ◀── store writer ◀── mpsc<WalEvent> (Txn/Progress/Reset)
+//! ```
+//!
+//! Invariants:
+//! - **Feedback never runs ahead of the cache.** The slot's `confirmed_flush_lsn` is moved only
+//!   by the `flush` field of status updates, and that is always `state.applied_lsn`, which the
+//!   store writer sets after applying. So after any crash or disconnect the server re-sends
+//!   every change the cache has not applied. (`write` reports what was received.)
+//! - A [`WalTxn`] is delivered only when its Commit arrives; a connection lost mid-transaction
+//!   discards the partial transaction, and the server re-sends it whole.
+//! - A transaction whose `end_lsn <= state.applied_lsn` is a re-delivery and is skipped here.
+//! - [`WalEvent::Progress`] is sent only between transactions, so `lsn` never splits one.
+//! - If the slot vanished after we had streamed from it, the consumer re-creates it and sends
+//!   [`WalEvent::Reset`] before anything else: changes were lost, the cache must be flushed.
+//!
+//! Thread model: one task; [`ReplicationState`] is shared, all atomics, read by metrics/REST and
+//! the serving layer, written by this task except `applied_lsn` / `applied_commit_ts_us`
+//! (store writer). Timestamps in this module are microseconds since the Unix epoch.
+//!
+//! Limitations:
+//! - A Relation message outside a transaction (pgoutput 1 does not send one, but the format
+//!   allows it) is delivered as a `WalTxn` with `xid = 0`, `commit_lsn = end_lsn = 0` and one
+//!   `Change::Relation`: appliers must not move `applied_lsn` backwards (take the max).
+//! - Backpressure: while the store writer does not take events, the socket is not read; past
+//!   the origin's `wal_sender_timeout` the origin drops us and we reconnect and resume.
+//! - `Progress` is sent with `try_send` and skipped when the channel is full (the next
+//!   keepalive supersedes it), so a slow applier never stalls the stream on Progress alone.
+//! - Type, Origin and logical-decoding Message messages are ignored.
+
+#![deny(unsafe_code)]
+
+pub mod conn;
+mod consumer;
+mod error;
+pub mod pgoutput;
+pub mod slot;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use conn::{ReplicationConn, ReplicationEvent, SystemInfo};
+pub use consumer::run_consumer;
+pub use error::WalError;
+pub use pgoutput::{DecodeError, RelColumn, Relation, TupleValue};
+pub use slot::PublicationScope;
+
+/// Default interval between Standby Status Updates.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// Default idle time after which the consumer asks the server for a keepalive.
+pub const DEFAULT_KEEPALIVE_REQUEST_INTERVAL: Duration = Duration::from_millis(100);
+/// Default pause before reconnecting after an error.
+pub const DEFAULT_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Settings of the WAL consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalConfig {
+    /// Logical replication slot (created with `pgoutput` if missing).
+    pub slot: String,
+    /// Publication to stream (created if missing).
+    pub publication: String,
+    /// What the publication covers when the consumer creates or extends it.
+    pub publication_scope: PublicationScope,
+    /// Standby Status Updates are sent at least this often.
+    pub status_interval: Duration,
+    /// When nothing arrived for this long outside a transaction, ask the server for a
+    /// keepalive, so that `applied_lsn` can advance past WAL of unrelated tables.
+    pub keepalive_request_interval: Duration,
+    /// Pause between a failed session and the next connection attempt.
+    pub reconnect_backoff: Duration,
+}
+
+impl WalConfig {
+    /// A config with the default intervals.
+    pub fn new(slot: &str, publication: &str, publication_scope: PublicationScope) -> WalConfig {
+        WalConfig {
+            slot: slot.to_owned(),
+            publication: publication.to_owned(),
+            publication_scope,
+            status_interval: DEFAULT_STATUS_INTERVAL,
+            keepalive_request_interval: DEFAULT_KEEPALIVE_REQUEST_INTERVAL,
+            reconnect_backoff: DEFAULT_RECONNECT_BACKOFF,
+        }
+    }
+
+    /// Checks names and intervals.
+    pub fn validate(&self) -> Result<(), WalError> {
+        let slot_ok = !self.slot.is_empty()
+            && self.slot.len() < 64
+            && self
+                .slot
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !slot_ok {
+            return Err(WalError::Config(format!(
+                "slot name {:?}: use 1-63 of [a-z0-9_]",
+                self.slot
+            )));
+        }
+        if self.publication.is_empty() || self.publication.contains('\0') {
+            return Err(WalError::Config(
+                "publication name is empty or has NUL".into(),
+            ));
+        }
+        if self.status_interval.is_zero()
+            || self.keepalive_request_interval.is_zero()
+            || self.reconnect_backoff.is_zero()
+        {
+            return Err(WalError::Config(
+                "WAL consumer intervals must be > 0".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Replication progress, shared between the consumer, the store writer and observers.
+#[derive(Debug, Default)]
+pub struct ReplicationState {
+    /// A replication connection is open.
+    pub connected: AtomicBool,
+    /// The connection is in CopyBoth (streaming) mode.
+    pub streaming: AtomicBool,
+    /// Highest WAL position received from the server.
+    pub received_lsn: AtomicU64,
+    /// Highest WAL position the server reported having sent (keepalive / XLogData).
+    pub server_wal_end: AtomicU64,
+    /// Set by the store writer: everything up to here is in the cache.
+    pub applied_lsn: AtomicU64,
+    /// Set by the store writer: commit time of the last applied transaction.
+    pub applied_commit_ts_us: AtomicI64,
+    /// Server clock in the last keepalive.
+    pub last_server_time_us: AtomicI64,
+    /// Set by the consumer: last time `applied_lsn >= server_wal_end` was observed while
+    /// streaming (checked every keepalive request interval).
+    pub caught_up_at_us: AtomicI64,
+    /// Connection attempts after the first.
+    pub reconnects: AtomicU64,
+    /// Times the slot was found missing and re-created (each sent a [`WalEvent::Reset`]).
+    pub resets: AtomicU64,
+    /// Transactions delivered.
+    pub txns: AtomicU64,
+    /// Row changes delivered.
+    pub changes: AtomicU64,
+}
+
+impl ReplicationState {
+    /// Bytes of WAL the server has sent past what is applied.
+    pub fn lag_bytes(&self) -> u64 {
+        let end = self.server_wal_end.load(Ordering::Acquire);
+        end.saturating_sub(self.applied_lsn.load(Ordering::Acquire))
+    }
+
+    /// How stale the cache may be, in ms: 0 while streaming with `applied >= server_wal_end`;
+    /// otherwise the time since the cache was last known to be current (the later of the last
+    /// observed catch-up and the last applied commit). While not streaming it keeps growing,
+    /// so a lost connection never looks like "no lag".
+    ///
+    /// Accepted race: the fields are read one by one, not as a snapshot; the error is bounded
+    /// by one keepalive request interval.
+    pub fn lag_ms(&self, now_us: i64) -> u64 {
+        let streaming = self.streaming.load(Ordering::Acquire);
+        if streaming && self.lag_bytes() == 0 {
+            return 0;
+        }
+        let current_at = self
+            .caught_up_at_us
+            .load(Ordering::Acquire)
+            .max(self.applied_commit_ts_us.load(Ordering::Acquire));
+        u64::try_from(now_us.saturating_sub(current_at) / 1000).unwrap_or(0)
+    }
+}
+
+/// A committed transaction, in commit order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalTxn {
+    pub xid: u32,
+    /// LSN of the commit record.
+    pub commit_lsn: u64,
+    /// End of the commit record: applying this txn means `applied_lsn = end_lsn`.
+    pub end_lsn: u64,
+    /// Commit time, microseconds since the Unix epoch.
+    pub commit_ts_us: i64,
+    pub changes: Vec<Change>,
+}
+
+/// One change inside a transaction; `rel` is the relation id of an earlier `Relation`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A (new or changed) table schema; applies to the changes that follow.
+    Relation(Relation),
+    Insert {
+        rel: u32,
+        new: Vec<TupleValue>,
+    },
+    /// `old_key` is set when the key changed (`'K'`) or with `REPLICA IDENTITY FULL` (`'O'`).
+    Update {
+        rel: u32,
+        old_key: Option<Vec<TupleValue>>,
+        new: Vec<TupleValue>,
+    },
+    Delete {
+        rel: u32,
+        old_key: Vec<TupleValue>,
+    },
+    Truncate {
+        rels: Vec<u32>,
+    },
+}
+
+/// What the consumer hands to the store writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WalEvent {
+    Txn(WalTxn),
+    /// Everything up to `lsn` was sent and delivered: applying it means `applied_lsn = lsn`.
+    Progress {
+        lsn: u64,
+    },
+    /// The slot was missing and has been re-created: changes were lost, flush the cache.
+    Reset {
+        reason: String,
+    },
+}

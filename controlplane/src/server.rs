@@ -111,7 +111,7 @@ impl Pgline {
         let wal_cfg = WalConfig {
             slot: cfg.replication.slot.clone(),
             publication: cfg.replication.publication.clone(),
-            scope,
+            publication_scope: scope,
             status_interval: Duration::from_millis(cfg.replication.status_interval_ms),
             keepalive_request_interval: Duration::from_millis(100),
             reconnect_backoff: Duration::from_millis(cfg.replication.reconnect_backoff_ms),

@@ -146,7 +146,7 @@ impl Writer {
     }
 
     fn publish_gauges(&self) {
-        let now_us = crate::wal::now_pg_us();
+        let now_us = crate::wal::conn::unix_now_us();
         let lag_ms = self.repl.lag_ms(now_us);
         let streaming = self.repl.streaming.load(Ordering::Relaxed);
         let gauge = &self.shared.replication;
@@ -351,7 +351,9 @@ impl Writer {
                 }
             }
         }
-        self.repl.applied_commit_ts_us.store(txn.commit_ts_us, Ordering::Relaxed);
+        if txn.commit_ts_us > 0 {
+            self.repl.applied_commit_ts_us.store(txn.commit_ts_us, Ordering::Relaxed);
+        }
         self.repl.applied_lsn.fetch_max(txn.end_lsn, Ordering::AcqRel);
     }
 

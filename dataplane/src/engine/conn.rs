@@ -55,12 +55,10 @@ pub(crate) struct Conn {
     pub write_blocked: bool,
     /// Already on the core's active list.
     pub active: bool,
-    pub peer: Option<std::net::SocketAddr>,
 }
 
 impl Conn {
     pub fn new(stream: TcpStream, client_id: u64, generation: u32, authenticated: bool) -> Conn {
-        let peer = stream.peer_addr().ok();
         Conn {
             stream,
             session: Session {
@@ -83,7 +81,6 @@ impl Conn {
             readable: true,
             write_blocked: false,
             active: false,
-            peer,
         }
     }
 
@@ -111,13 +108,6 @@ impl Conn {
             })
             .sum();
         self.wbuf.len() - self.wpos + held
-    }
-
-    pub fn waiting(&self) -> usize {
-        self.pending
-            .iter()
-            .filter(|p| matches!(p, Pending::Waiting { .. }))
-            .count()
     }
 
     /// Moves replies at the front of the queue that are complete into `wbuf`.

@@ -406,7 +406,7 @@ fn execute_one(conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool, c
     let frame = &rbuf[*rpos..*rpos + consumed];
     let args = Args::new(frame, &ctx.args);
     let mut held = Vec::new();
-    let out = if pending.is_empty() { wbuf } else { &mut held };
+    let out: &mut Vec<u8> = if pending.is_empty() { &mut *wbuf } else { &mut held };
     let outcome = match parse_command(args) {
         Ok(cmd) => {
             let mut exec = Exec {
@@ -416,7 +416,6 @@ fn execute_one(conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool, c
                 stats: &ctx.shared.stats[ctx.id],
                 scratch: &mut ctx.scratch,
                 password: ctx.cfg.password.as_deref().map(str::as_bytes),
-                core: ctx.id,
             };
             exec.execute(cmd, session, out)
         }

@@ -30,7 +30,6 @@ pub(crate) struct Exec<'a> {
     /// Reused buffer for sections that are read and then picked apart (HGET and friends).
     pub scratch: &'a mut Vec<u8>,
     pub password: Option<&'a [u8]>,
-    pub core: usize,
 }
 
 pub(crate) enum Outcome {

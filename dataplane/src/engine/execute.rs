@@ -253,7 +253,10 @@ impl Exec<'_> {
             Command::Command { sub } => match sub {
                 CommandSub::Count => compose_integer(out, crate::resp::command::command::COMMAND_COUNT as i64),
                 CommandSub::Docs => compose_map_header(out, 0, proto),
-                _ => crate::resp::command::command::compose_command_table(out, proto),
+                CommandSub::Info(names) => crate::resp::command::command::compose_command_info(out, names, proto),
+                CommandSub::List | CommandSub::Other => {
+                    crate::resp::command::command::compose_command_table(out, proto)
+                }
             },
             Command::Client { sub } => match sub {
                 ClientSub::SetName { name } => {

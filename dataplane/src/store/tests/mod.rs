@@ -1,0 +1,3 @@
+mod model;
+mod stress;
+mod unit;

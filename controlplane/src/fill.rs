@@ -53,11 +53,17 @@ pub fn encode_row(table: &TableInfo, values: &[Option<&[u8]>]) -> RowBytes {
     RowBytes { resp_json, columns }
 }
 
+/// Each column as its type's *output function* text (what pgoutput sends), which is not always
+/// what a `::text` cast gives (`bool` casts to `true`, outputs `t`). `format('%s', v)` calls the
+/// output function; NULL must stay NULL.
 fn select_list(table: &TableInfo) -> String {
     table
         .columns
         .iter()
-        .map(|c| format!("t.{}::text", quote_ident(&c.name)))
+        .map(|c| {
+            let col = format!("t.{}", quote_ident(&c.name));
+            format!("CASE WHEN {col} IS NULL THEN NULL ELSE format('%s', {col}) END")
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

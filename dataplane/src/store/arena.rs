@@ -29,7 +29,7 @@ impl Arena {
     /// Views the first `words` 8-byte words of `region`; `None` if the region is shorter.
     pub(crate) fn from_region(region: Region, words: usize) -> Option<Arena> {
         let bytes = words.checked_mul(8)?;
-        if bytes > region.len() || region.as_ptr() as usize % align_of::<AtomicU64>() != 0 {
+        if bytes > region.len() || !region.as_ptr().cast::<AtomicU64>().is_aligned() {
             return None;
         }
         Some(Arena {

@@ -66,11 +66,17 @@
 //! - A reader of a bucket the writer changes continuously gives up after a bounded number of
 //!   attempts and reports [`Lookup::Miss`]; the miss path is slower but correct.
 //! - [`StoreStats`] fields are individually atomic, not a consistent snapshot.
+//! - A reader may copy a torn section (its length bounded by the segment, so at worst one
+//!   segment's worth of bytes, which can grow `out`) before the re-check discards it.
+//! - The hash is a fixed-seed multiply-rotate mix (`layout::hash_key`), not keyed: keys chosen
+//!   to collide can crowd one bucket, which then evicts its own oldest entries (no worse).
 //!
 //! # Limitations
 //! - Replacing or removing an entry leaves its bytes dead in the segment until the segment is
 //!   evicted (no compaction); `used_bytes` counts live bytes only.
 //! - An entry must fit in one segment (`InsertError::TooLarge`).
+//! - The arena logic can run on a heap arena (tests) so that Miri can check it; Miri was not
+//!   available on the development toolchain, so concurrency is checked by the stress test.
 //! - Bucket overflow evicts a live entry even when memory is free (index sized ~1/16 of the
 //!   budget: ~7 slots per 64 bytes, i.e. plenty for rows over ~100 bytes).
 

@@ -291,8 +291,9 @@ impl StoreWriter {
                 continue;
             };
             let age = (self.segs[seg as usize].seq, w);
-            if best.as_ref().is_none_or(|(a, ..)| age < *a) {
-                best = Some((age, i, w, h));
+            match &best {
+                Some((a, ..)) if *a <= age => {}
+                _ => best = Some((age, i, w, h)),
             }
         }
         let (_, i, w, h) = best.expect("a full bucket holds valid entries written by this writer");

@@ -18,7 +18,12 @@ fn seconds() -> u64 {
     std::env::var("PGLINE_STALE_PROBE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20)
 }
 
+/// The two probes run one after the other: each walsender decodes the whole cluster's WAL, so
+/// two write storms at once would mostly measure each other.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn probe(kill_stream: bool) {
+    let _serial = SERIAL.lock().await;
     let db = TestDb::create(if kill_stream { "probe_kill" } else { "probe" }).await;
     let origin = db.client().await;
     origin

@@ -48,10 +48,16 @@ pub async fn origin_lsn(client: &tokio_postgres::Client) -> u64 {
 /// Waits until pgline has applied everything the origin has written so far.
 pub async fn sync(p: &Pgline, client: &tokio_postgres::Client) {
     let lsn = origin_lsn(client).await;
+    let r = &p.repl;
     assert!(
-        p.wait_applied(lsn, Duration::from_secs(20)).await,
-        "applied LSN {} never reached origin LSN {lsn}",
-        p.applied_lsn()
+        p.wait_applied(lsn, Duration::from_secs(30)).await,
+        "applied LSN {} never reached origin LSN {lsn} (received {}, server end {}, streaming {}, txns {}, reconnects {})",
+        p.applied_lsn(),
+        r.received_lsn.load(std::sync::atomic::Ordering::Relaxed),
+        r.server_wal_end.load(std::sync::atomic::Ordering::Relaxed),
+        r.streaming.load(std::sync::atomic::Ordering::Relaxed),
+        r.txns.load(std::sync::atomic::Ordering::Relaxed),
+        r.reconnects.load(std::sync::atomic::Ordering::Relaxed),
     );
 }
 

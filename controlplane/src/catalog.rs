@@ -101,7 +101,10 @@ const RESOLVE_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
 
 impl Catalog {
     /// Reads the cached tables from the origin.
-    pub async fn load(client: &tokio_postgres::Client, cfg: &CatalogConfig) -> Result<Catalog, CatalogError> {
+    pub async fn load(
+        client: &tokio_postgres::Client,
+        cfg: &CatalogConfig,
+    ) -> Result<Catalog, CatalogError> {
         let mut found: Vec<(u32, String, String)> = Vec::new();
         if cfg.tables.is_empty() {
             for row in client.query(TABLES_SQL, &[]).await? {
@@ -132,7 +135,9 @@ impl Catalog {
         oid: u32,
         cfg: &CatalogConfig,
     ) -> Result<(), CatalogError> {
-        let Some(old) = self.tables.get(&oid).cloned() else { return Ok(()) };
+        let Some(old) = self.tables.get(&oid).cloned() else {
+            return Ok(());
+        };
         match load_table(client, oid, old.schema.clone(), old.name.clone()).await {
             Ok(t) => {
                 self.tables.insert(oid, Arc::new(t));
@@ -183,7 +188,9 @@ impl Catalog {
         }
         let ids: Vec<u32> = self.tables.keys().copied().collect();
         for id in ids {
-            let Some(t) = self.tables.get(&id) else { continue };
+            let Some(t) = self.tables.get(&id) else {
+                continue;
+            };
             let mut t = (**t).clone();
             let qualified = format!("{}.{}", t.schema, t.name);
             let mut prefixes = vec![qualified.clone()];
@@ -229,7 +236,11 @@ async fn load_table(
     let mut attnums = Vec::new();
     for row in client.query(COLUMNS_SQL, &[&oid]).await? {
         attnums.push(row.get::<_, i32>(0));
-        columns.push(ColumnInfo { name: row.get(1), type_oid: row.get(2), type_name: row.get(3) });
+        columns.push(ColumnInfo {
+            name: row.get(1),
+            type_oid: row.get(2),
+            type_name: row.get(3),
+        });
     }
     let mut key_columns = Vec::new();
     for row in client.query(KEY_SQL, &[&oid]).await? {
@@ -243,7 +254,18 @@ async fn load_table(
     }
     let json_columns = columns
         .iter()
-        .map(|c| JsonColumn { name: c.name.clone(), kind: json_kind(c.type_oid) })
+        .map(|c| JsonColumn {
+            name: c.name.clone(),
+            kind: json_kind(c.type_oid),
+        })
         .collect();
-    Ok(TableInfo { id: oid, schema, name, columns, key_columns, json_columns, prefixes: Vec::new() })
+    Ok(TableInfo {
+        id: oid,
+        schema,
+        name,
+        columns,
+        key_columns,
+        json_columns,
+        prefixes: Vec::new(),
+    })
 }

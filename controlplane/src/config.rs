@@ -19,7 +19,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("config: {0}")]
     Parse(String),
     #[error("config: {key}: {reason}")]
@@ -78,10 +81,11 @@ impl Default for OriginConfig {
 impl OriginConfig {
     /// The parsed connection settings, with the session settings pgline's text formats rely on.
     pub fn pg_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
-        let mut cfg: tokio_postgres::Config = self.url.parse().map_err(|e| ConfigError::Invalid {
-            key: "origin.url",
-            reason: format!("{e}"),
-        })?;
+        let mut cfg: tokio_postgres::Config =
+            self.url.parse().map_err(|e| ConfigError::Invalid {
+                key: "origin.url",
+                reason: format!("{e}"),
+            })?;
         cfg.options(SESSION_OPTIONS);
         cfg.application_name("pgline");
         cfg.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
@@ -90,10 +94,26 @@ impl OriginConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.pg_config()?;
-        check(self.pool_size >= 1 && self.pool_size <= 256, "origin.pool_size", "must be 1..=256")?;
-        check(self.fill_batch >= 1 && self.fill_batch <= 10_000, "origin.fill_batch", "must be 1..=10000")?;
-        check(self.connect_timeout_ms >= 1, "origin.connect_timeout_ms", "must be > 0")?;
-        check(self.query_timeout_ms >= 1, "origin.query_timeout_ms", "must be > 0")
+        check(
+            self.pool_size >= 1 && self.pool_size <= 256,
+            "origin.pool_size",
+            "must be 1..=256",
+        )?;
+        check(
+            self.fill_batch >= 1 && self.fill_batch <= 10_000,
+            "origin.fill_batch",
+            "must be 1..=10000",
+        )?;
+        check(
+            self.connect_timeout_ms >= 1,
+            "origin.connect_timeout_ms",
+            "must be > 0",
+        )?;
+        check(
+            self.query_timeout_ms >= 1,
+            "origin.query_timeout_ms",
+            "must be > 0",
+        )
     }
 }
 
@@ -139,16 +159,42 @@ impl Default for RespConfig {
 
 impl RespConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        self.listen.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid {
-            key: "resp.listen",
-            reason: format!("{:?} is not an ip:port address ({e})", self.listen),
-        })?;
-        check(self.cores >= 1 && self.cores <= 256, "resp.cores", "must be 1..=256")?;
-        check(self.max_connections >= 1, "resp.max_connections", "must be >= 1")?;
-        check(self.max_request_bytes >= 1024, "resp.max_request_bytes", "must be >= 1024")?;
-        check(self.max_reply_backlog >= 64 * 1024, "resp.max_reply_backlog", "must be >= 65536")?;
-        check(self.max_args >= 2 && self.max_args <= 1_000_000, "resp.max_args", "must be 2..=1000000")?;
-        check(self.requests_per_turn >= 1, "resp.requests_per_turn", "must be >= 1")?;
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Invalid {
+                key: "resp.listen",
+                reason: format!("{:?} is not an ip:port address ({e})", self.listen),
+            })?;
+        check(
+            self.cores >= 1 && self.cores <= 256,
+            "resp.cores",
+            "must be 1..=256",
+        )?;
+        check(
+            self.max_connections >= 1,
+            "resp.max_connections",
+            "must be >= 1",
+        )?;
+        check(
+            self.max_request_bytes >= 1024,
+            "resp.max_request_bytes",
+            "must be >= 1024",
+        )?;
+        check(
+            self.max_reply_backlog >= 64 * 1024,
+            "resp.max_reply_backlog",
+            "must be >= 65536",
+        )?;
+        check(
+            self.max_args >= 2 && self.max_args <= 1_000_000,
+            "resp.max_args",
+            "must be 2..=1000000",
+        )?;
+        check(
+            self.requests_per_turn >= 1,
+            "resp.requests_per_turn",
+            "must be >= 1",
+        )?;
         check(self.miss_queue >= 16, "resp.miss_queue", "must be >= 16")
     }
 }
@@ -208,7 +254,9 @@ impl TryFrom<toml::Value> for ByteSize {
         match v {
             toml::Value::Integer(n) if n >= 0 => Ok(ByteSize(n as u64)),
             toml::Value::String(s) => parse_size(&s).map(ByteSize),
-            other => Err(format!("{other} is not a size (a number of bytes or e.g. \"256MiB\")")),
+            other => Err(format!(
+                "{other} is not a size (a number of bytes or e.g. \"256MiB\")"
+            )),
         }
     }
 }
@@ -223,9 +271,14 @@ fn parse_size(s: &str) -> Result<u64, String> {
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use KiB, MiB or GiB)")),
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?} (use KiB, MiB or GiB)"
+            ))
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 pub const DEFAULT_SLOT: &str = "pgline";
@@ -260,12 +313,29 @@ impl ReplicationConfig {
         let ident = |s: &str| {
             !s.is_empty()
                 && s.len() <= 63
-                && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         };
-        check(ident(&self.slot), "replication.slot", "must be 1-63 of [a-z0-9_]")?;
-        check(ident(&self.publication), "replication.publication", "must be 1-63 of [a-z0-9_]")?;
-        check(self.status_interval_ms >= 10, "replication.status_interval_ms", "must be >= 10")?;
-        check(self.reconnect_backoff_ms >= 10, "replication.reconnect_backoff_ms", "must be >= 10")
+        check(
+            ident(&self.slot),
+            "replication.slot",
+            "must be 1-63 of [a-z0-9_]",
+        )?;
+        check(
+            ident(&self.publication),
+            "replication.publication",
+            "must be 1-63 of [a-z0-9_]",
+        )?;
+        check(
+            self.status_interval_ms >= 10,
+            "replication.status_interval_ms",
+            "must be >= 10",
+        )?;
+        check(
+            self.reconnect_backoff_ms >= 10,
+            "replication.reconnect_backoff_ms",
+            "must be >= 10",
+        )
     }
 }
 
@@ -288,7 +358,10 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { level: "info".into(), json: false }
+        LogConfig {
+            level: "info".into(),
+            json: false,
+        }
     }
 }
 
@@ -296,7 +369,10 @@ fn check(ok: bool, key: &'static str, reason: &str) -> Result<(), ConfigError> {
     if ok {
         Ok(())
     } else {
-        Err(ConfigError::Invalid { key, reason: reason.into() })
+        Err(ConfigError::Invalid {
+            key,
+            reason: reason.into(),
+        })
     }
 }
 
@@ -319,18 +395,27 @@ impl Config {
             None => toml::Table::new(),
         };
         for (name, value) in env {
-            let Some(rest) = name.strip_prefix("PGLINE_") else { continue };
-            let Some((section, key)) = rest.split_once('_') else { continue };
+            let Some(rest) = name.strip_prefix("PGLINE_") else {
+                continue;
+            };
+            let Some((section, key)) = rest.split_once('_') else {
+                continue;
+            };
             let section = section.to_ascii_lowercase();
             if !SECTIONS.contains(&section.as_str()) {
                 continue;
             }
-            set_path(&mut table, &format!("{section}.{}", key.to_ascii_lowercase()), &value, &name)?;
+            set_path(
+                &mut table,
+                &format!("{section}.{}", key.to_ascii_lowercase()),
+                &value,
+                &name,
+            )?;
         }
         for o in overrides {
-            let (key, value) = o
-                .split_once('=')
-                .ok_or_else(|| ConfigError::Parse(format!("--set {o:?}: expected section.key=value")))?;
+            let (key, value) = o.split_once('=').ok_or_else(|| {
+                ConfigError::Parse(format!("--set {o:?}: expected section.key=value"))
+            })?;
             set_path(&mut table, key.trim(), value, &format!("--set {key}"))?;
         }
         let cfg: Config = toml::Value::Table(table)
@@ -344,9 +429,16 @@ impl Config {
         self.origin.validate()?;
         self.resp.validate()?;
         self.replication.validate()?;
-        self.store().validate().map_err(|e| ConfigError::Invalid { key: "store", reason: e.to_string() })?;
+        self.store().validate().map_err(|e| ConfigError::Invalid {
+            key: "store",
+            reason: e.to_string(),
+        })?;
         for t in self.catalog.prefixes.values() {
-            check(!t.is_empty() && !t.contains(':'), "catalog.prefixes", "a prefix must be non-empty and contain no ':'")?;
+            check(
+                !t.is_empty() && !t.contains(':'),
+                "catalog.prefixes",
+                "a prefix must be non-empty and contain no ':'",
+            )?;
         }
         Ok(())
     }
@@ -361,9 +453,16 @@ impl Config {
     }
 
     pub fn engine(&self) -> EngineConfig {
-        let limits = Limits { max_args: self.resp.max_args, ..Limits::default() };
+        let limits = Limits {
+            max_args: self.resp.max_args,
+            ..Limits::default()
+        };
         EngineConfig {
-            listen: self.resp.listen.parse().expect("validated by RespConfig::validate"),
+            listen: self
+                .resp
+                .listen
+                .parse()
+                .expect("validated by RespConfig::validate"),
             cores: self.resp.cores,
             max_connections: self.resp.max_connections,
             max_request_bytes: self.resp.max_request_bytes,
@@ -378,7 +477,12 @@ impl Config {
 }
 
 /// Sets `section.key` in `table` from a string: TOML syntax if it parses as a value, else a string.
-fn set_path(table: &mut toml::Table, path: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
+fn set_path(
+    table: &mut toml::Table,
+    path: &str,
+    raw: &str,
+    origin: &str,
+) -> Result<(), ConfigError> {
     let (section, key) = path
         .split_once('.')
         .ok_or_else(|| ConfigError::Parse(format!("{origin}: {path:?} is not section.key")))?;
@@ -395,7 +499,9 @@ fn set_path(table: &mut toml::Table, path: &str, raw: &str, origin: &str) -> Res
             t.insert(key.to_string(), value);
             Ok(())
         }
-        _ => Err(ConfigError::Parse(format!("{origin}: [{section}] is not a table"))),
+        _ => Err(ConfigError::Parse(format!(
+            "{origin}: [{section}] is not a table"
+        ))),
     }
 }
 
@@ -404,7 +510,8 @@ mod tests {
     use super::*;
 
     fn load(toml: &str, env: &[(&str, &str)], sets: &[&str]) -> Result<Config, ConfigError> {
-        let dir = std::env::temp_dir().join(format!("pgline-cfg-{}-{}", std::process::id(), toml.len()));
+        let dir =
+            std::env::temp_dir().join(format!("pgline-cfg-{}-{}", std::process::id(), toml.len()));
         std::fs::write(&dir, toml).unwrap();
         let env = env.iter().map(|(a, b)| (a.to_string(), b.to_string()));
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -417,7 +524,10 @@ mod tests {
     fn file_env_and_flags_layer_in_order() {
         let cfg = load(
             "[resp]\nlisten = \"127.0.0.1:7000\"\ncores = 2\n[store]\nmemory = \"64MiB\"\n",
-            &[("PGLINE_RESP_CORES", "3"), ("PGLINE_TEST_PG_HOST", "ignored")],
+            &[
+                ("PGLINE_RESP_CORES", "3"),
+                ("PGLINE_TEST_PG_HOST", "ignored"),
+            ],
             &["store.memory=\"128MiB\""],
         )
         .unwrap();

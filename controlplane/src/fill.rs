@@ -36,19 +36,30 @@ pub enum Fetched {
     Row(Arc<RowBytes>),
     /// No such row. `cacheable` is false when the answer came without a clean origin read (e.g.
     /// a key text the type rejects), so no negative entry is installed for it.
-    Absent { cacheable: bool },
+    Absent {
+        cacheable: bool,
+    },
 }
 
 /// Encodes a row (column texts in table order) as the store holds it.
 pub fn encode_row(table: &TableInfo, values: &[Option<&[u8]>]) -> RowBytes {
-    let mut json = Vec::with_capacity(64 + values.iter().map(|v| v.map_or(4, |v| v.len() + 8)).sum::<usize>());
+    let mut json = Vec::with_capacity(
+        64 + values
+            .iter()
+            .map(|v| v.map_or(4, |v| v.len() + 8))
+            .sum::<usize>(),
+    );
     encode_row_json(&mut json, &table.json_columns, values);
     let mut resp_json = Vec::with_capacity(json.len() + 16);
     encode_resp_json(&mut resp_json, &json);
     let mut columns = Vec::new();
     encode_columns(
         &mut columns,
-        table.columns.iter().zip(values.iter()).map(|(c, v)| (c.name.as_bytes(), *v)),
+        table
+            .columns
+            .iter()
+            .zip(values.iter())
+            .map(|(c, v)| (c.name.as_bytes(), *v)),
     );
     RowBytes { resp_json, columns }
 }
@@ -70,8 +81,12 @@ fn select_list(table: &TableInfo) -> String {
 
 /// The batched statement for `table`: one text[] parameter per key column.
 pub fn batch_sql(table: &TableInfo) -> String {
-    let params: Vec<String> = (0..table.key_columns.len()).map(|i| format!("${}::text[]", i + 1)).collect();
-    let names: Vec<String> = (0..table.key_columns.len()).map(|i| format!("k{i}")).collect();
+    let params: Vec<String> = (0..table.key_columns.len())
+        .map(|i| format!("${}::text[]", i + 1))
+        .collect();
+    let names: Vec<String> = (0..table.key_columns.len())
+        .map(|i| format!("k{i}"))
+        .collect();
     let on: Vec<String> = table
         .key_columns
         .iter()
@@ -152,8 +167,10 @@ async fn run(
         }
     }
     let sql = batch_sql(table);
-    let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-        params.iter().map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+    let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+        .iter()
+        .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
     let query = async {
         let stmt = client.prepare_cached(&sql).await?;
         client.query(&stmt, &refs).await
@@ -166,7 +183,9 @@ async fn run(
     for row in rows {
         let texts: Vec<Option<&str>> = (0..table.columns.len()).map(|c| row.get(c)).collect();
         let values: Vec<Option<&[u8]>> = texts.iter().map(|t| t.map(str::as_bytes)).collect();
-        let Some(pk) = table.pk_text(&values) else { continue };
+        let Some(pk) = table.pk_text(&values) else {
+            continue;
+        };
         if let Some(&i) = which.iter().find(|&&i| *pks[i] == *pk) {
             results[i] = Fetched::Row(Arc::new(encode_row(table, &values)));
         }

@@ -7,7 +7,11 @@ use pgline_controlplane::config::Config;
 use pgline_controlplane::server::Pgline;
 
 #[derive(Parser)]
-#[command(name = "pgline", version, about = "PostgreSQL read cache: rows over the Redis protocol, kept coherent from the WAL")]
+#[command(
+    name = "pgline",
+    version,
+    about = "PostgreSQL read cache: rows over the Redis protocol, kept coherent from the WAL"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -101,8 +105,15 @@ fn main() -> std::process::ExitCode {
             }
         };
         let addr = pgline.local_addr();
-        println!("pgline is serving. Connect with: redis-cli -h {} -p {}", addr.ip(), addr.port());
-        println!("  e.g. redis-cli -p {} GET <table>:<primary key>", addr.port());
+        println!(
+            "pgline is serving. Connect with: redis-cli -h {} -p {}",
+            addr.ip(),
+            addr.port()
+        );
+        println!(
+            "  e.g. redis-cli -p {} GET <table>:<primary key>",
+            addr.port()
+        );
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
         pgline.shutdown().await;
@@ -113,7 +124,9 @@ fn main() -> std::process::ExitCode {
 fn init_logging(cfg: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log.level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if cfg.log.json {
         builder.json().init();
     } else {

@@ -29,7 +29,10 @@ pub enum StartError {
     #[error("store: {0}")]
     Store(String),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: String, source: std::io::Error },
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 struct NotifyWake(Arc<Notify>);
@@ -59,7 +62,9 @@ impl Pgline {
         let mgr = deadpool_postgres::Manager::from_config(
             pg.clone(),
             tokio_postgres::NoTls,
-            deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
         );
         let pool = deadpool_postgres::Pool::builder(mgr)
             .max_size(cfg.origin.pool_size)
@@ -68,7 +73,10 @@ impl Pgline {
             .wait_timeout(Some(Duration::from_millis(cfg.origin.query_timeout_ms)))
             .build()
             .map_err(|e| StartError::Origin(e.to_string()))?;
-        let client = pool.get().await.map_err(|e| StartError::Origin(e.to_string()))?;
+        let client = pool
+            .get()
+            .await
+            .map_err(|e| StartError::Origin(e.to_string()))?;
         let level: String = client
             .query_one("SHOW wal_level", &[])
             .await
@@ -81,8 +89,8 @@ impl Pgline {
         drop(client);
         tracing::info!(tables = catalog.tables.len(), "catalog loaded");
 
-        let (store, reader) =
-            pgline_dataplane::store::open(&cfg.store()).map_err(|e| StartError::Store(e.to_string()))?;
+        let (store, reader) = pgline_dataplane::store::open(&cfg.store())
+            .map_err(|e| StartError::Store(e.to_string()))?;
         let st = store.stats();
         tracing::info!(
             budget = st.budget_bytes,
@@ -117,15 +125,45 @@ impl Pgline {
             reconnect_backoff: Duration::from_millis(cfg.replication.reconnect_backoff_ms),
         };
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(wal::run_consumer(pg, wal_cfg, repl.clone(), wal_tx, shutdown_rx.clone())));
-        let writer = Writer::new(cfg.clone(), store, shared.clone(), catalog.clone(), pool, repl.clone());
-        tasks.push(tokio::spawn(writer.run(wake, wal_rx, admin_rx, shutdown_rx)));
+        tasks.push(tokio::spawn(wal::run_consumer(
+            pg,
+            wal_cfg,
+            repl.clone(),
+            wal_tx,
+            shutdown_rx.clone(),
+        )));
+        let writer = Writer::new(
+            cfg.clone(),
+            store,
+            shared.clone(),
+            catalog.clone(),
+            pool,
+            repl.clone(),
+        );
+        tasks.push(tokio::spawn(writer.run(
+            wake,
+            wal_rx,
+            admin_rx,
+            shutdown_rx,
+        )));
 
-        let engine = Engine::start(cfg.engine(), shared.clone())
-            .map_err(|source| StartError::Listen { addr: cfg.resp.listen.clone(), source })?;
+        let engine =
+            Engine::start(cfg.engine(), shared.clone()).map_err(|source| StartError::Listen {
+                addr: cfg.resp.listen.clone(),
+                source,
+            })?;
         let local_addr = engine.local_addr();
         tracing::info!(%local_addr, cores = cfg.resp.cores, "RESP listening (kernel sockets)");
-        Ok(Pgline { shared, repl, catalog, admin: admin_tx, shutdown, engine: Some(engine), tasks, local_addr })
+        Ok(Pgline {
+            shared,
+            repl,
+            catalog,
+            admin: admin_tx,
+            shutdown,
+            engine: Some(engine),
+            tasks,
+            local_addr,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -167,8 +205,8 @@ impl Pgline {
         rx.await.unwrap_or(0)
     }
 
-    /// Every cached entry: (table id, pk text, row JSON or None for "no such row").
-    pub async fn dump(&self) -> Vec<(u32, Vec<u8>, Option<Vec<u8>>)> {
+    /// Every cached entry.
+    pub async fn dump(&self) -> Vec<crate::writer::DumpedEntry> {
         let (tx, rx) = oneshot::channel();
         let _ = self.admin.send(AdminCmd::Dump(tx)).await;
         rx.await.unwrap_or_default()
@@ -177,7 +215,9 @@ impl Pgline {
     /// Stops the cores and the control-plane tasks.
     pub async fn shutdown(mut self) {
         if let Some(engine) = self.engine.take() {
-            tokio::task::spawn_blocking(move || engine.stop()).await.ok();
+            tokio::task::spawn_blocking(move || engine.stop())
+                .await
+                .ok();
         }
         let _ = self.shutdown.send(true);
         for t in self.tasks.drain(..) {

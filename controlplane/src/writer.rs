@@ -42,8 +42,17 @@ pub enum AdminCmd {
     FlushAll(oneshot::Sender<u64>),
     FlushTable(u32, oneshot::Sender<u64>),
     FlushKey(u32, Box<[u8]>, oneshot::Sender<bool>),
-    /// Every cached entry: (table, pk, row JSON or None for a negative entry).
-    Dump(oneshot::Sender<Vec<(u32, Vec<u8>, Option<Vec<u8>>)>>),
+    /// Every cached entry.
+    Dump(oneshot::Sender<Vec<DumpedEntry>>),
+}
+
+/// One cached entry, as the stale probe and the API see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DumpedEntry {
+    pub table: u32,
+    pub pk: Vec<u8>,
+    /// The row's JSON, or `None` for a negative entry (the row does not exist).
+    pub json: Option<Vec<u8>>,
 }
 
 struct FillKey {
@@ -151,8 +160,13 @@ impl Writer {
         let streaming = self.repl.streaming.load(Ordering::Relaxed);
         let gauge = &self.shared.replication;
         gauge.streaming.store(streaming, Ordering::Relaxed);
-        gauge.applied_lsn.store(self.repl.applied_lsn.load(Ordering::Relaxed), Ordering::Relaxed);
-        gauge.lag_bytes.store(self.repl.lag_bytes(), Ordering::Relaxed);
+        gauge.applied_lsn.store(
+            self.repl.applied_lsn.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        gauge
+            .lag_bytes
+            .store(self.repl.lag_bytes(), Ordering::Relaxed);
         gauge.lag_ms.store(lag_ms, Ordering::Relaxed);
         let serve = streaming && lag_ms <= self.cfg.replication.max_lag_ms;
         self.shared.serve_hits.store(serve, Ordering::Release);
@@ -171,7 +185,13 @@ impl Writer {
                 let n = req.keys.len();
                 self.waiting.insert(
                     rid,
-                    Waiting { core, conn: req.conn, seq: req.seq, results: vec![None; n], remaining: n },
+                    Waiting {
+                        core,
+                        conn: req.conn,
+                        seq: req.seq,
+                        results: vec![None; n],
+                        remaining: n,
+                    },
                 );
                 for (idx, key) in req.keys.into_iter().enumerate() {
                     let Some(table) = self.catalog.get(key.table).cloned() else {
@@ -184,7 +204,8 @@ impl Writer {
                             self.resolve(rid, idx, found);
                             continue;
                         }
-                        if let Some(&(fid, slot)) = self.inflight.get(&(key.table, key.pk.clone())) {
+                        if let Some(&(fid, slot)) = self.inflight.get(&(key.table, key.pk.clone()))
+                        {
                             if let Some(fill) = self.fills.get_mut(&fid) {
                                 fill.keys[slot].waiters.push((rid, idx));
                                 continue;
@@ -193,11 +214,19 @@ impl Writer {
                     }
                     let batch_key = (key.table, install);
                     let fid = match new_fills.get(&batch_key) {
-                        Some(&fid) if self.fills[&fid].keys.len() < self.cfg.origin.fill_batch => fid,
+                        Some(&fid) if self.fills[&fid].keys.len() < self.cfg.origin.fill_batch => {
+                            fid
+                        }
                         _ => {
                             let fid = self.next_id;
                             self.next_id += 1;
-                            self.fills.insert(fid, Fill { table: table.clone(), keys: Vec::new() });
+                            self.fills.insert(
+                                fid,
+                                Fill {
+                                    table: table.clone(),
+                                    keys: Vec::new(),
+                                },
+                            );
                             new_fills.insert(batch_key, fid);
                             started.push(fid);
                             fid
@@ -207,9 +236,14 @@ impl Writer {
                     let slot = fill.keys.len();
                     if install {
                         // The lease: taken before the origin read starts.
-                        self.inflight.insert((key.table, key.pk.clone()), (fid, slot));
+                        self.inflight
+                            .insert((key.table, key.pk.clone()), (fid, slot));
                     }
-                    fill.keys.push(FillKey { pk: key.pk, install, waiters: vec![(rid, idx)] });
+                    fill.keys.push(FillKey {
+                        pk: key.pk,
+                        install,
+                        waiters: vec![(rid, idx)],
+                    });
                 }
             }
         }
@@ -230,13 +264,17 @@ impl Writer {
                 if reader.read(table, pk, SECTION_COLUMNS, &mut columns) != Lookup::Hit {
                     return None;
                 }
-                Some(FillResult::Row(Arc::new(pgline_dataplane::plane::RowBytes { resp_json, columns })))
+                Some(FillResult::Row(Arc::new(
+                    pgline_dataplane::plane::RowBytes { resp_json, columns },
+                )))
             }
         }
     }
 
     fn start_fill(&self, fid: u64) {
-        let Some(fill) = self.fills.get(&fid) else { return };
+        let Some(fill) = self.fills.get(&fid) else {
+            return;
+        };
         let table = fill.table.clone();
         let pks: Vec<Box<[u8]>> = fill.keys.iter().map(|k| k.pk.clone()).collect();
         let pool = self.pool.clone();
@@ -256,7 +294,9 @@ impl Writer {
     }
 
     fn complete_fill(&mut self, done: FillDone) {
-        let Some(fill) = self.fills.remove(&done.fill) else { return };
+        let Some(fill) = self.fills.remove(&done.fill) else {
+            return;
+        };
         let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
         for (slot, key) in fill.keys.into_iter().enumerate() {
             let map_key = (fill.table.id, key.pk);
@@ -270,14 +310,22 @@ impl Writer {
                     Some(Fetched::Row(row)) => {
                         if leased {
                             let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
-                            let entry = EntryData { sections: &sections, negative: false, lsn };
+                            let entry = EntryData {
+                                sections: &sections,
+                                negative: false,
+                                lsn,
+                            };
                             let _ = self.store.insert(map_key.0, &map_key.1, &entry);
                         }
                         FillResult::Row(row.clone())
                     }
                     Some(Fetched::Absent { cacheable }) => {
                         if leased && *cacheable {
-                            let entry = EntryData { sections: &[], negative: true, lsn };
+                            let entry = EntryData {
+                                sections: &[],
+                                negative: true,
+                                lsn,
+                            };
                             let _ = self.store.insert(map_key.0, &map_key.1, &entry);
                         }
                         FillResult::Absent
@@ -292,15 +340,28 @@ impl Writer {
     }
 
     fn resolve(&mut self, rid: u64, idx: usize, result: FillResult) {
-        let Some(w) = self.waiting.get_mut(&rid) else { return };
+        let Some(w) = self.waiting.get_mut(&rid) else {
+            return;
+        };
         if w.results[idx].is_none() {
             w.results[idx] = Some(result);
             w.remaining -= 1;
         }
         if w.remaining == 0 {
             let w = self.waiting.remove(&rid).expect("present above");
-            let results = w.results.into_iter().map(|r| r.unwrap_or(FillResult::Absent)).collect();
-            self.send(w.core, MissReply { conn: w.conn, seq: w.seq, results });
+            let results = w
+                .results
+                .into_iter()
+                .map(|r| r.unwrap_or(FillResult::Absent))
+                .collect();
+            self.send(
+                w.core,
+                MissReply {
+                    conn: w.conn,
+                    seq: w.seq,
+                    results,
+                },
+            );
         }
     }
 
@@ -313,7 +374,9 @@ impl Writer {
 
     fn retry_unsent(&mut self) {
         for _ in 0..self.unsent.len() {
-            let Some((core, reply)) = self.unsent.pop_front() else { break };
+            let Some((core, reply)) = self.unsent.pop_front() else {
+                break;
+            };
             self.send(core, reply);
         }
     }
@@ -352,9 +415,13 @@ impl Writer {
             }
         }
         if txn.commit_ts_us > 0 {
-            self.repl.applied_commit_ts_us.store(txn.commit_ts_us, Ordering::Relaxed);
+            self.repl
+                .applied_commit_ts_us
+                .store(txn.commit_ts_us, Ordering::Relaxed);
         }
-        self.repl.applied_lsn.fetch_max(txn.end_lsn, Ordering::AcqRel);
+        self.repl
+            .applied_lsn
+            .fetch_max(txn.end_lsn, Ordering::AcqRel);
     }
 
     fn drop_table(&mut self, rel: u32) {
@@ -367,7 +434,10 @@ impl Writer {
         let known = self.catalog.get(rel.id).cloned();
         let same = known.as_ref().is_some_and(|t| {
             t.columns.len() == rel.columns.len()
-                && t.columns.iter().zip(&rel.columns).all(|(a, b)| a.name == b.name)
+                && t.columns
+                    .iter()
+                    .zip(&rel.columns)
+                    .all(|(a, b)| a.name == b.name)
         });
         if same {
             return;
@@ -384,9 +454,13 @@ impl Writer {
             }
         };
         let result = if known.is_some() {
-            self.catalog.reload_table(&client, rel.id, &self.cfg.catalog).await
+            self.catalog
+                .reload_table(&client, rel.id, &self.cfg.catalog)
+                .await
         } else {
-            self.catalog.add_table(&client, rel.id, &self.cfg.catalog).await
+            self.catalog
+                .add_table(&client, rel.id, &self.cfg.catalog)
+                .await
         };
         if let Err(e) = result {
             tracing::warn!(table = rel.id, "catalog refresh failed: {e}");
@@ -395,8 +469,16 @@ impl Writer {
         tracing::info!(table = %format!("{}.{}", rel.namespace, rel.name), "relation changed: entries dropped, catalog refreshed");
     }
 
-    fn apply_upsert(&mut self, rel: u32, old_key: Option<&[TupleValue]>, new: &[TupleValue], lsn: u64) {
-        let Some(table) = self.catalog.get(rel).cloned() else { return };
+    fn apply_upsert(
+        &mut self,
+        rel: u32,
+        old_key: Option<&[TupleValue]>,
+        new: &[TupleValue],
+        lsn: u64,
+    ) {
+        let Some(table) = self.catalog.get(rel).cloned() else {
+            return;
+        };
         let new_values = texts(new);
         let new_pk = table.pk_text(&flatten(&new_values));
         if let Some(old) = old_key {
@@ -406,7 +488,11 @@ impl Writer {
                     // The key changed: the row is gone under its old key.
                     self.void(rel, &old_pk);
                     if self.store.meta(rel, &old_pk).is_some() {
-                        let entry = EntryData { sections: &[], negative: true, lsn };
+                        let entry = EntryData {
+                            sections: &[],
+                            negative: true,
+                            lsn,
+                        };
                         let _ = self.store.insert(rel, &old_pk, &entry);
                     }
                 }
@@ -424,17 +510,37 @@ impl Writer {
         }
         let row = encode_row(&table, &flatten(&new_values));
         let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
-        if self.store.insert(rel, &pk, &EntryData { sections: &sections, negative: false, lsn }).is_err() {
+        if self
+            .store
+            .insert(
+                rel,
+                &pk,
+                &EntryData {
+                    sections: &sections,
+                    negative: false,
+                    lsn,
+                },
+            )
+            .is_err()
+        {
             self.store.remove(rel, &pk);
         }
     }
 
     fn apply_delete(&mut self, rel: u32, old_key: &[TupleValue], lsn: u64) {
-        let Some(table) = self.catalog.get(rel).cloned() else { return };
-        let Some(pk) = table.pk_text(&flatten(&texts(old_key))) else { return };
+        let Some(table) = self.catalog.get(rel).cloned() else {
+            return;
+        };
+        let Some(pk) = table.pk_text(&flatten(&texts(old_key))) else {
+            return;
+        };
         self.void(rel, &pk);
         if self.store.meta(rel, &pk).is_some() {
-            let entry = EntryData { sections: &[], negative: true, lsn };
+            let entry = EntryData {
+                sections: &[],
+                negative: true,
+                lsn,
+            };
             if self.store.insert(rel, &pk, &entry).is_err() {
                 self.store.remove(rel, &pk);
             }
@@ -466,18 +572,23 @@ impl Writer {
             }
             AdminCmd::Dump(tx) => {
                 let mut keys = Vec::new();
-                self.store.for_each_key(|t, pk, meta| keys.push((t, pk.to_vec(), meta.negative)));
+                self.store
+                    .for_each_key(|t, pk, meta| keys.push((t, pk.to_vec(), meta.negative)));
                 let reader = self.store.reader();
                 let mut out = Vec::with_capacity(keys.len());
                 for (t, pk, negative) in keys {
                     if negative {
-                        out.push((t, pk, None));
+                        out.push(DumpedEntry {
+                            table: t,
+                            pk,
+                            json: None,
+                        });
                         continue;
                     }
                     let mut bulk = Vec::new();
                     if reader.read(t, &pk, SECTION_RESP_JSON, &mut bulk) == Lookup::Hit {
-                        let json = bulk_payload(&bulk).to_vec();
-                        out.push((t, pk, Some(json)));
+                        let json = Some(bulk_payload(&bulk).to_vec());
+                        out.push(DumpedEntry { table: t, pk, json });
                     }
                 }
                 let _ = tx.send(out);

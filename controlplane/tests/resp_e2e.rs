@@ -21,7 +21,10 @@ INSERT INTO orders SELECT g % 3, g, g * 10 FROM generate_series(1, 30) g;
 
 async fn origin_json(client: &tokio_postgres::Client, id: i64) -> Option<String> {
     client
-        .query_opt("SELECT row_to_json(u)::text FROM users u WHERE id = $1", &[&id])
+        .query_opt(
+            "SELECT row_to_json(u)::text FROM users u WHERE id = $1",
+            &[&id],
+        )
         .await
         .unwrap()
         .map(|r| r.get(0))
@@ -51,55 +54,100 @@ async fn e2e(cores: usize) {
     assert_eq!(v, None);
 
     // MGET of 64 keys mixing hits, misses and absent rows, in order.
-    let ids: Vec<i64> = (0..64).map(|i| if i % 5 == 0 { 100_000 + i } else { i * 3 + 1 }).collect();
+    let ids: Vec<i64> = (0..64)
+        .map(|i| if i % 5 == 0 { 100_000 + i } else { i * 3 + 1 })
+        .collect();
     let keys: Vec<String> = ids.iter().map(|i| format!("users:{i}")).collect();
     let _: Option<String> = r.get("users:4").await.unwrap(); // one of them already cached
     for _ in 0..2 {
-        let got: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut r).await.unwrap();
+        let got: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut r)
+            .await
+            .unwrap();
         for (i, id) in ids.iter().enumerate() {
-            assert_eq!(got[i], origin_json(&origin, *id).await, "MGET element {i} (users:{id})");
+            assert_eq!(
+                got[i],
+                origin_json(&origin, *id).await,
+                "MGET element {i} (users:{id})"
+            );
         }
     }
 
     // Hash view of a row.
     let name: Option<String> = r.hget("users:3", "name").await.unwrap();
     assert_eq!(name.as_deref(), Some("user 3"));
-    let fields: Vec<Option<String>> = redis::cmd("HMGET").arg("users:3").arg("id").arg("nope").arg("active")
-        .query_async(&mut r).await.unwrap();
+    let fields: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg("users:3")
+        .arg("id")
+        .arg("nope")
+        .arg("active")
+        .query_async(&mut r)
+        .await
+        .unwrap();
     assert_eq!(fields, vec![Some("3".into()), None, Some("f".into())]);
     let all: std::collections::HashMap<String, String> = r.hgetall("users:3").await.unwrap();
     assert_eq!(all.get("email").map(String::as_str), Some("u3@example.com"));
-    let n: i64 = redis::cmd("EXISTS").arg("users:1").arg("users:5").arg("users:999999").query_async(&mut r).await.unwrap();
+    let n: i64 = redis::cmd("EXISTS")
+        .arg("users:1")
+        .arg("users:5")
+        .arg("users:999999")
+        .query_async(&mut r)
+        .await
+        .unwrap();
     assert_eq!(n, 2);
 
     // Writes answer READONLY; unknown commands ERR.
-    let err = redis::cmd("SET").arg("users:1").arg("x").query_async::<()>(&mut r).await.unwrap_err();
+    let err = redis::cmd("SET")
+        .arg("users:1")
+        .arg("x")
+        .query_async::<()>(&mut r)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), redis::ErrorKind::ReadOnly, "{err}");
-    let err = redis::cmd("FROB").query_async::<()>(&mut r).await.unwrap_err();
+    let err = redis::cmd("FROB")
+        .query_async::<()>(&mut r)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("unknown command"), "{err}");
 
     // UPDATE / DELETE / INSERT / TRUNCATE reach the cache once applied.
-    origin.batch_execute("UPDATE users SET name = 'renamed' WHERE id = 1").await.unwrap();
+    origin
+        .batch_execute("UPDATE users SET name = 'renamed' WHERE id = 1")
+        .await
+        .unwrap();
     support::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:1").await.unwrap();
     assert_eq!(v, origin_json(&origin, 1).await);
     assert!(v.unwrap().contains("renamed"));
     let hits_before = info_field(&mut r, "keyspace_hits").await;
     let _: Option<String> = r.get("users:1").await.unwrap();
-    assert!(info_field(&mut r, "keyspace_hits").await > hits_before, "refreshed in place: still a hit");
+    assert!(
+        info_field(&mut r, "keyspace_hits").await > hits_before,
+        "refreshed in place: still a hit"
+    );
 
-    origin.batch_execute("DELETE FROM users WHERE id = 2").await.unwrap();
+    origin
+        .batch_execute("DELETE FROM users WHERE id = 2")
+        .await
+        .unwrap();
     support::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:2").await.unwrap();
     assert_eq!(v, None);
 
     let _: Option<String> = r.get("users:5000").await.unwrap(); // negative entry
-    origin.batch_execute("INSERT INTO users (id, name) VALUES (5000, 'new')").await.unwrap();
+    origin
+        .batch_execute("INSERT INTO users (id, name) VALUES (5000, 'new')")
+        .await
+        .unwrap();
     support::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:5000").await.unwrap();
     assert_eq!(v, origin_json(&origin, 5000).await);
 
-    origin.batch_execute("UPDATE users SET id = 6000 WHERE id = 5000").await.unwrap();
+    origin
+        .batch_execute("UPDATE users SET id = 6000 WHERE id = 5000")
+        .await
+        .unwrap();
     support::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:5000").await.unwrap();
     assert_eq!(v, None);
@@ -155,7 +203,13 @@ async fn fill_race_never_installs_an_older_row() {
         });
         // The fill's origin read completes well inside the delay window.
         tokio::time::sleep(Duration::from_millis(250)).await;
-        origin.execute("UPDATE users SET name = name || ' v2' WHERE id = $1", &[&id]).await.unwrap();
+        origin
+            .execute(
+                "UPDATE users SET name = name || ' v2' WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
         support::sync(&p, &origin).await;
         let first = get.await.unwrap();
         if first == before {
@@ -163,9 +217,16 @@ async fn fill_race_never_installs_an_older_row() {
         }
         let mut r = support::redis(&p).await;
         let now: Option<String> = r.get(format!("users:{id}")).await.unwrap();
-        assert_eq!(now, origin_json(&origin, id).await, "stale row installed by a raced fill");
+        assert_eq!(
+            now,
+            origin_json(&origin, id).await,
+            "stale row installed by a raced fill"
+        );
     }
-    assert!(forced >= 3, "the race was forced only {forced} times out of 6");
+    assert!(
+        forced >= 3,
+        "the race was forced only {forced} times out of 6"
+    );
     p.shutdown().await;
 }
 
@@ -180,7 +241,10 @@ async fn origin_errors_are_clear_and_hits_keep_flowing() {
     let v: Option<String> = r.get("users:7").await.unwrap();
     assert!(v.is_some());
     // Make fills fail: revoke the table from a role is not possible as superuser; rename it.
-    origin.batch_execute("ALTER TABLE orders RENAME TO orders_gone").await.unwrap();
+    origin
+        .batch_execute("ALTER TABLE orders RENAME TO orders_gone")
+        .await
+        .unwrap();
     let err = r.get::<_, Option<String>>("orders:1:1").await;
     // The relation change may reach the writer before or after the miss: either a clear error
     // or "no such table" (nil) is correct; a hang or a wrong row is not.

@@ -35,7 +35,9 @@ async fn malformed_input_closes_only_that_connection() {
     let db = TestDb::create("malformed").await;
     let origin = db.client().await;
     origin
-        .batch_execute("CREATE TABLE t (id int4 PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'one');")
+        .batch_execute(
+            "CREATE TABLE t (id int4 PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'one');",
+        )
         .await
         .unwrap();
     let p = support::start(support::config(&db, 2)).await;
@@ -47,10 +49,18 @@ async fn malformed_input_closes_only_that_connection() {
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("bad array length", b"*abc\r\n".to_vec()),
         ("negative bulk length", b"*1\r\n$-5\r\n".to_vec()),
-        ("1 GB bulk claim", b"*2\r\n$3\r\nGET\r\n$1000000000\r\n".to_vec()),
+        (
+            "1 GB bulk claim",
+            b"*2\r\n$3\r\nGET\r\n$1000000000\r\n".to_vec(),
+        ),
         ("huge array claim", b"*999999999\r\n".to_vec()),
         ("missing CRLF after bulk", b"*1\r\n$4\r\nPINGxx".to_vec()),
-        ("binary garbage after *", std::iter::once(b'*').chain((0..=255u8).cycle().take(4096)).collect()),
+        (
+            "binary garbage after *",
+            std::iter::once(b'*')
+                .chain((0..=255u8).cycle().take(4096))
+                .collect(),
+        ),
     ];
     for (name, bytes) in &cases {
         let (reply, closed) = tokio::task::spawn_blocking({
@@ -61,7 +71,10 @@ async fn malformed_input_closes_only_that_connection() {
         .unwrap();
         assert!(closed, "{name}: connection not closed");
         let text = String::from_utf8_lossy(&reply);
-        assert!(text.starts_with("-ERR") || text.contains("-ERR Protocol error"), "{name}: replied {text:?}");
+        assert!(
+            text.starts_with("-ERR") || text.contains("-ERR Protocol error"),
+            "{name}: replied {text:?}"
+        );
         // Everyone else is unaffected.
         let v: Option<String> = good.get("t:1").await.unwrap();
         assert!(v.is_some(), "{name}: good client broken");
@@ -77,9 +90,16 @@ async fn malformed_input_closes_only_that_connection() {
     assert!(closed && String::from_utf8_lossy(&reply).starts_with("-ERR"));
 
     // Half a frame, then the client disconnects: nothing to answer, nothing leaks.
-    let (reply, closed) =
-        tokio::task::spawn_blocking(move || send_and_drain(addr, b"*2\r\n$3\r\nGET\r\n$10\r\nt:", true)).await.unwrap();
-    assert!(closed && reply.is_empty(), "half frame: {:?}", String::from_utf8_lossy(&reply));
+    let (reply, closed) = tokio::task::spawn_blocking(move || {
+        send_and_drain(addr, b"*2\r\n$3\r\nGET\r\n$10\r\nt:", true)
+    })
+    .await
+    .unwrap();
+    assert!(
+        closed && reply.is_empty(),
+        "half frame: {:?}",
+        String::from_utf8_lossy(&reply)
+    );
 
     // A pipeline followed by a half-close is answered in full, in order.
     let (reply, closed) = tokio::task::spawn_blocking(move || {
@@ -95,7 +115,11 @@ async fn malformed_input_closes_only_that_connection() {
 
     let v: Option<String> = good.get("t:1").await.unwrap();
     assert!(v.is_some());
-    let info: String = redis::cmd("INFO").arg("stats").query_async(&mut good).await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut good)
+        .await
+        .unwrap();
     assert!(info.contains("protocol_errors:"), "{info}");
     p.shutdown().await;
 }

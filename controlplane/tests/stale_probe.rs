@@ -15,7 +15,10 @@ use rand::Rng;
 const ROWS: i64 = 2_000;
 
 fn seconds() -> u64 {
-    std::env::var("PGLINE_STALE_PROBE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20)
+    std::env::var("PGLINE_STALE_PROBE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20)
 }
 
 /// The two probes run one after the other: each walsender decodes the whole cluster's WAL, so
@@ -42,7 +45,10 @@ async fn probe(kill_stream: bool) {
         let client = db.client().await;
         let (stop, writes) = (stop.clone(), writes.clone());
         tasks.push(tokio::spawn(async move {
-            let stmt = client.prepare("UPDATE items SET v = v + 1, note = md5(random()::text) WHERE id = $1").await.unwrap();
+            let stmt = client
+                .prepare("UPDATE items SET v = v + 1, note = md5(random()::text) WHERE id = $1")
+                .await
+                .unwrap();
             while !stop.load(Ordering::Relaxed) {
                 let id: i32 = rand::thread_rng().gen_range(1..=ROWS as i32);
                 client.execute(&stmt, &[&id]).await.unwrap();
@@ -58,7 +64,11 @@ async fn probe(kill_stream: bool) {
                 let keys: Vec<String> = (0..16)
                     .map(|_| format!("items:{}", rand::thread_rng().gen_range(1..=ROWS + 50)))
                     .collect();
-                let got: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut r).await.expect("MGET");
+                let got: Vec<Option<String>> = redis::cmd("MGET")
+                    .arg(&keys)
+                    .query_async(&mut r)
+                    .await
+                    .expect("MGET");
                 assert_eq!(got.len(), 16);
                 reads.fetch_add(1, Ordering::Relaxed);
             }
@@ -95,13 +105,31 @@ async fn probe(kill_stream: bool) {
         stale.len(),
         p.repl.reconnects.load(Ordering::Relaxed),
     );
-    assert!(writes.load(Ordering::Relaxed) > 1000, "writers made too little progress");
-    assert!(entries > 500, "too few entries cached to mean anything: {entries}");
-    assert!(stale.is_empty(), "{} stale entries, e.g. {:?}", stale.len(), &stale[..stale.len().min(5)]);
+    assert!(
+        writes.load(Ordering::Relaxed) > 1000,
+        "writers made too little progress"
+    );
+    assert!(
+        entries > 500,
+        "too few entries cached to mean anything: {entries}"
+    );
+    assert!(
+        stale.is_empty(),
+        "{} stale entries, e.g. {:?}",
+        stale.len(),
+        &stale[..stale.len().min(5)]
+    );
     if kill_stream {
-        assert!(p.repl.reconnects.load(Ordering::Relaxed) >= 1, "the consumer never reconnected");
+        assert!(
+            p.repl.reconnects.load(Ordering::Relaxed) >= 1,
+            "the consumer never reconnected"
+        );
     }
-    Arc::try_unwrap(p).ok().expect("no other owner").shutdown().await;
+    Arc::try_unwrap(p)
+        .ok()
+        .expect("no other owner")
+        .shutdown()
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -76,7 +76,10 @@ impl KeySpaceCell {
     }
 
     pub fn snapshot(&self) -> Arc<KeySpace> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

@@ -109,7 +109,10 @@ impl CoreStats {
     /// Adds `n` to a counter owned by this core (single writer: load + store, no RMW).
     #[inline]
     pub fn add(counter: &AtomicU64, n: u64) {
-        counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -153,7 +156,9 @@ impl Shared {
             keyspace,
             serve_hits: AtomicBool::new(false),
             replication: ReplicationGauge::default(),
-            queues: (0..cores).map(|_| CoreQueues::new(queue_capacity)).collect(),
+            queues: (0..cores)
+                .map(|_| CoreQueues::new(queue_capacity))
+                .collect(),
             stats: (0..cores).map(|_| CoreStats::default()).collect(),
             control_waker,
             core_wakers: (0..cores).map(|_| std::sync::OnceLock::new()).collect(),

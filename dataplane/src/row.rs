@@ -32,7 +32,10 @@ pub fn encode_resp_json(out: &mut Vec<u8>, json: &[u8]) {
 ///
 /// Names longer than `u16::MAX` bytes cannot occur (PostgreSQL limits identifiers to 63 bytes);
 /// values longer than `i32::MAX` cannot either (PostgreSQL's 1 GB field limit).
-pub fn encode_columns<'a>(out: &mut Vec<u8>, columns: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>) {
+pub fn encode_columns<'a>(
+    out: &mut Vec<u8>,
+    columns: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+) {
     let count = u16::try_from(columns.len()).unwrap_or(u16::MAX);
     out.extend_from_slice(&count.to_le_bytes());
     for (name, value) in columns.take(usize::from(count)) {

@@ -102,7 +102,9 @@ pub async fn admin_client() -> tokio_postgres::Client {
 pub async fn connect(conn: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
         .await
-        .unwrap_or_else(|e| panic!("connect to the test origin ({conn}): {e}; is deploy/lab/pg.sh running?"));
+        .unwrap_or_else(|e| {
+            panic!("connect to the test origin ({conn}): {e}; is deploy/lab/pg.sh running?")
+        });
     tokio::spawn(async move {
         let _ = connection.await;
     });

@@ -32,7 +32,10 @@ fn toml_str(s: &str) -> String {
 /// Starts pgline and waits until it serves hits (replication streaming).
 pub async fn start(cfg: Config) -> Pgline {
     let p = Pgline::start(cfg).await.expect("pgline starts");
-    assert!(p.wait_serving(Duration::from_secs(20)).await, "pgline never started serving hits");
+    assert!(
+        p.wait_serving(Duration::from_secs(20)).await,
+        "pgline never started serving hits"
+    );
     p
 }
 
@@ -64,14 +67,21 @@ pub async fn sync(p: &Pgline, client: &tokio_postgres::Client) {
 pub async fn redis(p: &Pgline) -> redis::aio::MultiplexedConnection {
     let addr = p.local_addr();
     let client = redis::Client::open(format!("redis://{}:{}/", addr.ip(), addr.port())).unwrap();
-    client.get_multiplexed_async_connection().await.expect("redis connect")
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connect")
 }
 
 /// Compares every cached entry with the origin's `row_to_json`; returns the stale ones.
 pub async fn stale_entries(p: &Pgline, client: &tokio_postgres::Client) -> Vec<String> {
     let mut stale = Vec::new();
-    for (table, pk, json) in p.dump().await {
-        let t = p.catalog.get(table).expect("dumped table is in the catalog").clone();
+    for pgline_controlplane::writer::DumpedEntry { table, pk, json } in p.dump().await {
+        let t = p
+            .catalog
+            .get(table)
+            .expect("dumped table is in the catalog")
+            .clone();
         let key_col = &t.columns[t.key_columns[0]];
         let sql = format!(
             "SELECT row_to_json(t)::text FROM {} t WHERE {}::text = $1",
@@ -79,11 +89,17 @@ pub async fn stale_entries(p: &Pgline, client: &tokio_postgres::Client) -> Vec<S
             pgline_controlplane::catalog::quote_ident(&key_col.name)
         );
         let pk_text = String::from_utf8(pk.clone()).unwrap();
-        let row = client.query_opt(&sql, &[&pk_text]).await.expect("probe query");
+        let row = client
+            .query_opt(&sql, &[&pk_text])
+            .await
+            .expect("probe query");
         let origin: Option<String> = row.map(|r| r.get(0));
         let cached = json.map(|j| String::from_utf8(j).unwrap());
         if origin != cached {
-            stale.push(format!("{}:{pk_text}: cached {cached:?}, origin {origin:?}", t.name));
+            stale.push(format!(
+                "{}:{pk_text}: cached {cached:?}, origin {origin:?}",
+                t.name
+            ));
         }
     }
     stale

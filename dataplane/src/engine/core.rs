@@ -76,10 +76,16 @@ pub struct Core {
 
 impl Core {
     /// Binds this core's listener and registers its waker with `shared`.
-    pub fn new(id: usize, listen: std::net::SocketAddr, shared: Arc<Shared>, cfg: Arc<EngineConfig>) -> io::Result<Core> {
+    pub fn new(
+        id: usize,
+        listen: std::net::SocketAddr,
+        shared: Arc<Shared>,
+        cfg: Arc<EngineConfig>,
+    ) -> io::Result<Core> {
         let poll = Poll::new()?;
         let mut listener = kernel::bind_listener(listen, true, 1024)?;
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
         let _ = shared.core_wakers[id].set(Arc::new(MioWaker(waker)));
         let keyspace = shared.keyspace.snapshot();
@@ -144,7 +150,11 @@ impl Core {
     }
 
     fn poll_readiness(&mut self, timeout: Duration) -> bool {
-        let timeout = if self.active.is_empty() { timeout } else { Duration::ZERO };
+        let timeout = if self.active.is_empty() {
+            timeout
+        } else {
+            Duration::ZERO
+        };
         if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
             if e.kind() != io::ErrorKind::Interrupted {
                 std::thread::sleep(Duration::from_millis(1));
@@ -204,20 +214,31 @@ impl Core {
             if self
                 .poll
                 .registry()
-                .register(&mut stream, Token(slot + FIRST_CONN), Interest::READABLE | Interest::WRITABLE)
+                .register(
+                    &mut stream,
+                    Token(slot + FIRST_CONN),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
                 .is_err()
             {
                 self.free.push(slot);
                 continue;
             }
             let client_id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
-            let mut conn = Conn::new(stream, client_id, self.generations[slot], self.ctx.cfg.password.is_none());
+            let mut conn = Conn::new(
+                stream,
+                client_id,
+                self.generations[slot],
+                self.ctx.cfg.password.is_none(),
+            );
             conn.active = true;
             self.conns[slot] = Some(conn);
             self.active.push(slot);
             self.open += 1;
             CoreStats::add(&stats.connections_accepted, 1);
-            stats.connections_open.store(self.open as u64, Ordering::Relaxed);
+            stats
+                .connections_open
+                .store(self.open as u64, Ordering::Relaxed);
         }
     }
 
@@ -239,7 +260,9 @@ impl Core {
             any = true;
             let slot = (reply.conn >> 32) as usize;
             let generation = reply.conn as u32;
-            let Some(Some(conn)) = self.conns.get_mut(slot) else { continue };
+            let Some(Some(conn)) = self.conns.get_mut(slot) else {
+                continue;
+            };
             if conn.generation != generation {
                 continue;
             }
@@ -269,7 +292,9 @@ impl Core {
         }
         let active = std::mem::take(&mut self.active);
         for &slot in &active {
-            let Some(Some(conn)) = self.conns.get_mut(slot) else { continue };
+            let Some(Some(conn)) = self.conns.get_mut(slot) else {
+                continue;
+            };
             conn.active = false;
             let token = (slot as u64) << 32 | u64::from(conn.generation);
             match process_conn(conn, token, &mut self.ctx) {
@@ -292,7 +317,9 @@ impl Core {
             self.open -= 1;
             let stats = &self.ctx.shared.stats[self.ctx.id];
             CoreStats::add(&stats.connections_closed, 1);
-            stats.connections_open.store(self.open as u64, Ordering::Relaxed);
+            stats
+                .connections_open
+                .store(self.open as u64, Ordering::Relaxed);
         }
     }
 }
@@ -311,13 +338,19 @@ fn process_conn(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> Next {
     let more_input = process_requests(conn, token, ctx);
     match dispatch_egress(conn, ctx) {
         Err(_) => Next::Close,
-        Ok(()) if (conn.closing || (conn.eof && !more_input))
-            && conn.wpos == conn.wbuf.len()
-            && conn.pending.is_empty() =>
+        Ok(())
+            if (conn.closing || (conn.eof && !more_input))
+                && conn.wpos == conn.wbuf.len()
+                && conn.pending.is_empty() =>
         {
             Next::Close
         }
-        Ok(()) if more_input || (conn.readable && !conn.closing && conn.backlog() < ctx.cfg.max_reply_backlog) => {
+        Ok(())
+            if more_input
+                || (conn.readable
+                    && !conn.closing
+                    && conn.backlog() < ctx.cfg.max_reply_backlog) =>
+        {
             Next::Again
         }
         Ok(()) => Next::Idle,
@@ -329,7 +362,9 @@ fn process_ingress(conn: &mut Conn, ctx: &mut Ctx) -> Option<Next> {
     let stats = &ctx.shared.stats[ctx.id];
     let mut read = 0;
     while conn.readable && !conn.closing && read < READ_PER_TURN {
-        if conn.backlog() >= ctx.cfg.max_reply_backlog || conn.rbuf.len() - conn.rpos >= ctx.cfg.max_request_bytes {
+        if conn.backlog() >= ctx.cfg.max_reply_backlog
+            || conn.rbuf.len() - conn.rpos >= ctx.cfg.max_request_bytes
+        {
             break;
         }
         match conn.stream.read(&mut ctx.read_buf) {
@@ -375,7 +410,11 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
             Ok(n) => n,
             Err(ParseError::Incomplete) => {
                 if input.len() >= ctx.cfg.max_request_bytes {
-                    protocol_error(conn, b"ERR Protocol error: request exceeds the size limit", stats);
+                    protocol_error(
+                        conn,
+                        b"ERR Protocol error: request exceeds the size limit",
+                        stats,
+                    );
                 }
                 break;
             }
@@ -402,11 +441,24 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
 
 /// Executes the request whose argument ranges are in `ctx.args`, composing into the reply queue.
 fn execute_one(conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool, ctx: &mut Ctx) {
-    let Conn { rbuf, rpos, wbuf, pending, session, next_seq, closing, .. } = conn;
+    let Conn {
+        rbuf,
+        rpos,
+        wbuf,
+        pending,
+        session,
+        next_seq,
+        closing,
+        ..
+    } = conn;
     let frame = &rbuf[*rpos..*rpos + consumed];
     let args = Args::new(frame, &ctx.args);
     let mut held = Vec::new();
-    let out: &mut Vec<u8> = if pending.is_empty() { &mut *wbuf } else { &mut held };
+    let out: &mut Vec<u8> = if pending.is_empty() {
+        &mut *wbuf
+    } else {
+        &mut held
+    };
     let outcome = match parse_command(args) {
         Ok(cmd) => {
             let mut exec = Exec {
@@ -430,14 +482,24 @@ fn execute_one(conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool, c
         Outcome::Deferred { keys, deferred } => {
             let seq = *next_seq;
             *next_seq += 1;
-            let request = MissRequest { core: ctx.id, conn: token, seq, keys, bypass: !serve_hits };
+            let request = MissRequest {
+                core: ctx.id,
+                conn: token,
+                seq,
+                keys,
+                bypass: !serve_hits,
+            };
             if ctx.shared.queues[ctx.id].misses.push(request).is_ok() {
                 ctx.misses_pushed = true;
                 pending.push_back(Pending::Waiting { seq, deferred });
                 return;
             }
             CoreStats::add(&ctx.shared.stats[ctx.id].miss_queue_full, 1);
-            let out = if pending.is_empty() { &mut *wbuf } else { &mut held };
+            let out = if pending.is_empty() {
+                &mut *wbuf
+            } else {
+                &mut held
+            };
             compose_error(out, b"BUSY pgline: too many misses in flight, retry");
         }
     }
@@ -449,7 +511,11 @@ fn execute_one(conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool, c
 fn protocol_error(conn: &mut Conn, message: &[u8], stats: &CoreStats) {
     CoreStats::add(&stats.protocol_errors, 1);
     let mut held = Vec::new();
-    let out = if conn.pending.is_empty() { &mut conn.wbuf } else { &mut held };
+    let out = if conn.pending.is_empty() {
+        &mut conn.wbuf
+    } else {
+        &mut held
+    };
     compose_error(out, message);
     if !held.is_empty() {
         conn.pending.push_back(Pending::Ready(held));

@@ -26,11 +26,20 @@ pub(crate) enum Part {
 #[derive(Debug)]
 pub(crate) enum Deferred {
     Get,
-    MGet { parts: Vec<Part>, held: Vec<u8> },
+    MGet {
+        parts: Vec<Part>,
+        held: Vec<u8>,
+    },
     /// `present` keys were already known to exist; each missing key that turns out to exist adds 1.
-    Exists { present: i64 },
-    HGet { field: Box<[u8]> },
-    HMGet { fields: Vec<Box<[u8]>> },
+    Exists {
+        present: i64,
+    },
+    HGet {
+        field: Box<[u8]>,
+    },
+    HMGet {
+        fields: Vec<Box<[u8]>>,
+    },
     HGetAll,
 }
 

@@ -34,7 +34,10 @@ pub(crate) struct Exec<'a> {
 
 pub(crate) enum Outcome {
     Done,
-    Deferred { keys: Vec<MissKey>, deferred: Deferred },
+    Deferred {
+        keys: Vec<MissKey>,
+        deferred: Deferred,
+    },
     /// Reply composed; close the connection once it is written.
     Close,
 }
@@ -56,7 +59,10 @@ impl Exec<'_> {
         };
         if !self.serve_hits {
             CoreStats::add(&self.stats.keys_bypass, 1);
-            return Found::Miss(MissKey { table, pk: pk.into() });
+            return Found::Miss(MissKey {
+                table,
+                pk: pk.into(),
+            });
         }
         match self.shared.store.read(table, pk, section, out) {
             Lookup::Hit => {
@@ -69,15 +75,28 @@ impl Exec<'_> {
             }
             Lookup::Miss => {
                 CoreStats::add(&self.stats.keys_miss, 1);
-                Found::Miss(MissKey { table, pk: pk.into() })
+                Found::Miss(MissKey {
+                    table,
+                    pk: pk.into(),
+                })
             }
         }
     }
 
     /// Runs one command for `session`, composing into `out`.
-    pub fn execute(&mut self, cmd: Command<'_>, session: &mut Session, out: &mut Vec<u8>) -> Outcome {
+    pub fn execute(
+        &mut self,
+        cmd: Command<'_>,
+        session: &mut Session,
+        out: &mut Vec<u8>,
+    ) -> Outcome {
         let proto = session.proto;
-        if !session.authenticated && !matches!(cmd, Command::Auth { .. } | Command::Hello { .. } | Command::Quit) {
+        if !session.authenticated
+            && !matches!(
+                cmd,
+                Command::Auth { .. } | Command::Hello { .. } | Command::Quit
+            )
+        {
             compose_error(out, b"NOAUTH Authentication required.");
             return Outcome::Done;
         }
@@ -92,9 +111,15 @@ impl Exec<'_> {
             },
             Command::MGet { keys } => self.mget(keys, proto, out),
             Command::Exists { keys } => self.exists(keys, out),
-            Command::HGet { key, field } => self.hash(key, proto, out, |cols, out| {
-                compose_field(out, cols, field, proto)
-            }, || Deferred::HGet { field: field.into() }),
+            Command::HGet { key, field } => self.hash(
+                key,
+                proto,
+                out,
+                |cols, out| compose_field(out, cols, field, proto),
+                || Deferred::HGet {
+                    field: field.into(),
+                },
+            ),
             Command::HMGet { key, fields } => self.hash(
                 key,
                 proto,
@@ -105,7 +130,9 @@ impl Exec<'_> {
                         compose_field(out, cols, f, proto);
                     }
                 },
-                || Deferred::HMGet { fields: fields.iter().map(Into::into).collect() },
+                || Deferred::HMGet {
+                    fields: fields.iter().map(Into::into).collect(),
+                },
             ),
             Command::HGetAll { key } => self.hash(
                 key,
@@ -114,9 +141,7 @@ impl Exec<'_> {
                 |cols, out| compose_all_fields(out, cols, proto),
                 || Deferred::HGetAll,
             ),
-            other => {
-                self.execute_admin(other, session, out)
-            }
+            other => self.execute_admin(other, session, out),
         }
     }
 
@@ -208,12 +233,23 @@ impl Exec<'_> {
         outcome
     }
 
-    fn execute_admin(&mut self, cmd: Command<'_>, session: &mut Session, out: &mut Vec<u8>) -> Outcome {
+    fn execute_admin(
+        &mut self,
+        cmd: Command<'_>,
+        session: &mut Session,
+        out: &mut Vec<u8>,
+    ) -> Outcome {
         let proto = session.proto;
         match cmd {
             Command::Ping { message: None } => compose_simple(out, b"PONG"),
-            Command::Ping { message: Some(m) } | Command::Echo { message: m } => compose_bulk(out, m),
-            Command::Hello { protover, auth, setname } => {
+            Command::Ping { message: Some(m) } | Command::Echo { message: m } => {
+                compose_bulk(out, m)
+            }
+            Command::Hello {
+                protover,
+                auth,
+                setname,
+            } => {
                 if let Some((user, pass)) = auth {
                     if !self.check_password(Some(user), pass) {
                         compose_error(out, WRONGPASS);
@@ -226,7 +262,11 @@ impl Exec<'_> {
                     return Outcome::Done;
                 }
                 if let Some(v) = protover {
-                    session.proto = if v == 3 { Protocol::Resp3 } else { Protocol::Resp2 };
+                    session.proto = if v == 3 {
+                        Protocol::Resp3
+                    } else {
+                        Protocol::Resp2
+                    };
                 }
                 if let Some(name) = setname {
                     session.name = Some(name.into());
@@ -247,15 +287,22 @@ impl Exec<'_> {
             Command::Select { .. } => compose_error(out, b"ERR DB index is out of range"),
             Command::DbSize => {
                 let stats = self.shared.store.stats();
-                compose_integer(out, stats.entries.saturating_sub(stats.negative_entries) as i64)
+                compose_integer(
+                    out,
+                    stats.entries.saturating_sub(stats.negative_entries) as i64,
+                )
             }
             Command::Info { section } => info::compose_info(out, self.shared, section, proto),
             Command::Command { sub } => match sub {
-                CommandSub::Count => compose_integer(out, crate::resp::command::command::COMMAND_COUNT as i64),
+                CommandSub::Count => {
+                    compose_integer(out, crate::resp::command::commands::COMMAND_COUNT as i64)
+                }
                 CommandSub::Docs => compose_map_header(out, 0, proto),
-                CommandSub::Info(names) => crate::resp::command::command::compose_command_info(out, names, proto),
+                CommandSub::Info(names) => {
+                    crate::resp::command::commands::compose_command_info(out, names, proto)
+                }
                 CommandSub::List | CommandSub::Other => {
-                    crate::resp::command::command::compose_command_table(out, proto)
+                    crate::resp::command::commands::compose_command_table(out, proto)
                 }
             },
             Command::Client { sub } => match sub {
@@ -277,7 +324,10 @@ impl Exec<'_> {
                 }
                 ClientSub::Id => compose_integer(out, session.client_id as i64),
                 ClientSub::Info => info::compose_client_info(out, session),
-                _ => compose_error(out, b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'"),
+                _ => compose_error(
+                    out,
+                    b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'",
+                ),
             },
             Command::Quit => {
                 compose_simple(out, b"OK");
@@ -297,8 +347,12 @@ impl Exec<'_> {
             }
             Command::Unknown { name, args } => compose_unknown_command(out, name, args),
             // The data commands are handled by `execute`.
-            Command::Get { .. } | Command::MGet { .. } | Command::Exists { .. } | Command::HGet { .. }
-            | Command::HMGet { .. } | Command::HGetAll { .. } => {
+            Command::Get { .. }
+            | Command::MGet { .. }
+            | Command::Exists { .. }
+            | Command::HGet { .. }
+            | Command::HMGet { .. }
+            | Command::HGetAll { .. } => {
                 compose_error(out, b"ERR internal: data command in the admin path")
             }
         }
@@ -306,7 +360,9 @@ impl Exec<'_> {
     }
 
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> bool {
-        let Some(expected) = self.password else { return false };
+        let Some(expected) = self.password else {
+            return false;
+        };
         if let Some(user) = user {
             if user != b"default" {
                 return false;
@@ -342,7 +398,10 @@ fn reply_len(bytes: &[u8]) -> usize {
     let line_end = memchr::memchr(b'\n', bytes).map_or(bytes.len(), |i| i + 1);
     if bytes.first() == Some(&b'$') {
         let digits = &bytes[1..line_end.saturating_sub(2).max(1)];
-        if let Some(n) = std::str::from_utf8(digits).ok().and_then(|d| d.parse::<usize>().ok()) {
+        if let Some(n) = std::str::from_utf8(digits)
+            .ok()
+            .and_then(|d| d.parse::<usize>().ok())
+        {
             return (line_end + n + 2).min(bytes.len());
         }
     }

@@ -6,7 +6,9 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 
 use crate::plane::Shared;
-use crate::resp::compose::{compose_array_header, compose_bulk, compose_integer, compose_map_header, compose_verbatim};
+use crate::resp::compose::{
+    compose_array_header, compose_bulk, compose_integer, compose_map_header, compose_verbatim,
+};
 use crate::resp::Protocol;
 
 use super::conn::Session;
@@ -35,12 +37,16 @@ pub(crate) fn compose_hello(out: &mut Vec<u8>, session: &Session) {
 
 pub(crate) fn compose_client_info(out: &mut Vec<u8>, session: &Session) {
     let mut text = Vec::with_capacity(128);
-    let _ = write!(
+    let _ = writeln!(
         text,
-        "id={} name={} resp={} lib-name={} lib-ver={}\n",
+        "id={} name={} resp={} lib-name={} lib-ver={}",
         session.client_id,
         String::from_utf8_lossy(session.name.as_deref().unwrap_or(b"")),
-        if session.proto == Protocol::Resp3 { 3 } else { 2 },
+        if session.proto == Protocol::Resp3 {
+            3
+        } else {
+            2
+        },
         String::from_utf8_lossy(session.lib_name.as_deref().unwrap_or(b"")),
         String::from_utf8_lossy(session.lib_ver.as_deref().unwrap_or(b"")),
     );
@@ -48,7 +54,12 @@ pub(crate) fn compose_client_info(out: &mut Vec<u8>, session: &Session) {
 }
 
 /// `INFO [section]`: server, clients, stats, memory, replication, keyspace.
-pub(crate) fn compose_info(out: &mut Vec<u8>, shared: &Shared, section: Option<&[u8]>, proto: Protocol) {
+pub(crate) fn compose_info(
+    out: &mut Vec<u8>,
+    shared: &Shared,
+    section: Option<&[u8]>,
+    proto: Protocol,
+) {
     let want = |name: &str| match section {
         None => true,
         Some(s) => {
@@ -130,7 +141,11 @@ pub(crate) fn compose_info(out: &mut Vec<u8>, shared: &Shared, section: Option<&
         let keys = store.entries.saturating_sub(store.negative_entries);
         let _ = write!(t, "# Keyspace\r\n");
         if keys > 0 {
-            let _ = write!(t, "db0:keys={keys},expires=0,avg_ttl=0,negative={}\r\n", store.negative_entries);
+            let _ = write!(
+                t,
+                "db0:keys={keys},expires=0,avg_ttl=0,negative={}\r\n",
+                store.negative_entries
+            );
         }
         let _ = write!(t, "\r\n");
     }

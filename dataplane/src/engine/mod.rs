@@ -90,7 +90,12 @@ impl Engine {
                     .spawn(move || core.run(&stop))?,
             );
         }
-        Ok(Engine { stop, threads, shared, local_addr: listen })
+        Ok(Engine {
+            stop,
+            threads,
+            shared,
+            local_addr: listen,
+        })
     }
 
     /// The address clients connect to.

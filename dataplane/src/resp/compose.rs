@@ -9,14 +9,20 @@ fn push_int(out: &mut Vec<u8>, n: impl itoa::Integer) {
 /// `+OK`
 pub fn compose_simple(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'+');
-    out.extend(s.iter().map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+    out.extend(
+        s.iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
     out.extend_from_slice(b"\r\n");
 }
 
 /// `-<msg>`; `msg` starts with its code (`ERR ...`). CR and LF become spaces.
 pub fn compose_error(out: &mut Vec<u8>, msg: &[u8]) {
     out.push(b'-');
-    out.extend(msg.iter().map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }));
+    out.extend(
+        msg.iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
     out.extend_from_slice(b"\r\n");
 }
 
@@ -112,7 +118,10 @@ mod tests {
         compose_bulk(&mut o, b"hi");
         compose_null(&mut o, Protocol::Resp2);
         compose_null(&mut o, Protocol::Resp3);
-        assert_eq!(o, b"+OK\r\n-ERR bad  thing\r\n:-42\r\n$2\r\nhi\r\n$-1\r\n_\r\n");
+        assert_eq!(
+            o,
+            b"+OK\r\n-ERR bad  thing\r\n:-42\r\n$2\r\nhi\r\n$-1\r\n_\r\n"
+        );
     }
 
     #[test]
@@ -132,6 +141,9 @@ mod tests {
         let ranges = [0..1, 1..2];
         let mut o = Vec::new();
         compose_unknown_command(&mut o, b"frob", Args::new(buf, &ranges));
-        assert_eq!(o, b"-ERR unknown command 'frob', with args beginning with: 'a' 'b' \r\n");
+        assert_eq!(
+            o,
+            b"-ERR unknown command 'frob', with args beginning with: 'a' 'b' \r\n"
+        );
     }
 }

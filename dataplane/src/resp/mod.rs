@@ -114,18 +114,25 @@ impl<'a> Args<'a> {
 
     pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
         let buf = self.buf;
-        self.ranges.iter().map(move |r| buf.get(r.clone()).unwrap_or(&[]))
+        self.ranges
+            .iter()
+            .map(move |r| buf.get(r.clone()).unwrap_or(&[]))
     }
 
     /// The arguments from `from` on (empty if `from` is past the end).
     pub fn slice(&self, from: usize) -> Args<'a> {
-        Args { buf: self.buf, ranges: self.ranges.get(from..).unwrap_or(&[]) }
+        Args {
+            buf: self.buf,
+            ranges: self.ranges.get(from..).unwrap_or(&[]),
+        }
     }
 }
 
 impl std::fmt::Debug for Args<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter().map(String::from_utf8_lossy)).finish()
+        f.debug_list()
+            .entries(self.iter().map(String::from_utf8_lossy))
+            .finish()
     }
 }
 

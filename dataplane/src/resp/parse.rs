@@ -10,7 +10,11 @@ const MAX_HEADER: usize = 24;
 /// Parses one request at the start of `buf`; fills `args` (cleared first) with the argument
 /// ranges inside `buf` and returns the bytes consumed. Empty inline lines and `*0`/`*-1` are
 /// consumed and yield no arguments.
-pub fn parse_request(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) -> Result<usize, ParseError> {
+pub fn parse_request(
+    buf: &[u8],
+    limits: &Limits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<usize, ParseError> {
     args.clear();
     match buf.first() {
         None => Err(ParseError::Incomplete),
@@ -53,7 +57,11 @@ fn parse_int(digits: &[u8]) -> Option<i64> {
     Some(if neg { -n } else { n })
 }
 
-fn parse_multibulk(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) -> Result<usize, ParseError> {
+fn parse_multibulk(
+    buf: &[u8],
+    limits: &Limits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<usize, ParseError> {
     let cr = header_end(buf, 1, Invalid::BadArrayLength)?;
     let count = parse_int(&buf[1..cr]).ok_or(ParseError::Invalid(Invalid::BadArrayLength))?;
     let mut pos = cr + 2;
@@ -70,7 +78,8 @@ fn parse_multibulk(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) ->
             Some(_) => return Err(ParseError::Invalid(Invalid::ExpectedBulk)),
         }
         let cr = header_end(buf, pos + 1, Invalid::BadBulkLength)?;
-        let len = parse_int(&buf[pos + 1..cr]).ok_or(ParseError::Invalid(Invalid::BadBulkLength))?;
+        let len =
+            parse_int(&buf[pos + 1..cr]).ok_or(ParseError::Invalid(Invalid::BadBulkLength))?;
         if len < 0 {
             return Err(ParseError::Invalid(Invalid::BadBulkLength));
         }
@@ -90,7 +99,11 @@ fn parse_multibulk(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) ->
     Ok(pos)
 }
 
-fn parse_inline(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) -> Result<usize, ParseError> {
+fn parse_inline(
+    buf: &[u8],
+    limits: &Limits,
+    args: &mut Vec<Range<usize>>,
+) -> Result<usize, ParseError> {
     let window = &buf[..buf.len().min(limits.max_inline_bytes.saturating_add(1))];
     let Some(nl) = memchr::memchr(b'\n', window) else {
         return if window.len() > limits.max_inline_bytes {
@@ -99,14 +112,19 @@ fn parse_inline(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) -> Re
             Err(ParseError::Incomplete)
         };
     };
-    let end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    let end = if nl > 0 && buf[nl - 1] == b'\r' {
+        nl - 1
+    } else {
+        nl
+    };
     let line = &buf[..end];
     let mut i = 0;
     while i < line.len() {
         match line[i] {
             b' ' | b'\t' => i += 1,
             q @ (b'"' | b'\'') => {
-                let close = memchr::memchr(q, &line[i + 1..]).ok_or(ParseError::Invalid(Invalid::UnbalancedQuotes))?;
+                let close = memchr::memchr(q, &line[i + 1..])
+                    .ok_or(ParseError::Invalid(Invalid::UnbalancedQuotes))?;
                 let stop = i + 1 + close;
                 // A closing quote must end the argument.
                 if !matches!(line.get(stop + 1), None | Some(b' ' | b'\t')) {
@@ -116,7 +134,10 @@ fn parse_inline(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) -> Re
                 i = stop + 1;
             }
             _ => {
-                let stop = line[i..].iter().position(|b| matches!(b, b' ' | b'\t')).map_or(line.len(), |p| i + p);
+                let stop = line[i..]
+                    .iter()
+                    .position(|b| matches!(b, b' ' | b'\t'))
+                    .map_or(line.len(), |p| i + p);
                 push_arg(args, i..stop, limits)?;
                 i = stop;
             }
@@ -125,7 +146,11 @@ fn parse_inline(buf: &[u8], limits: &Limits, args: &mut Vec<Range<usize>>) -> Re
     Ok(nl + 1)
 }
 
-fn push_arg(args: &mut Vec<Range<usize>>, r: Range<usize>, limits: &Limits) -> Result<(), ParseError> {
+fn push_arg(
+    args: &mut Vec<Range<usize>>,
+    r: Range<usize>,
+    limits: &Limits,
+) -> Result<(), ParseError> {
     if args.len() >= limits.max_args {
         return Err(ParseError::Invalid(Invalid::TooManyArgs));
     }
@@ -143,7 +168,10 @@ mod tests {
     fn parse(buf: &[u8]) -> Result<(usize, Vec<Vec<u8>>), ParseError> {
         let mut args = Vec::new();
         let n = parse_request(buf, &Limits::default(), &mut args)?;
-        Ok((n, Args::new(buf, &args).iter().map(<[u8]>::to_vec).collect()))
+        Ok((
+            n,
+            Args::new(buf, &args).iter().map(<[u8]>::to_vec).collect(),
+        ))
     }
 
     fn v(items: &[&str]) -> Vec<Vec<u8>> {
@@ -152,7 +180,10 @@ mod tests {
 
     #[test]
     fn multibulk() {
-        assert_eq!(parse(b"*2\r\n$3\r\nGET\r\n$7\r\nusers:1\r\n"), Ok((26, v(&["GET", "users:1"]))));
+        assert_eq!(
+            parse(b"*2\r\n$3\r\nGET\r\n$7\r\nusers:1\r\n"),
+            Ok((26, v(&["GET", "users:1"])))
+        );
         assert_eq!(parse(b"*1\r\n$0\r\n\r\n"), Ok((10, v(&[""]))));
         assert_eq!(parse(b"*0\r\n"), Ok((4, vec![])));
         assert_eq!(parse(b"*-1\r\n"), Ok((5, vec![])));
@@ -162,10 +193,19 @@ mod tests {
     fn inline() {
         assert_eq!(parse(b"PING\r\n"), Ok((6, v(&["PING"]))));
         assert_eq!(parse(b"GET  users:1\n"), Ok((13, v(&["GET", "users:1"]))));
-        assert_eq!(parse(b"ECHO \"a b\" 'c'\r\n"), Ok((16, v(&["ECHO", "a b", "c"]))));
+        assert_eq!(
+            parse(b"ECHO \"a b\" 'c'\r\n"),
+            Ok((16, v(&["ECHO", "a b", "c"])))
+        );
         assert_eq!(parse(b"\r\n"), Ok((2, vec![])));
-        assert_eq!(parse(b"ECHO \"ab\r\n"), Err(ParseError::Invalid(Invalid::UnbalancedQuotes)));
-        assert_eq!(parse(b"ECHO \"a\"b\r\n"), Err(ParseError::Invalid(Invalid::UnbalancedQuotes)));
+        assert_eq!(
+            parse(b"ECHO \"ab\r\n"),
+            Err(ParseError::Invalid(Invalid::UnbalancedQuotes))
+        );
+        assert_eq!(
+            parse(b"ECHO \"a\"b\r\n"),
+            Err(ParseError::Invalid(Invalid::UnbalancedQuotes))
+        );
         assert_eq!(parse(b"PIN"), Err(ParseError::Incomplete));
     }
 
@@ -179,7 +219,10 @@ mod tests {
         assert_eq!(parse(b"*1\r\n$4\r\nPINGxx"), inv(Invalid::MissingCrlf));
         assert_eq!(parse(b"*1\r\n:4\r\n"), inv(Invalid::ExpectedBulk));
         assert_eq!(parse(b"*1\rx"), inv(Invalid::BadArrayLength));
-        assert_eq!(parse(b"*11111111111111111111111111111"), inv(Invalid::BadArrayLength));
+        assert_eq!(
+            parse(b"*11111111111111111111111111111"),
+            inv(Invalid::BadArrayLength)
+        );
         assert_eq!(parse(b"*+1\r\n"), inv(Invalid::BadArrayLength));
         let long = vec![b'a'; DEFAULT_INLINE + 10];
         assert_eq!(parse(&long), inv(Invalid::InlineTooLong));

@@ -7,7 +7,11 @@ use std::net::SocketAddr;
 use socket2::{Domain, Protocol, Socket, Type};
 
 /// Binds a non-blocking listener on `addr`; `reuse_port` lets every core bind the same address.
-pub fn bind_listener(addr: SocketAddr, reuse_port: bool, backlog: i32) -> io::Result<mio::net::TcpListener> {
+pub fn bind_listener(
+    addr: SocketAddr,
+    reuse_port: bool,
+    backlog: i32,
+) -> io::Result<mio::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     if reuse_port {

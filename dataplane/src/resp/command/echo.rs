@@ -4,7 +4,9 @@ use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     arity(args, 2, 2, "echo")?;
-    Ok(Command::Echo { message: arg(args, 1) })
+    Ok(Command::Echo {
+        message: arg(args, 1),
+    })
 }
 
 #[cfg(test)]
@@ -15,7 +17,10 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["ECHO", "hi"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Echo { message: b"hi" })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::Echo { message: b"hi" })
+        ));
         let (b, r) = args(&["ECHO"]);
         assert!(parse(Args::new(&b, &r)).is_err());
     }

@@ -4,7 +4,9 @@ use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     arity(args, 2, usize::MAX, "exists")?;
-    Ok(Command::Exists { keys: args.slice(1) })
+    Ok(Command::Exists {
+        keys: args.slice(1),
+    })
 }
 
 #[cfg(test)]
@@ -15,7 +17,9 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["EXISTS", "a", "b"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Exists { keys }) if keys.len() == 2));
+        assert!(
+            matches!(parse(Args::new(&b, &r)), Ok(Command::Exists { keys }) if keys.len() == 2)
+        );
         let (b, r) = args(&["EXISTS"]);
         assert!(parse(Args::new(&b, &r)).is_err());
     }

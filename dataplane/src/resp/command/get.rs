@@ -15,9 +15,15 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["GET", "users:1"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Get { key: b"users:1" })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::Get { key: b"users:1" })
+        ));
         let (b, r) = args(&["GET"]);
-        assert_eq!(parse(Args::new(&b, &r)).unwrap_err(), CommandError::WrongArity("get"));
+        assert_eq!(
+            parse(Args::new(&b, &r)).unwrap_err(),
+            CommandError::WrongArity("get")
+        );
         let (b, r) = args(&["GET", "a", "b"]);
         assert!(parse(Args::new(&b, &r)).is_err());
     }

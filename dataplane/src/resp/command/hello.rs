@@ -26,7 +26,11 @@ pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
             return Err(CommandError::Syntax);
         }
     }
-    Ok(Command::Hello { protover, auth, setname })
+    Ok(Command::Hello {
+        protover,
+        auth,
+        setname,
+    })
 }
 
 #[cfg(test)]
@@ -37,16 +41,26 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["HELLO"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Hello { protover: None, .. })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::Hello { protover: None, .. })
+        ));
         let (b, r) = args(&["HELLO", "3", "AUTH", "default", "pw", "SETNAME", "app"]);
         match parse(Args::new(&b, &r)) {
-            Ok(Command::Hello { protover: Some(3), auth: Some((u, p)), setname: Some(n) }) => {
+            Ok(Command::Hello {
+                protover: Some(3),
+                auth: Some((u, p)),
+                setname: Some(n),
+            }) => {
                 assert_eq!((u, p, n), (&b"default"[..], &b"pw"[..], &b"app"[..]))
             }
             other => panic!("{other:?}"),
         }
         let (b, r) = args(&["HELLO", "4"]);
-        assert_eq!(parse(Args::new(&b, &r)).unwrap_err(), CommandError::ProtocolVersion);
+        assert_eq!(
+            parse(Args::new(&b, &r)).unwrap_err(),
+            CommandError::ProtocolVersion
+        );
         let (b, r) = args(&["HELLO", "3", "AUTH", "x"]);
         assert_eq!(parse(Args::new(&b, &r)).unwrap_err(), CommandError::Syntax);
     }

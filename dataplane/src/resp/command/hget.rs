@@ -4,7 +4,10 @@ use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     arity(args, 3, 3, "hget")?;
-    Ok(Command::HGet { key: arg(args, 1), field: arg(args, 2) })
+    Ok(Command::HGet {
+        key: arg(args, 1),
+        field: arg(args, 2),
+    })
 }
 
 #[cfg(test)]
@@ -15,7 +18,13 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["hget", "users:1", "email"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::HGet { key: b"users:1", field: b"email" })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::HGet {
+                key: b"users:1",
+                field: b"email"
+            })
+        ));
         let (b, r) = args(&["hget", "users:1"]);
         assert!(parse(Args::new(&b, &r)).is_err());
     }

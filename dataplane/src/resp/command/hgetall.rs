@@ -15,7 +15,10 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["HGETALL", "k"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::HGetAll { key: b"k" })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::HGetAll { key: b"k" })
+        ));
         let (b, r) = args(&["HGETALL"]);
         assert!(parse(Args::new(&b, &r)).is_err());
     }

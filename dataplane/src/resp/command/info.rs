@@ -3,7 +3,9 @@ use super::{Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    Ok(Command::Info { section: args.get(1) })
+    Ok(Command::Info {
+        section: args.get(1),
+    })
 }
 
 #[cfg(test)]
@@ -14,6 +16,11 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["INFO", "stats"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Info { section: Some(b"stats") })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::Info {
+                section: Some(b"stats")
+            })
+        ));
     }
 }

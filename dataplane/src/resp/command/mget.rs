@@ -4,7 +4,9 @@ use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     arity(args, 2, usize::MAX, "mget")?;
-    Ok(Command::MGet { keys: args.slice(1) })
+    Ok(Command::MGet {
+        keys: args.slice(1),
+    })
 }
 
 #[cfg(test)]
@@ -16,7 +18,9 @@ mod tests {
     fn parses() {
         let (b, r) = args(&["MGET", "a", "b", "c"]);
         match parse(Args::new(&b, &r)) {
-            Ok(Command::MGet { keys }) => assert_eq!(keys.iter().collect::<Vec<_>>(), vec![&b"a"[..], b"b", b"c"]),
+            Ok(Command::MGet { keys }) => {
+                assert_eq!(keys.iter().collect::<Vec<_>>(), vec![&b"a"[..], b"b", b"c"])
+            }
             other => panic!("{other:?}"),
         }
         let (b, r) = args(&["MGET"]);

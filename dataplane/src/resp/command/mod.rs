@@ -3,7 +3,7 @@
 
 mod auth;
 mod client;
-pub mod command;
+pub mod commands;
 mod dbsize;
 mod echo;
 mod exists;
@@ -25,26 +25,64 @@ use super::Args;
 /// A parsed request, borrowing from the input buffer.
 #[derive(Debug)]
 pub enum Command<'a> {
-    Get { key: &'a [u8] },
-    MGet { keys: Args<'a> },
-    Exists { keys: Args<'a> },
-    HGet { key: &'a [u8], field: &'a [u8] },
-    HMGet { key: &'a [u8], fields: Args<'a> },
-    HGetAll { key: &'a [u8] },
-    Ping { message: Option<&'a [u8]> },
-    Echo { message: &'a [u8] },
-    Hello { protover: Option<u8>, auth: Option<(&'a [u8], &'a [u8])>, setname: Option<&'a [u8]> },
-    Auth { username: Option<&'a [u8]>, password: &'a [u8] },
-    Select { db: i64 },
+    Get {
+        key: &'a [u8],
+    },
+    MGet {
+        keys: Args<'a>,
+    },
+    Exists {
+        keys: Args<'a>,
+    },
+    HGet {
+        key: &'a [u8],
+        field: &'a [u8],
+    },
+    HMGet {
+        key: &'a [u8],
+        fields: Args<'a>,
+    },
+    HGetAll {
+        key: &'a [u8],
+    },
+    Ping {
+        message: Option<&'a [u8]>,
+    },
+    Echo {
+        message: &'a [u8],
+    },
+    Hello {
+        protover: Option<u8>,
+        auth: Option<(&'a [u8], &'a [u8])>,
+        setname: Option<&'a [u8]>,
+    },
+    Auth {
+        username: Option<&'a [u8]>,
+        password: &'a [u8],
+    },
+    Select {
+        db: i64,
+    },
     DbSize,
-    Info { section: Option<&'a [u8]> },
-    Command { sub: CommandSub<'a> },
-    Client { sub: ClientSub<'a> },
+    Info {
+        section: Option<&'a [u8]>,
+    },
+    Command {
+        sub: CommandSub<'a>,
+    },
+    Client {
+        sub: ClientSub<'a>,
+    },
     Quit,
     Reset,
     /// A Redis write command: refused with `-READONLY`.
-    Write { name: &'a [u8] },
-    Unknown { name: &'a [u8], args: Args<'a> },
+    Write {
+        name: &'a [u8],
+    },
+    Unknown {
+        name: &'a [u8],
+        args: Args<'a>,
+    },
 }
 
 #[derive(Debug)]
@@ -85,12 +123,17 @@ impl CommandError {
                 msg.extend_from_slice(b"' command");
                 compose_error(out, &msg);
             }
-            CommandError::NotAnInteger => compose_error(out, b"ERR value is not an integer or out of range"),
-            CommandError::Syntax => compose_error(out, b"ERR syntax error"),
-            CommandError::ProtocolVersion => compose_error(out, b"NOPROTO unsupported protocol version"),
-            CommandError::BadClientName => {
-                compose_error(out, b"ERR Client names cannot contain spaces, newlines or special characters.")
+            CommandError::NotAnInteger => {
+                compose_error(out, b"ERR value is not an integer or out of range")
             }
+            CommandError::Syntax => compose_error(out, b"ERR syntax error"),
+            CommandError::ProtocolVersion => {
+                compose_error(out, b"NOPROTO unsupported protocol version")
+            }
+            CommandError::BadClientName => compose_error(
+                out,
+                b"ERR Client names cannot contain spaces, newlines or special characters.",
+            ),
         }
     }
 }
@@ -109,7 +152,10 @@ fn arg<'a>(args: Args<'a>, i: usize) -> &'a [u8] {
 }
 
 fn parse_i64(bytes: &[u8]) -> Result<i64, CommandError> {
-    std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()).ok_or(CommandError::NotAnInteger)
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(CommandError::NotAnInteger)
 }
 
 /// Parses `args` (at least one: the command name) into a [`Command`].
@@ -117,7 +163,10 @@ pub fn parse_command(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     let name = arg(args, 0);
     let mut lower = [0u8; 16];
     if name.len() > lower.len() {
-        return Ok(Command::Unknown { name, args: args.slice(1) });
+        return Ok(Command::Unknown {
+            name,
+            args: args.slice(1),
+        });
     }
     for (d, s) in lower.iter_mut().zip(name) {
         *d = s.to_ascii_lowercase();
@@ -136,12 +185,15 @@ pub fn parse_command(args: Args<'_>) -> Result<Command<'_>, CommandError> {
         b"select" => select::parse(args),
         b"dbsize" => dbsize::parse(args),
         b"info" => info::parse(args),
-        b"command" => command::parse(args),
+        b"command" => commands::parse(args),
         b"client" => client::parse(args),
         b"quit" => Ok(Command::Quit),
         b"reset" => quit::parse_reset(args),
         n if write::is_write(n) => Ok(Command::Write { name }),
-        _ => Ok(Command::Unknown { name, args: args.slice(1) }),
+        _ => Ok(Command::Unknown {
+            name,
+            args: args.slice(1),
+        }),
     }
 }
 
@@ -170,11 +222,20 @@ mod tests {
     #[test]
     fn dispatch_is_case_insensitive() {
         let (b, r) = args(&["gEt", "k"]);
-        assert!(matches!(parse_command(Args::new(&b, &r)), Ok(Command::Get { key: b"k" })));
+        assert!(matches!(
+            parse_command(Args::new(&b, &r)),
+            Ok(Command::Get { key: b"k" })
+        ));
         let (b, r) = args(&["SET", "k", "v"]);
-        assert!(matches!(parse_command(Args::new(&b, &r)), Ok(Command::Write { .. })));
+        assert!(matches!(
+            parse_command(Args::new(&b, &r)),
+            Ok(Command::Write { .. })
+        ));
         let (b, r) = args(&["FROBNICATE_THE_WORLD_NOW", "x"]);
-        assert!(matches!(parse_command(Args::new(&b, &r)), Ok(Command::Unknown { .. })));
+        assert!(matches!(
+            parse_command(Args::new(&b, &r)),
+            Ok(Command::Unknown { .. })
+        ));
     }
 
     #[test]

@@ -4,7 +4,9 @@ use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     arity(args, 2, 2, "select")?;
-    Ok(Command::Select { db: parse_i64(arg(args, 1))? })
+    Ok(Command::Select {
+        db: parse_i64(arg(args, 1))?,
+    })
 }
 
 #[cfg(test)]
@@ -15,8 +17,14 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["SELECT", "0"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Select { db: 0 })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::Select { db: 0 })
+        ));
         let (b, r) = args(&["SELECT", "x"]);
-        assert_eq!(parse(Args::new(&b, &r)).unwrap_err(), CommandError::NotAnInteger);
+        assert_eq!(
+            parse(Args::new(&b, &r)).unwrap_err(),
+            CommandError::NotAnInteger
+        );
     }
 }

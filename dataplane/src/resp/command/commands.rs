@@ -5,7 +5,9 @@ use crate::resp::compose::{compose_array_header, compose_bulk, compose_integer, 
 use crate::resp::{Args, Protocol};
 
 /// (name, arity, flags, first key, last key, step)
-const TABLE: &[(&str, i64, &[&str], i64, i64, i64)] = &[
+type Entry = (&'static str, i64, &'static [&'static str], i64, i64, i64);
+
+const TABLE: &[Entry] = &[
     ("get", 2, &["readonly", "fast"], 1, 1, 1),
     ("mget", -2, &["readonly", "fast"], 1, -1, 1),
     ("exists", -2, &["readonly", "fast"], 1, -1, 1),
@@ -14,15 +16,43 @@ const TABLE: &[(&str, i64, &[&str], i64, i64, i64)] = &[
     ("hgetall", 2, &["readonly"], 1, 1, 1),
     ("ping", -1, &["fast", "stale"], 0, 0, 0),
     ("echo", 2, &["fast"], 0, 0, 0),
-    ("hello", -1, &["noscript", "loading", "stale", "fast", "no_auth"], 0, 0, 0),
-    ("auth", -2, &["noscript", "loading", "stale", "fast", "no_auth"], 0, 0, 0),
+    (
+        "hello",
+        -1,
+        &["noscript", "loading", "stale", "fast", "no_auth"],
+        0,
+        0,
+        0,
+    ),
+    (
+        "auth",
+        -2,
+        &["noscript", "loading", "stale", "fast", "no_auth"],
+        0,
+        0,
+        0,
+    ),
     ("select", 2, &["loading", "stale", "fast"], 0, 0, 0),
     ("dbsize", 1, &["readonly", "fast"], 0, 0, 0),
     ("info", -1, &["loading", "stale"], 0, 0, 0),
     ("command", -1, &["loading", "stale"], 0, 0, 0),
     ("client", -2, &["loading", "stale"], 0, 0, 0),
-    ("quit", -1, &["loading", "stale", "fast", "no_auth"], 0, 0, 0),
-    ("reset", 1, &["loading", "stale", "fast", "no_auth"], 0, 0, 0),
+    (
+        "quit",
+        -1,
+        &["loading", "stale", "fast", "no_auth"],
+        0,
+        0,
+        0,
+    ),
+    (
+        "reset",
+        1,
+        &["loading", "stale", "fast", "no_auth"],
+        0,
+        0,
+        0,
+    ),
 ];
 
 /// Number of commands in the table (`COMMAND COUNT`).
@@ -40,7 +70,7 @@ pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     Ok(Command::Command { sub })
 }
 
-fn compose_entry(out: &mut Vec<u8>, e: &(&str, i64, &[&str], i64, i64, i64)) {
+fn compose_entry(out: &mut Vec<u8>, e: &Entry) {
     let (name, arity, flags, first, last, step) = *e;
     compose_array_header(out, 10);
     compose_bulk(out, name.as_bytes());
@@ -70,7 +100,10 @@ pub fn compose_command_table(out: &mut Vec<u8>, _proto: Protocol) {
 pub fn compose_command_info(out: &mut Vec<u8>, names: Args<'_>, proto: Protocol) {
     compose_array_header(out, names.len());
     for n in names.iter() {
-        match TABLE.iter().find(|e| e.0.as_bytes().eq_ignore_ascii_case(n)) {
+        match TABLE
+            .iter()
+            .find(|e| e.0.as_bytes().eq_ignore_ascii_case(n))
+        {
             Some(e) => compose_entry(out, e),
             None => crate::resp::compose::compose_null(out, proto),
         }
@@ -87,7 +120,9 @@ mod tests {
     fn table_is_well_formed_resp() {
         let mut out = Vec::new();
         compose_command_table(&mut out, Protocol::Resp2);
-        assert!(out.starts_with(format!("*{}\r\n*10\r\n$3\r\nget\r\n:2\r\n", COMMAND_COUNT).as_bytes()));
+        assert!(
+            out.starts_with(format!("*{}\r\n*10\r\n$3\r\nget\r\n:2\r\n", COMMAND_COUNT).as_bytes())
+        );
         // Sanity: composing info for a known and an unknown name.
         let (b, r) = args(&["get", "nope"]);
         let mut info = Vec::new();
@@ -100,8 +135,18 @@ mod tests {
     #[test]
     fn parses() {
         let (b, r) = args(&["COMMAND", "COUNT"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Command { sub: CommandSub::Count })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::Command {
+                sub: CommandSub::Count
+            })
+        ));
         let (b, r) = args(&["COMMAND"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::Command { sub: CommandSub::List })));
+        assert!(matches!(
+            parse(Args::new(&b, &r)),
+            Ok(Command::Command {
+                sub: CommandSub::List
+            })
+        ));
     }
 }

@@ -46,7 +46,10 @@ fi
 DB=pgline_bench
 psql -q -d postgres -tA -c "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1 \
     || psql -q -d postgres -c "CREATE DATABASE $DB"
-have=$(psql -q -d $DB -tA -c "SELECT CASE WHEN to_regclass('kv') IS NULL THEN -1 ELSE (SELECT count(*) FROM kv) END")
+have=-1
+if psql -q -d $DB -tA -c "SELECT to_regclass('kv') IS NOT NULL" | grep -q t; then
+    have=$(psql -q -d $DB -tA -c "SELECT count(*) FROM kv")
+fi
 if [ "$have" != "$ROWS" ]; then
     psql -q -d $DB <<SQL
 DROP TABLE IF EXISTS kv;

@@ -70,6 +70,7 @@ pub struct Core {
     generations: Vec<u32>,
     free: Vec<usize>,
     active: Vec<usize>,
+    active_spare: Vec<usize>,
     open: usize,
     ctx: Ctx,
 }
@@ -97,7 +98,8 @@ impl Core {
             conns: Vec::new(),
             generations: Vec::new(),
             free: Vec::new(),
-            active: Vec::new(),
+            active: Vec::with_capacity(1024),
+            active_spare: Vec::with_capacity(1024),
             open: 0,
             ctx: Ctx {
                 id,
@@ -290,7 +292,9 @@ impl Core {
         if self.active.is_empty() {
             return false;
         }
-        let active = std::mem::take(&mut self.active);
+        // Swap with the spare list (both keep their capacity: no allocation per turn).
+        let mut active = std::mem::take(&mut self.active);
+        std::mem::swap(&mut self.active, &mut self.active_spare);
         for &slot in &active {
             let Some(Some(conn)) = self.conns.get_mut(slot) else {
                 continue;
@@ -306,6 +310,8 @@ impl Core {
                 Next::Close => self.close(slot),
             }
         }
+        active.clear();
+        self.active_spare = active;
         true
     }
 

@@ -1,0 +1,173 @@
+//! The hit path allocates nothing: a counting global allocator (`stats_alloc`) watches a real engine (kernel
+//! transport, real store) serve pipelined GET, MGET 16 and HGET hits to a client that reuses its
+//! buffers. Nothing else runs in this process during the measured window (no control plane), so
+//! any allocation counted is the dataplane's.
+
+use std::alloc::System;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use pgline_dataplane::engine::{Engine, EngineConfig};
+use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
+use pgline_dataplane::plane::{Shared, Wake};
+use pgline_dataplane::resp::Limits;
+use pgline_dataplane::row::{encode_columns, encode_resp_json};
+use pgline_dataplane::store::{self, EntryData, StoreConfig};
+use pgline_hugepages::PageLevel;
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+struct NoWake;
+impl Wake for NoWake {
+    fn wake(&self) {}
+}
+
+const TABLE: u32 = 16384;
+const ROWS: u32 = 1000;
+
+fn row_json(i: u32) -> Vec<u8> {
+    // ~166 bytes, like the benchmark rows.
+    format!(
+        r#"{{"id":{i},"name":"User number {i}","email":"user{i}@example.com","plan":"pro","credits":{}.25,"active":true,"created":"2025-01-01T00:00:00+00:00"}}"#,
+        i % 1000
+    )
+    .into_bytes()
+}
+
+fn start() -> (Engine, Arc<Shared>) {
+    let cfg = StoreConfig {
+        memory_bytes: 32 << 20,
+        segment_bytes: 1 << 20,
+        max_page_level: PageLevel::Base,
+        prefault: true,
+    };
+    let (mut writer, reader) = store::open(&cfg).expect("store");
+    for i in 0..ROWS {
+        let pk = i.to_string();
+        let mut resp = Vec::new();
+        encode_resp_json(&mut resp, &row_json(i));
+        let mut cols = Vec::new();
+        let id = i.to_string();
+        let pairs: Vec<(&[u8], Option<&[u8]>)> =
+            vec![(b"id", Some(id.as_bytes())), (b"name", Some(b"x"))];
+        encode_columns(&mut cols, pairs.into_iter());
+        let sections: [&[u8]; 2] = [&resp, &cols];
+        writer
+            .insert(
+                TABLE,
+                pk.as_bytes(),
+                &EntryData {
+                    sections: &sections,
+                    negative: false,
+                    lsn: 1,
+                },
+            )
+            .expect("insert");
+    }
+    let mut ks = KeySpace::new();
+    ks.add("kv", TABLE);
+    let shared = Arc::new(Shared::new(
+        reader,
+        KeySpaceCell::new(ks),
+        1,
+        64,
+        Arc::new(NoWake),
+    ));
+    shared.serve_hits.store(true, Ordering::Release);
+    let engine = Engine::start(
+        EngineConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cores: 1,
+            max_connections: 16,
+            max_request_bytes: 1 << 20,
+            max_reply_backlog: 8 << 20,
+            requests_per_turn: 128,
+            max_pending_per_conn: 1024,
+            spin_polls: 100,
+            password: None,
+            limits: Limits::default(),
+        },
+        shared.clone(),
+    )
+    .expect("engine");
+    // The writer must outlive the test: its region backs the readers.
+    std::mem::forget(writer);
+    (engine, shared)
+}
+
+/// Sends `request` and reads exactly `reply_len` bytes back into `buf` (no allocation).
+fn round_trip(s: &mut TcpStream, request: &[u8], buf: &mut [u8], reply_len: usize) {
+    s.write_all(request).unwrap();
+    let mut got = 0;
+    while got < reply_len {
+        let n = s.read(&mut buf[got..reply_len]).unwrap();
+        assert!(n > 0, "server closed");
+        got += n;
+    }
+}
+
+#[test]
+fn hits_allocate_nothing() {
+    let (engine, _shared) = start();
+    let mut s = TcpStream::connect(engine.local_addr()).unwrap();
+    s.set_nodelay(true).unwrap();
+
+    // Requests and their exact replies, built before measuring.
+    let mut gets = Vec::new();
+    let mut get_reply = Vec::new();
+    for i in 0..64u32 {
+        let key = format!("kv:{}", (i * 37) % ROWS);
+        gets.extend_from_slice(
+            format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).as_bytes(),
+        );
+        encode_resp_json(&mut get_reply, &row_json((i * 37) % ROWS));
+    }
+    let mut mget = b"*17\r\n$4\r\nMGET\r\n".to_vec();
+    let mut mget_reply = b"*16\r\n".to_vec();
+    for i in 0..16u32 {
+        let key = format!("kv:{}", i * 61);
+        mget.extend_from_slice(format!("${}\r\n{key}\r\n", key.len()).as_bytes());
+        encode_resp_json(&mut mget_reply, &row_json(i * 61));
+    }
+    let hget = b"*3\r\n$4\r\nHGET\r\n$5\r\nkv:42\r\n$2\r\nid\r\n";
+    let hget_reply = b"$2\r\n42\r\n";
+    let mut buf = vec![0u8; 1 << 20];
+
+    // Warm up: buffers grow to their steady-state sizes.
+    for _ in 0..200 {
+        round_trip(&mut s, &gets, &mut buf, get_reply.len());
+        round_trip(&mut s, &mget, &mut buf, mget_reply.len());
+        round_trip(&mut s, hget, &mut buf, hget_reply.len());
+    }
+    assert_eq!(&buf[..hget_reply.len()], hget_reply);
+
+    let region = Region::new(GLOBAL);
+    let rounds = 2_000;
+    for _ in 0..rounds {
+        round_trip(&mut s, &gets, &mut buf, get_reply.len());
+        round_trip(&mut s, &mget, &mut buf, mget_reply.len());
+        round_trip(&mut s, hget, &mut buf, hget_reply.len());
+    }
+    let change = region.change();
+    let allocs = change.allocations + change.reallocations;
+    // Check the last replies were right (not just fast).
+    round_trip(&mut s, &gets, &mut buf, get_reply.len());
+    assert_eq!(&buf[..get_reply.len()], &get_reply[..]);
+    round_trip(&mut s, &mget, &mut buf, mget_reply.len());
+    assert_eq!(&buf[..mget_reply.len()], &mget_reply[..]);
+    let requests = rounds * (64 + 1 + 1);
+    eprintln!(
+        "{requests} hit requests ({} keys), {allocs} heap allocations",
+        rounds * (64 + 16 + 1)
+    );
+    assert_eq!(
+        allocs, 0,
+        "the hit path allocated {allocs} times over {requests} requests"
+    );
+    drop(s);
+    engine.stop();
+}

@@ -6,7 +6,7 @@
 use std::alloc::System;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pgline_dataplane::engine::{Engine, EngineConfig};

@@ -26,8 +26,8 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissRequest, Shared, Wake};
-use crate::resp::command::parse_command;
-use crate::resp::compose::compose_error;
+use crate::resp::compose_error;
+use crate::resp::parse_command;
 use crate::resp::{parse_request, Args, ParseError};
 use crate::transport::kernel;
 
@@ -425,7 +425,9 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
                 break;
             }
             Err(ParseError::Invalid(kind)) => {
-                protocol_error(conn, kind.message().as_bytes(), stats);
+                let mut message = b"ERR ".to_vec();
+                message.extend_from_slice(kind.message().as_bytes());
+                protocol_error(conn, &message, stats);
                 break;
             }
         };

@@ -7,11 +7,11 @@
 //! path, so a reply is the same bytes whether it came from the store or from a fill.
 
 use crate::plane::FillResult;
-use crate::resp::compose::{
+use crate::resp::Protocol;
+use crate::resp::{
     compose_array_header, compose_bulk, compose_error, compose_integer, compose_map_header,
     compose_null,
 };
-use crate::resp::Protocol;
 use crate::row::ColumnsView;
 
 /// One element of a multi-key reply.

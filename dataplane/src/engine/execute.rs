@@ -7,12 +7,12 @@
 
 use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissKey, Shared};
-use crate::resp::command::{ClientSub, Command, CommandSub};
-use crate::resp::compose::{
-    compose_array_header, compose_bulk, compose_error, compose_integer, compose_map_header,
-    compose_null, compose_simple, compose_unknown_command,
+use crate::resp::{
+    compose_array_header, compose_bulk, compose_error, compose_integer, compose_null,
+    compose_simple, compose_unknown_command,
 };
 use crate::resp::{Args, Protocol};
+use crate::resp::{ClientSub, Command, CommandSub};
 use crate::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use crate::store::Lookup;
 
@@ -294,16 +294,14 @@ impl Exec<'_> {
             }
             Command::Info { section } => info::compose_info(out, self.shared, section, proto),
             Command::Command { sub } => match sub {
-                CommandSub::Count => {
-                    compose_integer(out, crate::resp::command::commands::COMMAND_COUNT as i64)
-                }
-                CommandSub::Docs => compose_map_header(out, 0, proto),
-                CommandSub::Info(names) => {
-                    crate::resp::command::commands::compose_command_info(out, names, proto)
-                }
-                CommandSub::List | CommandSub::Other => {
-                    crate::resp::command::commands::compose_command_table(out, proto)
-                }
+                CommandSub::Count => crate::resp::compose_command_count(out),
+                CommandSub::Docs { names } => crate::resp::compose_command_docs(out, names, proto),
+                CommandSub::Info { names } => crate::resp::compose_command_info(out, names, proto),
+                CommandSub::All => crate::resp::compose_command_table(out, proto),
+                CommandSub::Other { .. } => compose_error(
+                    out,
+                    b"ERR unknown subcommand or wrong number of arguments for 'COMMAND'",
+                ),
             },
             Command::Client { sub } => match sub {
                 ClientSub::SetName { name } => {
@@ -324,7 +322,7 @@ impl Exec<'_> {
                 }
                 ClientSub::Id => compose_integer(out, session.client_id as i64),
                 ClientSub::Info => info::compose_client_info(out, session),
-                _ => compose_error(
+                ClientSub::Other { .. } => compose_error(
                     out,
                     b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'",
                 ),

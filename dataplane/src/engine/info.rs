@@ -6,10 +6,10 @@ use std::io::Write;
 use std::sync::atomic::Ordering;
 
 use crate::plane::Shared;
-use crate::resp::compose::{
+use crate::resp::Protocol;
+use crate::resp::{
     compose_array_header, compose_bulk, compose_integer, compose_map_header, compose_verbatim,
 };
-use crate::resp::Protocol;
 
 use super::conn::Session;
 

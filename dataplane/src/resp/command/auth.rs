@@ -1,46 +1,51 @@
 //! `AUTH [username] password`.
-use super::{arg, arity, Command, CommandError};
+
+use super::{arg, check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 2, 3, "auth")?;
-    Ok(if args.len() == 2 {
-        Command::Auth {
+    check_arity(&args, -2, "auth")?;
+    match args.len() {
+        2 => Ok(Command::Auth {
             username: None,
-            password: arg(args, 1),
-        }
-    } else {
-        Command::Auth {
-            username: args.get(1),
-            password: arg(args, 2),
-        }
-    })
+            password: arg(&args, 1),
+        }),
+        3 => Ok(Command::Auth {
+            username: Some(arg(&args, 1)),
+            password: arg(&args, 2),
+        }),
+        _ => Err(CommandError::Syntax),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["AUTH", "pw"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
+            parse(&["AUTH", "pw"]),
             Ok(Command::Auth {
                 username: None,
                 password: b"pw"
             })
         ));
-        let (b, r) = args(&["AUTH", "u", "pw"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
+            parse(&["auth", "me", "pw"]),
             Ok(Command::Auth {
-                username: Some(b"u"),
+                username: Some(b"me"),
                 password: b"pw"
             })
         ));
-        let (b, r) = args(&["AUTH"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+    }
+
+    #[test]
+    fn errors() {
+        let arity = Err(CommandError::WrongArity("auth"));
+        assert_eq!(parse(&["AUTH"]).map(|_| ()), arity);
+        let syntax = Err(CommandError::Syntax);
+        assert_eq!(parse(&["AUTH", "a", "b", "c"]).map(|_| ()), syntax);
     }
 }

@@ -1,22 +1,22 @@
-//! `DBSIZE`: rows cached (negative entries not counted).
-use super::{arity, Command, CommandError};
+//! `DBSIZE`: number of cached keys.
+
+use super::{check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 1, 1, "dbsize")?;
+    check_arity(&args, 1, "dbsize")?;
     Ok(Command::DbSize)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["DBSIZE"]);
-        assert!(matches!(parse(Args::new(&b, &r)), Ok(Command::DbSize)));
-        let (b, r) = args(&["DBSIZE", "x"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+        assert!(matches!(parse(&["dbsize"]), Ok(Command::DbSize)));
+        let err = Err(CommandError::WrongArity("dbsize"));
+        assert_eq!(parse(&["DBSIZE", "x"]).map(|_| ()), err);
     }
 }

@@ -1,27 +1,32 @@
-//! `ECHO message`.
-use super::{arg, arity, Command, CommandError};
+//! `ECHO message`: the message as a bulk string.
+
+use super::{arg, check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 2, 2, "echo")?;
+    check_arity(&args, 2, "echo")?;
     Ok(Command::Echo {
-        message: arg(args, 1),
+        message: arg(&args, 1),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["ECHO", "hi"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
+            parse(&["ECHO", "hi"]),
             Ok(Command::Echo { message: b"hi" })
         ));
-        let (b, r) = args(&["ECHO"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+    }
+
+    #[test]
+    fn arity() {
+        let err = Err(CommandError::WrongArity("echo"));
+        assert_eq!(parse(&["ECHO"]).map(|_| ()), err);
+        assert_eq!(parse(&["ECHO", "a", "b"]).map(|_| ()), err);
     }
 }

@@ -1,9 +1,10 @@
-//! `EXISTS key [key ...]`: how many of the keys name existing rows.
-use super::{arity, Command, CommandError};
+//! `EXISTS key [key ...]`: how many of the keys exist (duplicates count each time).
+
+use super::{check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 2, usize::MAX, "exists")?;
+    check_arity(&args, -2, "exists")?;
     Ok(Command::Exists {
         keys: args.slice(1),
     })
@@ -11,16 +12,20 @@ pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::{parse, strings};
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["EXISTS", "a", "b"]);
-        assert!(
-            matches!(parse(Args::new(&b, &r)), Ok(Command::Exists { keys }) if keys.len() == 2)
-        );
-        let (b, r) = args(&["EXISTS"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+        match parse(&["exists", "a", "a"]) {
+            Ok(Command::Exists { keys }) => assert_eq!(strings(keys), ["a", "a"]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn arity() {
+        let err = Err(CommandError::WrongArity("exists"));
+        assert_eq!(parse(&["EXISTS"]).map(|_| ()), err);
     }
 }

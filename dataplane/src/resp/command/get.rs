@@ -1,30 +1,31 @@
-//! `GET key`: the row as JSON.
-use super::{arg, arity, Command, CommandError};
+//! `GET key`: one row by key.
+
+use super::{arg, check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 2, 2, "get")?;
-    Ok(Command::Get { key: arg(args, 1) })
+    check_arity(&args, 2, "get")?;
+    Ok(Command::Get { key: arg(&args, 1) })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["GET", "users:1"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
-            Ok(Command::Get { key: b"users:1" })
+            parse(&["GET", "users:42"]),
+            Ok(Command::Get { key: b"users:42" })
         ));
-        let (b, r) = args(&["GET"]);
-        assert_eq!(
-            parse(Args::new(&b, &r)).unwrap_err(),
-            CommandError::WrongArity("get")
-        );
-        let (b, r) = args(&["GET", "a", "b"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+        assert!(matches!(parse(&["get", ""]), Ok(Command::Get { key: b"" })));
+    }
+
+    #[test]
+    fn arity() {
+        let err = Err(CommandError::WrongArity("get"));
+        assert_eq!(parse(&["GET"]).map(|_| ()), err);
+        assert_eq!(parse(&["GET", "a", "b"]).map(|_| ()), err);
     }
 }

@@ -1,33 +1,42 @@
-//! `HELLO [protover [AUTH username password] [SETNAME clientname]]`.
+//! `HELLO [protover [AUTH username password] [SETNAME clientname]]`: protocol handshake.
+//!
+//! The version is checked before the options, as Redis does: a non-integer version is
+//! [`CommandError::NotAnInteger`] (Redis words it "Protocol version is not an integer or out
+//! of range"), a version other than 2 or 3 is [`CommandError::ProtocolVersion`], an unknown
+//! or incomplete option is [`CommandError::Syntax`]. Options may repeat; the last one wins.
+
 use super::{arg, parse_i64, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    let mut protover = None;
-    let mut auth = None;
-    let mut setname = None;
-    if let Some(v) = args.get(1) {
-        let v = parse_i64(v).map_err(|_| CommandError::ProtocolVersion)?;
-        if v != 2 && v != 3 {
-            return Err(CommandError::ProtocolVersion);
-        }
-        protover = Some(v as u8);
-    }
+    let Some(version) = args.get(1) else {
+        return Ok(Command::Hello {
+            protover: None,
+            auth: None,
+            setname: None,
+        });
+    };
+    let protover = match parse_i64(version).ok_or(CommandError::NotAnInteger)? {
+        2 => 2,
+        3 => 3,
+        _ => return Err(CommandError::ProtocolVersion),
+    };
+    let (mut auth, mut setname) = (None, None);
     let mut i = 2;
-    while i < args.len() {
-        let opt = arg(args, i);
-        if opt.eq_ignore_ascii_case(b"auth") && i + 2 < args.len() {
-            auth = Some((arg(args, i + 1), arg(args, i + 2)));
+    while let Some(option) = args.get(i) {
+        let more = args.len() - i - 1;
+        if option.eq_ignore_ascii_case(b"AUTH") && more >= 2 {
+            auth = Some((arg(&args, i + 1), arg(&args, i + 2)));
             i += 3;
-        } else if opt.eq_ignore_ascii_case(b"setname") && i + 1 < args.len() {
-            setname = Some(arg(args, i + 1));
+        } else if option.eq_ignore_ascii_case(b"SETNAME") && more >= 1 {
+            setname = Some(arg(&args, i + 1));
             i += 2;
         } else {
             return Err(CommandError::Syntax);
         }
     }
     Ok(Command::Hello {
-        protover,
+        protover: Some(protover),
         auth,
         setname,
     })
@@ -35,33 +44,62 @@ pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
-    fn parses() {
-        let (b, r) = args(&["HELLO"]);
+    fn bare_and_versions() {
         assert!(matches!(
-            parse(Args::new(&b, &r)),
-            Ok(Command::Hello { protover: None, .. })
+            parse(&["HELLO"]),
+            Ok(Command::Hello {
+                protover: None,
+                auth: None,
+                setname: None
+            })
         ));
-        let (b, r) = args(&["HELLO", "3", "AUTH", "default", "pw", "SETNAME", "app"]);
-        match parse(Args::new(&b, &r)) {
+        assert!(matches!(
+            parse(&["hello", "2"]),
+            Ok(Command::Hello {
+                protover: Some(2),
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["HELLO", "3"]),
             Ok(Command::Hello {
                 protover: Some(3),
-                auth: Some((u, p)),
-                setname: Some(n),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn options() {
+        match parse(&["HELLO", "3", "auth", "default", "pw", "SETNAME", "app"]) {
+            Ok(Command::Hello {
+                protover,
+                auth,
+                setname,
             }) => {
-                assert_eq!((u, p, n), (&b"default"[..], &b"pw"[..], &b"app"[..]))
+                assert_eq!(protover, Some(3));
+                assert_eq!(auth, Some((&b"default"[..], &b"pw"[..])));
+                assert_eq!(setname, Some(&b"app"[..]));
             }
             other => panic!("{other:?}"),
         }
-        let (b, r) = args(&["HELLO", "4"]);
-        assert_eq!(
-            parse(Args::new(&b, &r)).unwrap_err(),
-            CommandError::ProtocolVersion
-        );
-        let (b, r) = args(&["HELLO", "3", "AUTH", "x"]);
-        assert_eq!(parse(Args::new(&b, &r)).unwrap_err(), CommandError::Syntax);
+    }
+
+    #[test]
+    fn errors() {
+        let proto = Err(CommandError::ProtocolVersion);
+        assert_eq!(parse(&["HELLO", "4"]).map(|_| ()), proto);
+        assert_eq!(parse(&["HELLO", "1"]).map(|_| ()), proto);
+        assert_eq!(parse(&["HELLO", "4", "BAD"]).map(|_| ()), proto);
+        let not_int = Err(CommandError::NotAnInteger);
+        assert_eq!(parse(&["HELLO", "three"]).map(|_| ()), not_int);
+        let syntax = Err(CommandError::Syntax);
+        assert_eq!(parse(&["HELLO", "3", "AUTH", "u"]).map(|_| ()), syntax);
+        assert_eq!(parse(&["HELLO", "3", "SETNAME"]).map(|_| ()), syntax);
+        assert_eq!(parse(&["HELLO", "3", "FOO", "x"]).map(|_| ()), syntax);
     }
 }

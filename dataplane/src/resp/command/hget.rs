@@ -1,31 +1,36 @@
-//! `HGET key column`: one column of the row, as PostgreSQL's text output.
-use super::{arg, arity, Command, CommandError};
+//! `HGET key field`: one column of a row.
+
+use super::{arg, check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 3, 3, "hget")?;
+    check_arity(&args, 3, "hget")?;
     Ok(Command::HGet {
-        key: arg(args, 1),
-        field: arg(args, 2),
+        key: arg(&args, 1),
+        field: arg(&args, 2),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["hget", "users:1", "email"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
+            parse(&["HGET", "users:1", "name"]),
             Ok(Command::HGet {
                 key: b"users:1",
-                field: b"email"
+                field: b"name"
             })
         ));
-        let (b, r) = args(&["hget", "users:1"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+    }
+
+    #[test]
+    fn arity() {
+        let err = Err(CommandError::WrongArity("hget"));
+        assert_eq!(parse(&["HGET", "k"]).map(|_| ()), err);
+        assert_eq!(parse(&["HGET", "k", "f", "g"]).map(|_| ()), err);
     }
 }

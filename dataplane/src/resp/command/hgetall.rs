@@ -1,25 +1,30 @@
-//! `HGETALL key`: every non-NULL column as name/value pairs.
-use super::{arg, arity, Command, CommandError};
+//! `HGETALL key`: a row as a map of column to value.
+
+use super::{arg, check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 2, 2, "hgetall")?;
-    Ok(Command::HGetAll { key: arg(args, 1) })
+    check_arity(&args, 2, "hgetall")?;
+    Ok(Command::HGetAll { key: arg(&args, 1) })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["HGETALL", "k"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
-            Ok(Command::HGetAll { key: b"k" })
+            parse(&["HGETALL", "t:1"]),
+            Ok(Command::HGetAll { key: b"t:1" })
         ));
-        let (b, r) = args(&["HGETALL"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+    }
+
+    #[test]
+    fn arity() {
+        let err = Err(CommandError::WrongArity("hgetall"));
+        assert_eq!(parse(&["HGETALL"]).map(|_| ()), err);
+        assert_eq!(parse(&["HGETALL", "a", "b"]).map(|_| ()), err);
     }
 }

@@ -1,27 +1,35 @@
-//! `HMGET key column [column ...]`.
-use super::{arg, arity, Command, CommandError};
+//! `HMGET key field [field ...]`: several columns of a row.
+
+use super::{arg, check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 3, usize::MAX, "hmget")?;
+    check_arity(&args, -3, "hmget")?;
     Ok(Command::HMGet {
-        key: arg(args, 1),
+        key: arg(&args, 1),
         fields: args.slice(2),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::{parse, strings};
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["HMGET", "k", "a", "b"]);
-        assert!(
-            matches!(parse(Args::new(&b, &r)), Ok(Command::HMGet { key: b"k", fields }) if fields.len() == 2)
-        );
-        let (b, r) = args(&["HMGET", "k"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+        match parse(&["hmget", "users:1", "id", "name"]) {
+            Ok(Command::HMGet { key, fields }) => {
+                assert_eq!(key, b"users:1");
+                assert_eq!(strings(fields), ["id", "name"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn arity() {
+        let err = Err(CommandError::WrongArity("hmget"));
+        assert_eq!(parse(&["HMGET", "k"]).map(|_| ()), err);
     }
 }

@@ -1,9 +1,17 @@
-//! Commands: one file per command, each with its parse and tests; [`parse_command`] dispatches
-//! on the case-insensitive name.
+//! Command recognition: a request's arguments into a typed [`Command`].
+//!
+//! Purpose: dispatch on the case-insensitive command name (upper-cased into a stack buffer,
+//! no allocation), check arity and argument syntax the way Redis does, and hand the engine
+//! a value that still borrows the request bytes. One file per command, each with its parse
+//! and its tests. Replies that do not depend on the store (the COMMAND table) are composed
+//! here too. Invariants: parsing never panics and never allocates. Thread model: pure
+//! functions. Limitations: argument *values* (client names, INFO section names) are not
+//! validated here; that is the engine's job.
 
 mod auth;
 mod client;
-pub mod commands;
+#[allow(clippy::module_inception)]
+mod command;
 mod dbsize;
 mod echo;
 mod exists;
@@ -16,14 +24,24 @@ mod info;
 mod mget;
 mod ping;
 mod quit;
+mod reset;
 mod select;
 mod write;
 
-use super::compose::compose_error;
+#[cfg(test)]
+mod test_util;
+
+pub use client::ClientSub;
+pub use command::{
+    compose_command_count, compose_command_docs, compose_command_info, compose_command_table,
+    CommandSub,
+};
+pub use write::is_write_command;
+
 use super::Args;
 
-/// A parsed request, borrowing from the input buffer.
-#[derive(Debug)]
+/// One recognised request, borrowing its bytes from the input buffer.
+#[derive(Clone, Copy, Debug)]
 pub enum Command<'a> {
     Get {
         key: &'a [u8],
@@ -64,6 +82,7 @@ pub enum Command<'a> {
         db: i64,
     },
     DbSize,
+    /// `INFO [section ...]`: only the first section is kept.
     Info {
         section: Option<&'a [u8]>,
     },
@@ -75,121 +94,82 @@ pub enum Command<'a> {
     },
     Quit,
     Reset,
-    /// A Redis write command: refused with `-READONLY`.
+    /// A known Redis write command (pgline is read-only); arguments are not checked.
     Write {
         name: &'a [u8],
     },
+    /// Anything else; `args` excludes the name. An empty request gives an empty name.
     Unknown {
         name: &'a [u8],
         args: Args<'a>,
     },
 }
 
-#[derive(Debug)]
-pub enum CommandSub<'a> {
-    List,
-    Count,
-    Docs,
-    Info(Args<'a>),
-    Other,
-}
-
-#[derive(Debug)]
-pub enum ClientSub<'a> {
-    SetName { name: &'a [u8] },
-    GetName,
-    SetInfo { attr: &'a [u8], value: &'a [u8] },
-    Id,
-    Info,
-    Other,
-}
-
+/// A request that names a known command but cannot be executed as given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommandError {
-    /// Lower-case command name.
+    /// Lower-case command name, `container|sub` for subcommands (`"client|setname"`).
     WrongArity(&'static str),
     NotAnInteger,
     Syntax,
+    /// `HELLO` with a protocol version other than 2 or 3.
     ProtocolVersion,
-    BadClientName,
 }
 
 impl CommandError {
+    /// Writes the error reply as Redis words it.
     pub fn compose(self, out: &mut Vec<u8>) {
         match self {
             CommandError::WrongArity(name) => {
-                let mut msg = b"ERR wrong number of arguments for '".to_vec();
-                msg.extend_from_slice(name.as_bytes());
-                msg.extend_from_slice(b"' command");
-                compose_error(out, &msg);
+                out.extend_from_slice(b"-ERR wrong number of arguments for '");
+                out.extend_from_slice(name.as_bytes());
+                out.extend_from_slice(b"' command\r\n");
             }
             CommandError::NotAnInteger => {
-                compose_error(out, b"ERR value is not an integer or out of range")
+                out.extend_from_slice(b"-ERR value is not an integer or out of range\r\n");
             }
-            CommandError::Syntax => compose_error(out, b"ERR syntax error"),
+            CommandError::Syntax => out.extend_from_slice(b"-ERR syntax error\r\n"),
             CommandError::ProtocolVersion => {
-                compose_error(out, b"NOPROTO unsupported protocol version")
+                out.extend_from_slice(b"-NOPROTO unsupported protocol version\r\n");
             }
-            CommandError::BadClientName => compose_error(
-                out,
-                b"ERR Client names cannot contain spaces, newlines or special characters.",
-            ),
         }
     }
 }
 
-/// Checks `min <= args.len() <= max` (including the command name).
-fn arity(args: Args<'_>, min: usize, max: usize, name: &'static str) -> Result<(), CommandError> {
-    if args.len() < min || args.len() > max {
-        Err(CommandError::WrongArity(name))
-    } else {
-        Ok(())
-    }
-}
+/// Longest command name worth upper-casing; longer names are unknown.
+const MAX_NAME: usize = 24;
 
-fn arg<'a>(args: Args<'a>, i: usize) -> &'a [u8] {
-    args.get(i).unwrap_or(&[])
-}
-
-fn parse_i64(bytes: &[u8]) -> Result<i64, CommandError> {
-    std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or(CommandError::NotAnInteger)
-}
-
-/// Parses `args` (at least one: the command name) into a [`Command`].
-pub fn parse_command(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    let name = arg(args, 0);
-    let mut lower = [0u8; 16];
-    if name.len() > lower.len() {
+/// Recognises the command in `args` (name first). Names are case-insensitive.
+pub fn parse_command<'a>(args: Args<'a>) -> Result<Command<'a>, CommandError> {
+    let name = args.get(0).unwrap_or_default();
+    let mut upper = [0u8; MAX_NAME];
+    let Some(upper) = upper.get_mut(..name.len()) else {
         return Ok(Command::Unknown {
             name,
             args: args.slice(1),
         });
-    }
-    for (d, s) in lower.iter_mut().zip(name) {
-        *d = s.to_ascii_lowercase();
-    }
-    match &lower[..name.len()] {
-        b"get" => get::parse(args),
-        b"mget" => mget::parse(args),
-        b"exists" => exists::parse(args),
-        b"hget" => hget::parse(args),
-        b"hmget" => hmget::parse(args),
-        b"hgetall" => hgetall::parse(args),
-        b"ping" => ping::parse(args),
-        b"echo" => echo::parse(args),
-        b"hello" => hello::parse(args),
-        b"auth" => auth::parse(args),
-        b"select" => select::parse(args),
-        b"dbsize" => dbsize::parse(args),
-        b"info" => info::parse(args),
-        b"command" => commands::parse(args),
-        b"client" => client::parse(args),
-        b"quit" => Ok(Command::Quit),
-        b"reset" => quit::parse_reset(args),
-        n if write::is_write(n) => Ok(Command::Write { name }),
+    };
+    upper.copy_from_slice(name);
+    upper.make_ascii_uppercase();
+    match &*upper {
+        b"GET" => get::parse(args),
+        b"MGET" => mget::parse(args),
+        b"EXISTS" => exists::parse(args),
+        b"HGET" => hget::parse(args),
+        b"HMGET" => hmget::parse(args),
+        b"HGETALL" => hgetall::parse(args),
+        b"PING" => ping::parse(args),
+        b"ECHO" => echo::parse(args),
+        b"HELLO" => hello::parse(args),
+        b"AUTH" => auth::parse(args),
+        b"SELECT" => select::parse(args),
+        b"DBSIZE" => dbsize::parse(args),
+        b"INFO" => info::parse(args),
+        b"COMMAND" => command::parse(args),
+        b"CLIENT" => client::parse(args),
+        b"QUIT" => quit::parse(args),
+        b"RESET" => reset::parse(args),
+        upper if write::is_upper_write(upper) => Ok(Command::Write { name }),
         _ => Ok(Command::Unknown {
             name,
             args: args.slice(1),
@@ -197,51 +177,134 @@ pub fn parse_command(args: Args<'_>) -> Result<Command<'_>, CommandError> {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod testing {
-    use std::ops::Range;
-
-    /// Builds (buffer, ranges) for a list of arguments.
-    pub fn args(items: &[&str]) -> (Vec<u8>, Vec<Range<usize>>) {
-        let mut buf = Vec::new();
-        let mut ranges = Vec::new();
-        for a in items {
-            let start = buf.len();
-            buf.extend_from_slice(a.as_bytes());
-            ranges.push(start..buf.len());
-        }
-        (buf, ranges)
+/// Checks Redis arity: `n >= 0` means exactly `n` arguments (name included), `n < 0` at
+/// least `-n`.
+fn check_arity(args: &Args, arity: i32, name: &'static str) -> Result<(), CommandError> {
+    let len = i64::try_from(args.len()).unwrap_or(i64::MAX);
+    let arity = i64::from(arity);
+    let ok = if arity >= 0 {
+        len == arity
+    } else {
+        len >= -arity
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(CommandError::WrongArity(name))
     }
+}
+
+/// The `i`-th argument of a request whose arity was already checked.
+fn arg<'a>(args: &Args<'a>, i: usize) -> &'a [u8] {
+    args.get(i).unwrap_or_default()
+}
+
+/// Parses a signed 64-bit integer the way Redis' `string2ll` does: optional `-`, digits, no
+/// leading zeros, no `+`, no spaces.
+fn parse_i64(bytes: &[u8]) -> Option<i64> {
+    let (neg, digits) = match bytes {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, bytes),
+    };
+    match digits {
+        [] => return None,
+        [b'0'] if !neg => return Some(0),
+        [b'0', ..] => return None,
+        _ => {}
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(d - b'0');
+        n = n.checked_mul(10)?;
+        n = if neg {
+            n.checked_sub(d)?
+        } else {
+            n.checked_add(d)?
+        };
+    }
+    Some(n)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::testing::args;
+    use super::test_util::{error_text, parse};
     use super::*;
 
     #[test]
-    fn dispatch_is_case_insensitive() {
-        let (b, r) = args(&["gEt", "k"]);
+    fn names_are_case_insensitive() {
         assert!(matches!(
-            parse_command(Args::new(&b, &r)),
+            parse(&["gEt", "k"]),
             Ok(Command::Get { key: b"k" })
         ));
-        let (b, r) = args(&["SET", "k", "v"]);
         assert!(matches!(
-            parse_command(Args::new(&b, &r)),
-            Ok(Command::Write { .. })
-        ));
-        let (b, r) = args(&["FROBNICATE_THE_WORLD_NOW", "x"]);
-        assert!(matches!(
-            parse_command(Args::new(&b, &r)),
-            Ok(Command::Unknown { .. })
+            parse(&["ping"]),
+            Ok(Command::Ping { message: None })
         ));
     }
 
     #[test]
-    fn errors_compose_as_redis_words_them() {
-        let mut o = Vec::new();
-        CommandError::WrongArity("get").compose(&mut o);
-        assert_eq!(o, b"-ERR wrong number of arguments for 'get' command\r\n");
+    fn unknown_and_empty() {
+        match parse(&["FOO", "a", "b"]) {
+            Ok(Command::Unknown { name, args }) => {
+                assert_eq!(name, b"FOO");
+                assert_eq!(args.iter().collect::<Vec<_>>(), vec![&b"a"[..], b"b"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let long = "X".repeat(100);
+        assert!(matches!(parse(&[&long]), Ok(Command::Unknown { .. })));
+        assert!(matches!(parse(&[]), Ok(Command::Unknown { name: b"", .. })));
+    }
+
+    #[test]
+    fn write_commands() {
+        for name in ["set", "DEL", "hset", "Incr", "FLUSHALL", "expire"] {
+            match parse(&[name, "k", "v"]) {
+                Ok(Command::Write { name: n }) => assert_eq!(n, name.as_bytes()),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn error_texts() {
+        assert_eq!(
+            error_text(CommandError::WrongArity("get")),
+            "-ERR wrong number of arguments for 'get' command\r\n"
+        );
+        assert_eq!(
+            error_text(CommandError::NotAnInteger),
+            "-ERR value is not an integer or out of range\r\n"
+        );
+        assert_eq!(error_text(CommandError::Syntax), "-ERR syntax error\r\n");
+        assert_eq!(
+            error_text(CommandError::ProtocolVersion),
+            "-NOPROTO unsupported protocol version\r\n"
+        );
+    }
+
+    #[test]
+    fn integers_like_redis() {
+        assert_eq!(parse_i64(b"0"), Some(0));
+        assert_eq!(parse_i64(b"15"), Some(15));
+        assert_eq!(parse_i64(b"-7"), Some(-7));
+        assert_eq!(parse_i64(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            "",
+            "-",
+            "-0",
+            "01",
+            "+1",
+            " 1",
+            "1 ",
+            "1x",
+            "9223372036854775808",
+        ] {
+            assert_eq!(parse_i64(bad.as_bytes()), None, "{bad:?}");
+        }
     }
 }

@@ -1,9 +1,13 @@
-//! `PING [message]`.
-use super::{arity, Command, CommandError};
+//! `PING [message]`: `+PONG`, or the message as a bulk string.
+
+use super::{check_arity, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 1, 2, "ping")?;
+    check_arity(&args, -1, "ping")?;
+    if args.len() > 2 {
+        return Err(CommandError::WrongArity("ping"));
+    }
     Ok(Command::Ping {
         message: args.get(1),
     })
@@ -11,24 +15,26 @@ pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["PING"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
+            parse(&["PING"]),
             Ok(Command::Ping { message: None })
         ));
-        let (b, r) = args(&["PING", "x"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
+            parse(&["ping", "hi"]),
             Ok(Command::Ping {
-                message: Some(b"x")
+                message: Some(b"hi")
             })
         ));
-        let (b, r) = args(&["PING", "x", "y"]);
-        assert!(parse(Args::new(&b, &r)).is_err());
+    }
+
+    #[test]
+    fn arity() {
+        let err = Err(CommandError::WrongArity("ping"));
+        assert_eq!(parse(&["PING", "a", "b"]).map(|_| ()), err);
     }
 }

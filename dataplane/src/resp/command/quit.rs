@@ -1,20 +1,21 @@
-//! `RESET` (and `QUIT`, which takes anything).
-use super::{arity, Command, CommandError};
+//! `QUIT`: reply `+OK` and close once the reply is sent. Extra arguments are ignored, as in
+//! Redis (arity -1).
+
+use super::{Command, CommandError};
 use crate::resp::Args;
 
-pub(super) fn parse_reset(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 1, 1, "reset")?;
-    Ok(Command::Reset)
+pub(super) fn parse(_args: Args<'_>) -> Result<Command<'_>, CommandError> {
+    Ok(Command::Quit)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["RESET"]);
-        assert!(matches!(parse_reset(Args::new(&b, &r)), Ok(Command::Reset)));
+        assert!(matches!(parse(&["QUIT"]), Ok(Command::Quit)));
+        assert!(matches!(parse(&["quit", "now"]), Ok(Command::Quit)));
     }
 }

@@ -1,30 +1,38 @@
-//! `SELECT db`: only database 0 exists.
-use super::{arg, arity, parse_i64, Command, CommandError};
+//! `SELECT index`: pgline has one database, 0; the engine refuses the others.
+
+use super::{arg, check_arity, parse_i64, Command, CommandError};
 use crate::resp::Args;
 
 pub(super) fn parse(args: Args<'_>) -> Result<Command<'_>, CommandError> {
-    arity(args, 2, 2, "select")?;
-    Ok(Command::Select {
-        db: parse_i64(arg(args, 1))?,
-    })
+    check_arity(&args, 2, "select")?;
+    let db = parse_i64(arg(&args, 1)).ok_or(CommandError::NotAnInteger)?;
+    Ok(Command::Select { db })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::args;
+    use super::super::test_util::parse;
     use super::*;
 
     #[test]
     fn parses() {
-        let (b, r) = args(&["SELECT", "0"]);
         assert!(matches!(
-            parse(Args::new(&b, &r)),
+            parse(&["SELECT", "0"]),
             Ok(Command::Select { db: 0 })
         ));
-        let (b, r) = args(&["SELECT", "x"]);
-        assert_eq!(
-            parse(Args::new(&b, &r)).unwrap_err(),
-            CommandError::NotAnInteger
-        );
+        assert!(matches!(
+            parse(&["select", "-3"]),
+            Ok(Command::Select { db: -3 })
+        ));
+    }
+
+    #[test]
+    fn errors() {
+        let not_int = Err(CommandError::NotAnInteger);
+        assert_eq!(parse(&["SELECT", "x"]).map(|_| ()), not_int);
+        assert_eq!(parse(&["SELECT", "01"]).map(|_| ()), not_int);
+        let arity = Err(CommandError::WrongArity("select"));
+        assert_eq!(parse(&["SELECT"]).map(|_| ()), arity);
+        assert_eq!(parse(&["SELECT", "0", "1"]).map(|_| ()), arity);
     }
 }

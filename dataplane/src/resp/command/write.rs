@@ -1,74 +1,126 @@
-//! Redis write commands, all refused with `-READONLY`: pgline is written through PostgreSQL.
+//! The Redis write commands pgline recognises so it can refuse them clearly (pgline is a
+//! read cache; writes go to PostgreSQL). The list is static, upper-case and sorted, and
+//! looked up by binary search on the upper-cased name.
 
-/// Lower-case names of Redis commands that write.
+/// Redis commands that modify data or server state, sorted.
 const WRITE_COMMANDS: &[&[u8]] = &[
-    b"set",
-    b"setnx",
-    b"setex",
-    b"psetex",
-    b"getset",
-    b"getdel",
-    b"getex",
-    b"mset",
-    b"msetnx",
-    b"append",
-    b"setrange",
-    b"del",
-    b"unlink",
-    b"incr",
-    b"decr",
-    b"incrby",
-    b"decrby",
-    b"incrbyfloat",
-    b"expire",
-    b"pexpire",
-    b"expireat",
-    b"pexpireat",
-    b"persist",
-    b"rename",
-    b"renamenx",
-    b"copy",
-    b"move",
-    b"restore",
-    b"hset",
-    b"hsetnx",
-    b"hmset",
-    b"hdel",
-    b"hincrby",
-    b"hincrbyfloat",
-    b"lpush",
-    b"rpush",
-    b"lpushx",
-    b"rpushx",
-    b"lpop",
-    b"rpop",
-    b"lset",
-    b"lrem",
-    b"ltrim",
-    b"linsert",
-    b"sadd",
-    b"srem",
-    b"spop",
-    b"smove",
-    b"zadd",
-    b"zrem",
-    b"zincrby",
-    b"zpopmin",
-    b"zpopmax",
-    b"pfadd",
-    b"xadd",
-    b"xdel",
-    b"xtrim",
-    b"flushdb",
-    b"flushall",
-    b"swapdb",
-    b"setbit",
-    b"bitop",
-    b"geoadd",
+    b"APPEND",
+    b"BITFIELD",
+    b"BITOP",
+    b"BLMOVE",
+    b"BLMPOP",
+    b"BLPOP",
+    b"BRPOP",
+    b"BRPOPLPUSH",
+    b"BZMPOP",
+    b"BZPOPMAX",
+    b"BZPOPMIN",
+    b"COPY",
+    b"DECR",
+    b"DECRBY",
+    b"DEL",
+    b"EVAL",
+    b"EVALSHA",
+    b"EXPIRE",
+    b"EXPIREAT",
+    b"FCALL",
+    b"FLUSHALL",
+    b"FLUSHDB",
+    b"GEOADD",
+    b"GEORADIUS",
+    b"GEORADIUSBYMEMBER",
+    b"GEOSEARCHSTORE",
+    b"GETDEL",
+    b"GETEX",
+    b"GETSET",
+    b"HDEL",
+    b"HINCRBY",
+    b"HINCRBYFLOAT",
+    b"HMSET",
+    b"HSET",
+    b"HSETNX",
+    b"INCR",
+    b"INCRBY",
+    b"INCRBYFLOAT",
+    b"LINSERT",
+    b"LMOVE",
+    b"LMPOP",
+    b"LPOP",
+    b"LPUSH",
+    b"LPUSHX",
+    b"LREM",
+    b"LSET",
+    b"LTRIM",
+    b"MIGRATE",
+    b"MOVE",
+    b"MSET",
+    b"MSETNX",
+    b"PERSIST",
+    b"PEXPIRE",
+    b"PEXPIREAT",
+    b"PFADD",
+    b"PFMERGE",
+    b"PSETEX",
+    b"PUBLISH",
+    b"RENAME",
+    b"RENAMENX",
+    b"RESTORE",
+    b"RPOP",
+    b"RPOPLPUSH",
+    b"RPUSH",
+    b"RPUSHX",
+    b"SADD",
+    b"SDIFFSTORE",
+    b"SET",
+    b"SETBIT",
+    b"SETEX",
+    b"SETNX",
+    b"SETRANGE",
+    b"SINTERSTORE",
+    b"SMOVE",
+    b"SORT",
+    b"SPOP",
+    b"SREM",
+    b"SUNIONSTORE",
+    b"SWAPDB",
+    b"UNLINK",
+    b"XADD",
+    b"XAUTOCLAIM",
+    b"XCLAIM",
+    b"XDEL",
+    b"XGROUP",
+    b"XTRIM",
+    b"ZADD",
+    b"ZDIFFSTORE",
+    b"ZINCRBY",
+    b"ZINTERSTORE",
+    b"ZMPOP",
+    b"ZPOPMAX",
+    b"ZPOPMIN",
+    b"ZRANGESTORE",
+    b"ZREM",
+    b"ZREMRANGEBYLEX",
+    b"ZREMRANGEBYRANK",
+    b"ZREMRANGEBYSCORE",
+    b"ZUNIONSTORE",
 ];
 
-pub(super) fn is_write(lower_name: &[u8]) -> bool {
-    WRITE_COMMANDS.contains(&lower_name)
+/// True if `upper` (already upper-case) names a write command.
+pub(super) fn is_upper_write(upper: &[u8]) -> bool {
+    WRITE_COMMANDS.binary_search(&upper).is_ok()
+}
+
+/// True if `name` (any case) names a Redis write command.
+pub fn is_write_command(name: &[u8]) -> bool {
+    let mut upper = [0u8; 32];
+    match upper.get_mut(..name.len()) {
+        Some(upper) => {
+            upper.copy_from_slice(name);
+            upper.make_ascii_uppercase();
+            is_upper_write(upper)
+        }
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -76,9 +128,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn knows_writes() {
-        assert!(is_write(b"set"));
-        assert!(is_write(b"flushall"));
-        assert!(!is_write(b"get"));
+    fn list_is_sorted_upper_case_and_fits_the_name_buffer() {
+        assert!(WRITE_COMMANDS.windows(2).all(|w| w[0] < w[1]));
+        for name in WRITE_COMMANDS {
+            assert!(name.iter().all(|b| !b.is_ascii_lowercase()));
+            assert!(name.len() <= super::super::MAX_NAME);
+        }
+    }
+
+    #[test]
+    fn lookup() {
+        assert!(is_write_command(b"set"));
+        assert!(is_write_command(b"ZRemRangeByScore"));
+        assert!(!is_write_command(b"GET"));
+        assert!(!is_write_command(b"SETS"));
+        assert!(!is_write_command(&[b'S'; 100]));
     }
 }

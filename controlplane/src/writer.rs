@@ -168,7 +168,10 @@ impl Writer {
             .lag_bytes
             .store(self.repl.lag_bytes(), Ordering::Relaxed);
         gauge.lag_ms.store(lag_ms, Ordering::Relaxed);
-        let serve = streaming && lag_ms <= self.cfg.replication.max_lag_ms;
+        // `lag_ms` keeps growing from the last moment the cache was known current while the
+        // stream is down, so hits flow through a short origin outage and stop once the bound is
+        // passed; before the first catch-up it is unbounded, so nothing is served stale at start.
+        let serve = lag_ms <= self.cfg.replication.max_lag_ms;
         self.shared.serve_hits.store(serve, Ordering::Release);
     }
 

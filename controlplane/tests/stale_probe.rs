@@ -98,12 +98,20 @@ async fn probe(kill_stream: bool) {
     support::sync(&p, &origin).await;
     let entries = p.dump().await.len();
     let stale = support::stale_entries(&p, &origin).await;
+    let hits = p.shared.total(|s| &s.keys_hit) + p.shared.total(|s| &s.keys_negative_hit);
+    let misses = p.shared.total(|s| &s.keys_miss);
+    let bypass = p.shared.total(|s| &s.keys_bypass);
     eprintln!(
-        "stale probe (kill={kill_stream}): {} writes, {} MGETs, {entries} cached entries checked, {} stale, reconnects {}",
+        "stale probe (kill={kill_stream}): {} writes, {} MGETs, {entries} cached entries checked, {} stale, \
+         reconnects {}, key hits {hits}, misses {misses}, bypassed {bypass}",
         writes.load(Ordering::Relaxed),
         reads.load(Ordering::Relaxed),
         stale.len(),
         p.repl.reconnects.load(Ordering::Relaxed),
+    );
+    assert!(
+        hits > misses + bypass,
+        "hits must dominate under writes: {hits} hits, {misses} misses, {bypass} bypassed"
     );
     assert!(
         writes.load(Ordering::Relaxed) > 1000,

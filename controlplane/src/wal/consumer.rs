@@ -1,6 +1,7 @@
 //! The consumer task: session set-up, the streaming loop, transaction assembly, feedback and
 //! reconnects. See the parent module for the invariants it keeps.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -50,6 +51,7 @@ pub async fn run_consumer(
             txn: None,
             last_progress: 0,
             flush_floor: 0,
+            marks: VecDeque::new(),
         };
         let result = session.run(&origin, &mut streamed_before).await;
         state.connected.store(false, Ordering::Release);
@@ -87,7 +89,14 @@ struct Session<'a> {
     /// The slot's confirmed position at start: a lower `applied_lsn` is not reported (it would
     /// move the slot backwards, e.g. after a reset).
     flush_floor: u64,
+    /// (server WAL end, local time it was seen), oldest first: once `applied_lsn` reaches such
+    /// an end, the cache reflects the origin as of that time. This is what `lag_ms` measures,
+    /// busy or idle.
+    marks: VecDeque<(u64, i64)>,
 }
+
+/// Most WAL-end marks kept; older ones are dropped (lag then reads a little high, never low).
+const MAX_MARKS: usize = 1024;
 
 impl Session<'_> {
     async fn run(
@@ -158,7 +167,6 @@ impl Session<'_> {
             .min(self.cfg.status_interval);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_recv = Instant::now();
         let mut last_status = Instant::now();
         let mut last_request = Instant::now();
         loop {
@@ -171,7 +179,6 @@ impl Session<'_> {
                     }
                 }
                 ev = conn.recv() => {
-                    last_recv = Instant::now();
                     let reply = self.process_event(ev?).await?;
                     match reply {
                         Flow::Continue => {}
@@ -185,13 +192,14 @@ impl Session<'_> {
                 _ = tick.tick() => {
                     self.note_caught_up();
                     let now = Instant::now();
-                    let idle = self.txn.is_none()
-                        && now.duration_since(last_recv) >= self.cfg.keepalive_request_interval
-                        && now.duration_since(last_request) >= self.cfg.keepalive_request_interval;
-                    if idle || now.duration_since(last_status) >= self.cfg.status_interval {
-                        self.send_status(conn, idle).await?;
+                    // Ask for a keepalive on every interval, busy or idle: its WAL end is what
+                    // lets applied_lsn (and so lag_ms) move past WAL we are not sent.
+                    let request =
+                        now.duration_since(last_request) >= self.cfg.keepalive_request_interval;
+                    if request || now.duration_since(last_status) >= self.cfg.status_interval {
+                        self.send_status(conn, request).await?;
                         last_status = now;
-                        if idle {
+                        if request {
                             last_request = now;
                         }
                     }
@@ -217,8 +225,35 @@ impl Session<'_> {
             .await
     }
 
-    fn note_caught_up(&self) {
+    /// Remembers that the server's WAL ended at `lsn` now.
+    fn mark(&mut self, lsn: u64) {
+        let now = unix_now_us();
+        match self.marks.back_mut() {
+            // Coalesce marks less than a millisecond apart: keep the newest position.
+            Some((last_lsn, t)) if now - *t < 1_000 => *last_lsn = (*last_lsn).max(lsn),
+            Some((last_lsn, _)) if *last_lsn >= lsn => {}
+            _ => {
+                if self.marks.len() == MAX_MARKS {
+                    self.marks.pop_front();
+                }
+                self.marks.push_back((lsn, now));
+            }
+        }
+    }
+
+    fn note_caught_up(&mut self) {
         let applied = self.state.applied_lsn.load(Ordering::Acquire);
+        let mut reached = None;
+        while let Some(&(lsn, t)) = self.marks.front() {
+            if lsn > applied {
+                break;
+            }
+            reached = Some(t);
+            self.marks.pop_front();
+        }
+        if let Some(t) = reached {
+            self.state.caught_up_at_us.fetch_max(t, Ordering::AcqRel);
+        }
         if applied >= self.state.server_wal_end.load(Ordering::Acquire) {
             self.state
                 .caught_up_at_us
@@ -234,6 +269,7 @@ impl Session<'_> {
                 data,
             } => {
                 let end = wal_end.max(wal_start);
+                self.mark(end);
                 self.state.received_lsn.fetch_max(end, Ordering::AcqRel);
                 self.state.server_wal_end.fetch_max(end, Ordering::AcqRel);
                 let msg = parse_message(&data)?;
@@ -244,6 +280,7 @@ impl Session<'_> {
                 server_time_us,
                 reply_requested,
             } => {
+                self.mark(wal_end);
                 self.state.received_lsn.fetch_max(wal_end, Ordering::AcqRel);
                 self.state
                     .server_wal_end

@@ -386,6 +386,11 @@ fn process_ingress(conn: &mut Conn, ctx: &mut Ctx) -> Option<Next> {
                 }
                 conn.rbuf.extend_from_slice(&ctx.read_buf[..n]);
                 read += n;
+                // A short read drained the socket: skip the read that would only say EAGAIN.
+                // Data arriving later raises a new edge-triggered event.
+                if n < ctx.read_buf.len() {
+                    conn.readable = false;
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => conn.readable = false,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

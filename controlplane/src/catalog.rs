@@ -27,6 +27,8 @@ pub struct ColumnInfo {
     pub name: String,
     /// Type OID with domains resolved to their base type.
     pub type_oid: u32,
+    /// The column's declared type OID (a domain stays a domain), as pgoutput reports it.
+    pub declared_type_oid: u32,
     /// SQL name of the type, for casts in fill queries (`format_type`).
     pub type_name: String,
 }
@@ -87,7 +89,8 @@ const TABLES_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
 
 const COLUMNS_SQL: &str = "SELECT a.attnum::int4, a.attname::text, \
        (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END)::oid, \
-       format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL) \
+       format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL), \
+       a.atttypid \
      FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
      WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
@@ -239,6 +242,7 @@ async fn load_table(
         columns.push(ColumnInfo {
             name: row.get(1),
             type_oid: row.get(2),
+            declared_type_oid: row.get(4),
             type_name: row.get(3),
         });
     }

@@ -440,7 +440,7 @@ impl Writer {
                 && t.columns
                     .iter()
                     .zip(&rel.columns)
-                    .all(|(a, b)| a.name == b.name)
+                    .all(|(a, b)| a.name == b.name && a.declared_type_oid == b.type_oid)
         });
         if same {
             return;

@@ -34,7 +34,9 @@ async fn e2e(cores: usize) {
     let db = TestDb::create("e2e").await;
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
-    let p = support::start(support::config(&db, cores)).await;
+    let mut cfg = support::config(&db, cores);
+    cfg.catalog.prefixes.insert("users".into(), "u".into());
+    let p = support::start(cfg).await;
     let mut r = support::redis(&p).await;
 
     // GET: miss, then hit; both the origin's row_to_json text.
@@ -44,6 +46,12 @@ async fn e2e(cores: usize) {
     }
     let v: Option<String> = r.get("public.users:2").await.unwrap();
     assert_eq!(v, origin_json(&origin, 2).await);
+    let v: Option<String> = r.get("u:2").await.unwrap();
+    assert_eq!(
+        v,
+        origin_json(&origin, 2).await,
+        "configured prefix names the same table"
+    );
     let v: Option<String> = r.get("orders:1:4").await.unwrap();
     assert_eq!(v.as_deref(), Some(r#"{"tenant":1,"id":4,"total":40}"#));
     let v: Option<String> = r.get("users:999999").await.unwrap();

@@ -8,11 +8,14 @@ use pgline_controlplane::server::Pgline;
 
 use crate::common::TestDb;
 
-/// A config for `db` with a unique slot/publication, an ephemeral port and a small store.
+/// A config for `db` with a unique slot (named after the database: slot names are cluster-wide,
+/// so a shared name would make parallel tests, or other users of the lab cluster, collide), an
+/// ephemeral port and a small store. The publication lives in the test's database.
 pub fn config(db: &TestDb, cores: usize) -> Config {
     let url = db.conn_string();
     let sets = vec![
         format!("origin.url={}", toml_str(&url)),
+        format!("replication.slot={}", toml_str(&slot_name(db))),
         "resp.listen=\"127.0.0.1:0\"".to_string(),
         format!("resp.cores={cores}"),
         "resp.spin_polls=50".to_string(),
@@ -23,6 +26,11 @@ pub fn config(db: &TestDb, cores: usize) -> Config {
         "origin.pool_size=4".to_string(),
     ];
     Config::load(None, Vec::<(String, String)>::new(), &sets).expect("test config")
+}
+
+/// The replication slot [`config`] gives the test database `db`.
+pub fn slot_name(db: &TestDb) -> String {
+    db.name.clone()
 }
 
 fn toml_str(s: &str) -> String {

@@ -9,14 +9,16 @@
 //! checks one atomic generation per poll and takes the new snapshot only when it moved, so a
 //! lookup costs a hash of the prefix and no lock.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// One immutable snapshot of the prefix -> table id map.
+///
+/// Hashed with FxHash: the map is small, built only by the control plane and never grown by
+/// client input, so a keyed (DoS-resistant) hash buys nothing on this per-key path.
 #[derive(Debug, Default, Clone)]
 pub struct KeySpace {
-    prefixes: HashMap<Box<[u8]>, u32>,
+    prefixes: rustc_hash::FxHashMap<Box<[u8]>, u32>,
 }
 
 impl KeySpace {

@@ -33,6 +33,7 @@ use crate::transport::kernel;
 
 use super::conn::{Conn, Pending};
 use super::execute::{Exec, Outcome};
+use super::prefetch;
 use super::EngineConfig;
 
 const LISTENER: Token = Token(0);
@@ -408,6 +409,15 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
     let serve_hits = shared.serve_hits.load(Ordering::Relaxed);
     let mut executed = 0;
     let mut more = false;
+    if serve_hits && conn.input().len() >= prefetch::MIN_INPUT {
+        prefetch::prefetch_pipeline(
+            conn.input(),
+            &ctx.cfg.limits,
+            &mut ctx.args,
+            &ctx.keyspace,
+            &shared.store,
+        );
+    }
     while !conn.input().is_empty() {
         if executed >= ctx.cfg.requests_per_turn
             || conn.backlog() >= ctx.cfg.max_reply_backlog

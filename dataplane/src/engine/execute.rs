@@ -146,6 +146,7 @@ impl Exec<'_> {
     }
 
     fn mget(&mut self, keys: Args<'_>, proto: Protocol, out: &mut Vec<u8>) -> Outcome {
+        self.prefetch(keys);
         let start = out.len();
         compose_array_header(out, keys.len());
         let mut iter = keys.iter().enumerate();
@@ -181,6 +182,24 @@ impl Exec<'_> {
             }
         }
         Outcome::Done
+    }
+
+    /// Overlaps the cache misses of a batch of keys: every bucket, then every entry header.
+    fn prefetch(&self, keys: Args<'_>) {
+        if !self.serve_hits || keys.len() < 2 {
+            return;
+        }
+        let store = &self.shared.store;
+        for key in keys.iter() {
+            if let Some((table, pk)) = self.keyspace.resolve(key) {
+                store.prefetch_bucket(table, pk);
+            }
+        }
+        for key in keys.iter() {
+            if let Some((table, pk)) = self.keyspace.resolve(key) {
+                store.prefetch_entry(table, pk);
+            }
+        }
     }
 
     fn exists(&mut self, keys: Args<'_>, out: &mut Vec<u8>) -> Outcome {

@@ -15,6 +15,7 @@ pub mod core;
 mod deferred;
 mod execute;
 pub mod info;
+mod prefetch;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;

@@ -76,3 +76,23 @@ impl Arena {
         }
     }
 }
+
+/// Hints the CPU to start loading the cache line holding word `i` (no effect if `i` is out of
+/// range or on targets without a prefetch instruction). Used to overlap the cache misses of the
+/// keys of one `MGET` instead of taking them one after another.
+#[inline]
+pub(crate) fn prefetch(words: &[AtomicU64], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(word) = words.get(i) {
+        // SAFETY: `_mm_prefetch` needs SSE, which every x86_64 CPU has (it is part of the
+        // baseline target). A prefetch is only a hint: it never faults and never reads or
+        // writes memory architecturally, and the pointer is in bounds of a live slice anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                word.as_ptr().cast::<i8>().cast_const(),
+            )
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (words, i);
+}

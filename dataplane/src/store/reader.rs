@@ -13,6 +13,10 @@ use super::{Lookup, Shared, StoreStats};
 /// miss (the miss path then asks the control plane, which is always correct, only slower).
 const MAX_ATTEMPTS: usize = 1024;
 
+/// Cache lines of an entry [`StoreReader::prefetch_entry`] asks for (256 bytes: header, key and
+/// a ~166-byte row).
+const PREFETCH_LINES: usize = 4;
+
 /// A read handle on the store: `Send + Sync`, cheap to clone (one `Arc`).
 #[derive(Clone)]
 pub struct StoreReader {
@@ -110,6 +114,40 @@ impl StoreReader {
             return Probe::NotThis;
         }
         Probe::Found(Lookup::Hit, seg)
+    }
+
+    /// Starts loading the index bucket of (table, pk) into the cache. A batch (the keys of one
+    /// `MGET`) calls this for every key, then [`StoreReader::prefetch_entry`] for every key,
+    /// then [`StoreReader::read`]: the cache misses of the batch overlap instead of queueing.
+    #[inline]
+    pub fn prefetch_bucket(&self, table: u32, pk: &[u8]) {
+        let shared = &*self.shared;
+        let b = shared.layout.bucket_word(hash_key(table, pk));
+        super::arena::prefetch(shared.arena.words(), b);
+    }
+
+    /// Starts loading the entry header of the first slot of (table, pk)'s bucket whose tag
+    /// matches. Reads the bucket without the version check: a stale slot only wastes the hint.
+    #[inline]
+    pub fn prefetch_entry(&self, table: u32, pk: &[u8]) {
+        let shared = &*self.shared;
+        let words = shared.arena.words();
+        let hash = hash_key(table, pk);
+        let b = shared.layout.bucket_word(hash);
+        let Some(bucket) = words.get(b + 1..b + 1 + SLOTS_PER_BUCKET) else {
+            return;
+        };
+        for slot in bucket {
+            let s = slot.load(Ordering::Relaxed);
+            if slot_tag_matches(s, hash) {
+                // The header and the first lines of the sections: a typical row entry.
+                let w = slot_word(s);
+                for line in 0..PREFETCH_LINES {
+                    super::arena::prefetch(words, w + line * 8);
+                }
+                return;
+            }
+        }
     }
 
     /// Counters from shared atomics (cheap, each one individually up to date).

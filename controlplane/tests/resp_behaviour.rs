@@ -40,14 +40,6 @@ async fn get_reply(client: &tokio_postgres::Client, id: i32) -> Vec<u8> {
     }
 }
 
-async fn info_field(r: &mut redis::aio::MultiplexedConnection, field: &str) -> u64 {
-    let info: String = redis::cmd("INFO").query_async(r).await.unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("INFO has no {field}: {info}"))
-}
-
 async fn dbsize(r: &mut redis::aio::MultiplexedConnection) -> i64 {
     redis::cmd("DBSIZE").query_async(r).await.unwrap()
 }
@@ -419,18 +411,24 @@ async fn an_update_leaving_a_toasted_value_unchanged_refills_the_row() {
         1,
         "the row with an unchanged TOAST value is evicted"
     );
-    let misses = info_field(&mut r, "keyspace_misses").await;
+    let misses = support::info_field(&mut r, "keyspace_misses").await;
     let v: Option<String> = r.get("big:1").await.unwrap();
     let want = origin_json(&origin, "big", 1).await;
     assert!(want.as_deref().unwrap().contains("\"n\":1001"));
     assert_eq!(v, want, "refilled from the origin");
-    assert_eq!(info_field(&mut r, "keyspace_misses").await, misses + 1);
+    assert_eq!(
+        support::info_field(&mut r, "keyspace_misses").await,
+        misses + 1
+    );
     let n: Option<String> = r.hget("big:1", "n").await.unwrap();
     assert_eq!(n.as_deref(), Some("1001"));
     // The untouched row is still a hit and still right.
     let v: Option<String> = r.get("big:2").await.unwrap();
     assert_eq!(v, origin_json(&origin, "big", 2).await);
-    assert_eq!(info_field(&mut r, "keyspace_misses").await, misses + 1);
+    assert_eq!(
+        support::info_field(&mut r, "keyspace_misses").await,
+        misses + 1
+    );
     let stale = support::stale_entries(&p, &origin).await;
     assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
@@ -658,7 +656,7 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Hits keep flowing within max_lag_ms.
-    let hits = info_field(&mut r, "keyspace_hits").await;
+    let hits = support::info_field(&mut r, "keyspace_hits").await;
     let again: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&keys)
         .query_async(&mut r)
@@ -667,7 +665,7 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
     assert_eq!(again, cached);
     let v: Option<String> = r.get("t:2").await.unwrap();
     assert_eq!(v, cached[1]);
-    assert_eq!(info_field(&mut r, "keyspace_hits").await, hits + 6);
+    assert_eq!(support::info_field(&mut r, "keyspace_hits").await, hits + 6);
     // A miss needs the origin: a clear error, promptly.
     let started = Instant::now();
     let err = r

@@ -128,10 +128,10 @@ async fn e2e(cores: usize) {
     let v: Option<String> = r.get("users:1").await.unwrap();
     assert_eq!(v, origin_json(&origin, 1).await);
     assert!(v.unwrap().contains("renamed"));
-    let hits_before = info_field(&mut r, "keyspace_hits").await;
+    let hits_before = support::info_field(&mut r, "keyspace_hits").await;
     let _: Option<String> = r.get("users:1").await.unwrap();
     assert!(
-        info_field(&mut r, "keyspace_hits").await > hits_before,
+        support::info_field(&mut r, "keyspace_hits").await > hits_before,
         "refreshed in place: still a hit"
     );
 
@@ -170,14 +170,6 @@ async fn e2e(cores: usize) {
     let stale = support::stale_entries(&p, &origin).await;
     assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
-}
-
-async fn info_field(r: &mut redis::aio::MultiplexedConnection, field: &str) -> u64 {
-    let info: String = redis::cmd("INFO").query_async(r).await.unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("INFO has no {field}: {info}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

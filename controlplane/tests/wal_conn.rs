@@ -5,31 +5,13 @@ mod common;
 use common::TestDb;
 use pgline_controlplane::wal::{slot, PublicationScope, ReplicationConn, WalError};
 
-/// `TestDb::create` sends DROP + CREATE DATABASE in one batch, which PostgreSQL rejects (an
-/// implicit transaction block); create the database here, let `TestDb` drop it.
-async fn create_db(tag: &str) -> TestDb {
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!("t_{tag}_{}_{n}", std::process::id());
-    let admin = common::admin_client().await;
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .await
-        .expect("drop old test database");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create test database");
-    TestDb { name }
-}
-
 fn origin(db: &TestDb) -> tokio_postgres::Config {
     db.conn_string().parse().expect("test conn string")
 }
 
 #[tokio::test]
 async fn identify_system_over_scram() {
-    let db = create_db("walconn_ident").await;
+    let db = TestDb::create("walconn_ident").await;
     let mut conn = ReplicationConn::connect(&origin(&db))
         .await
         .expect("connect");
@@ -42,7 +24,7 @@ async fn identify_system_over_scram() {
 
 #[tokio::test]
 async fn wrong_password_is_a_server_error() {
-    let db = create_db("walconn_pw").await;
+    let db = TestDb::create("walconn_pw").await;
     let mut cfg = origin(&db);
     cfg.password("wrong");
     match ReplicationConn::connect(&cfg).await {
@@ -53,7 +35,7 @@ async fn wrong_password_is_a_server_error() {
 
 #[tokio::test]
 async fn missing_slot_surfaces_sqlstate() {
-    let db = create_db("walconn_noslot").await;
+    let db = TestDb::create("walconn_noslot").await;
     let mut conn = ReplicationConn::connect(&origin(&db))
         .await
         .expect("connect");
@@ -69,7 +51,7 @@ async fn missing_slot_surfaces_sqlstate() {
 
 #[tokio::test]
 async fn publication_and_slot_management() {
-    let db = create_db("walconn_pub").await;
+    let db = TestDb::create("walconn_pub").await;
     let client = db.client().await;
     client
         .batch_execute(

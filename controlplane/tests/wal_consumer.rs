@@ -16,23 +16,6 @@ use tokio::sync::{mpsc, watch};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// See `wal_conn.rs`: `TestDb::create` runs DROP + CREATE DATABASE in one implicit transaction.
-async fn create_db(tag: &str) -> TestDb {
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let name = format!("t_{tag}_{}_{n}", std::process::id());
-    let admin = common::admin_client().await;
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .await
-        .expect("drop old test database");
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create test database");
-    TestDb { name }
-}
-
 struct Harness {
     state: Arc<ReplicationState>,
     rx: mpsc::Receiver<WalEvent>,
@@ -125,7 +108,7 @@ async fn current_lsn(client: &tokio_postgres::Client) -> u64 {
 
 #[tokio::test]
 async fn decodes_row_changes() {
-    let db = create_db("walc_decode").await;
+    let db = TestDb::create("walc_decode").await;
     let client = db.client().await;
     client
         .batch_execute(
@@ -291,7 +274,7 @@ async fn decodes_row_changes() {
 
 #[tokio::test]
 async fn progress_passes_unrelated_wal() {
-    let db = create_db("walc_progress").await;
+    let db = TestDb::create("walc_progress").await;
     let client = db.client().await;
     client
         .batch_execute("CREATE TABLE pub_t (id int primary key); CREATE TABLE unpub (id int);")
@@ -329,7 +312,7 @@ async fn progress_passes_unrelated_wal() {
 /// consumer keeps receiving.
 #[tokio::test]
 async fn feedback_never_passes_applied() {
-    let db = create_db("walc_feedback").await;
+    let db = TestDb::create("walc_feedback").await;
     let client = db.client().await;
     client
         .batch_execute("CREATE TABLE t (id int primary key)")
@@ -419,7 +402,7 @@ async fn terminate_walsender(admin: &tokio_postgres::Client, slot: &str) -> bool
 /// id must reach the applier exactly once.
 #[tokio::test]
 async fn reconnects_without_losing_txns() {
-    let db = create_db("walc_reconnect").await;
+    let db = TestDb::create("walc_reconnect").await;
     let client = db.client().await;
     client
         .batch_execute("CREATE TABLE t (id int primary key)")
@@ -505,7 +488,7 @@ async fn reconnects_without_losing_txns() {
 /// A slot dropped while we are disconnected is re-created and announced with `Reset`.
 #[tokio::test]
 async fn dropped_slot_resets_and_resumes() {
-    let db = create_db("walc_reset").await;
+    let db = TestDb::create("walc_reset").await;
     let client = db.client().await;
     client
         .batch_execute("CREATE TABLE t (id int primary key)")

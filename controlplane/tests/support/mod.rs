@@ -238,3 +238,12 @@ pub fn bulk(s: &str) -> Vec<u8> {
 pub fn show(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
+
+/// A numeric field of `INFO`.
+pub async fn info_field(r: &mut redis::aio::MultiplexedConnection, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").query_async(r).await.unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("INFO has no {field}: {info}"))
+}

@@ -44,6 +44,24 @@ async fn e2e(cores: usize) {
         let v: Option<String> = r.get("users:1").await.unwrap();
         assert_eq!(v, origin_json(&origin, 1).await);
     }
+    // The real redis-cli, as a user would type it.
+    let addr = p.local_addr();
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-h",
+            &addr.ip().to_string(),
+            "-p",
+            &addr.port().to_string(),
+            "GET",
+            "users:1",
+        ])
+        .output()
+        .expect("redis-cli (Debian package redis-tools) runs");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        origin_json(&origin, 1).await.unwrap(),
+        "redis-cli GET users:1"
+    );
     let v: Option<String> = r.get("public.users:2").await.unwrap();
     assert_eq!(v, origin_json(&origin, 2).await);
     let v: Option<String> = r.get("u:2").await.unwrap();

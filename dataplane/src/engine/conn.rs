@@ -49,6 +49,8 @@ pub(crate) struct Conn {
     pub closing: bool,
     /// The client shut down its sending side: no more input will come.
     pub eof: bool,
+    /// epoll reported the peer's FIN (or an error); `eof` is set once the 0-byte read is seen.
+    pub peer_closed: bool,
     /// The socket may have unread bytes (edge-triggered readiness not yet drained).
     pub readable: bool,
     /// The socket refused part of `wbuf`; wait for a writable event.
@@ -78,6 +80,7 @@ impl Conn {
             next_seq: 0,
             closing: false,
             eof: false,
+            peer_closed: false,
             readable: true,
             write_blocked: false,
             active: false,

@@ -177,6 +177,10 @@ impl Core {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             conn.readable = true;
                         }
+                        if event.is_read_closed() || event.is_error() {
+                            // Read until the 0 that reports it, even after a short read.
+                            conn.peer_closed = true;
+                        }
                         if event.is_writable() {
                             conn.write_blocked = false;
                         }
@@ -388,8 +392,9 @@ fn process_ingress(conn: &mut Conn, ctx: &mut Ctx) -> Option<Next> {
                 conn.rbuf.extend_from_slice(&ctx.read_buf[..n]);
                 read += n;
                 // A short read drained the socket: skip the read that would only say EAGAIN.
-                // Data arriving later raises a new edge-triggered event.
-                if n < ctx.read_buf.len() {
+                // Data arriving later raises a new edge-triggered event. Not when the peer's FIN
+                // came with the same event: no new edge would report it, so read on to the 0.
+                if n < ctx.read_buf.len() && !conn.peer_closed {
                     conn.readable = false;
                 }
             }

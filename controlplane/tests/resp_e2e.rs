@@ -123,6 +123,24 @@ async fn e2e(cores: usize) {
         .unwrap();
     assert_eq!(n, 2);
 
+    // CONFIG GET answers what Redis tools ask for; CONFIG SET is refused with a reason.
+    let cfg: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("save")
+        .arg("append*")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(cfg, vec!["save", "", "appendonly", "no"]);
+    let err = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async::<()>(&mut r)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not supported"), "{err}");
+
     // Writes answer READONLY; unknown commands ERR.
     let err = redis::cmd("SET")
         .arg("users:1")

@@ -496,6 +496,7 @@ fn execute_one(conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool, c
                 stats: &ctx.shared.stats[ctx.id],
                 scratch: &mut ctx.scratch,
                 password: ctx.cfg.password.as_deref().map(str::as_bytes),
+                max_connections: ctx.cfg.max_connections,
             };
             exec.execute(cmd, session, out)
         }

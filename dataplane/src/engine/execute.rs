@@ -8,8 +8,8 @@
 use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissKey, Shared};
 use crate::resp::{
-    compose_array_header, compose_bulk, compose_error, compose_integer, compose_null,
-    compose_simple, compose_unknown_command,
+    compose_array_header, compose_bulk, compose_error, compose_integer, compose_map_header,
+    compose_null, compose_simple, compose_unknown_command,
 };
 use crate::resp::{Args, Protocol};
 use crate::resp::{ClientSub, Command, CommandSub};
@@ -30,6 +30,8 @@ pub(crate) struct Exec<'a> {
     /// Reused buffer for sections that are read and then picked apart (HGET and friends).
     pub scratch: &'a mut Vec<u8>,
     pub password: Option<&'a [u8]>,
+    /// The connection limit (reported by `CONFIG GET maxclients`).
+    pub max_connections: usize,
 }
 
 pub(crate) enum Outcome {
@@ -362,6 +364,15 @@ impl Exec<'_> {
                 msg.extend_from_slice(b"' is refused; write to PostgreSQL and the change reaches the cache through the WAL");
                 compose_error(out, &msg);
             }
+            Command::ConfigGet { patterns } => self.config_get(patterns, proto, out),
+            Command::ConfigOther { sub } => {
+                let mut msg = b"ERR CONFIG ".to_vec();
+                msg.extend(sub.iter().take(32).map(u8::to_ascii_uppercase));
+                msg.extend_from_slice(
+                    b" is not supported: pgline is configured through its config file, PGLINE_* variables and flags",
+                );
+                compose_error(out, &msg);
+            }
             Command::Unknown { name, args } => compose_unknown_command(out, name, args),
             // The data commands are handled by `execute`.
             Command::Get { .. }
@@ -374,6 +385,33 @@ impl Exec<'_> {
             }
         }
         Outcome::Done
+    }
+
+    /// `CONFIG GET`: the settings Redis tools ask about, as pgline has them.
+    fn config_get(&self, patterns: Args<'_>, proto: Protocol, out: &mut Vec<u8>) {
+        let budget = itoa::Buffer::new()
+            .format(self.shared.store.stats().budget_bytes)
+            .to_owned();
+        let clients = itoa::Buffer::new().format(self.max_connections).to_owned();
+        let params: [(&[u8], &[u8]); 6] = [
+            (b"maxmemory", budget.as_bytes()),
+            (b"maxmemory-policy", b"clock-segments"),
+            (b"maxclients", clients.as_bytes()),
+            (b"databases", b"1"),
+            (b"save", b""),
+            (b"appendonly", b"no"),
+        ];
+        let matches = |name: &[u8]| {
+            patterns
+                .iter()
+                .any(|p| crate::resp::command::glob_match(p, name))
+        };
+        let n = params.iter().filter(|(name, _)| matches(name)).count();
+        compose_map_header(out, n, proto);
+        for (name, value) in params.iter().filter(|(name, _)| matches(name)) {
+            compose_bulk(out, name);
+            compose_bulk(out, value);
+        }
     }
 
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> bool {

@@ -12,6 +12,7 @@ mod auth;
 mod client;
 #[allow(clippy::module_inception)]
 mod command;
+mod config;
 mod dbsize;
 mod echo;
 mod exists;
@@ -36,6 +37,7 @@ pub use command::{
     compose_command_count, compose_command_docs, compose_command_info, compose_command_table,
     CommandSub,
 };
+pub use config::glob_match;
 pub use write::is_write_command;
 
 use super::Args;
@@ -97,6 +99,14 @@ pub enum Command<'a> {
     /// A known Redis write command (pgline is read-only); arguments are not checked.
     Write {
         name: &'a [u8],
+    },
+    /// `CONFIG GET pattern ...`.
+    ConfigGet {
+        patterns: Args<'a>,
+    },
+    /// Any other `CONFIG` subcommand (refused: settings come from pgline's own config).
+    ConfigOther {
+        sub: &'a [u8],
     },
     /// Anything else; `args` excludes the name. An empty request gives an empty name.
     Unknown {
@@ -167,6 +177,7 @@ pub fn parse_command<'a>(args: Args<'a>) -> Result<Command<'a>, CommandError> {
         b"INFO" => info::parse(args),
         b"COMMAND" => command::parse(args),
         b"CLIENT" => client::parse(args),
+        b"CONFIG" => config::parse(args),
         b"QUIT" => quit::parse(args),
         b"RESET" => reset::parse(args),
         upper if write::is_upper_write(upper) => Ok(Command::Write { name }),

@@ -61,6 +61,8 @@ INSERT INTO kv SELECT lpad(g::text, 12, '0'), 'User number ' || g, 'user' || g |
 FROM generate_series(0, $ROWS - 1) g;
 SQL
 fi
+# Settle the origin first, so autovacuum does not land in the middle of the first cell.
+psql -q -d $DB -c "VACUUM ANALYZE kv"
 VALUE_BYTES=$(psql -q -d $DB -tA -c "SELECT round(avg(octet_length(row_to_json(kv)::text))) FROM kv")
 
 cargo build --release -q -p pgline-controlplane
@@ -124,6 +126,11 @@ run_cell() { # name pid port test pipeline args...
         "$name" "$test" "$CLIENTS" "$pipeline" "$n" "$rps" "$p50" "$p99" "$cpu_s" "$SMOKE" "$ENV_JSON" "$(date -u +%FT%TZ)" >>"$OUT"
     if [ "${rps%.*}" -le 0 ]; then echo "no throughput for $name $test"; exit 1; fi
 }
+
+# A short unrecorded warm-up against each server (connections, caches, CPU frequency).
+for port in $PGLINE_PORT $VALKEY_PORT; do
+    taskset -c "$CLIENT_CPU" redis-benchmark -p "$port" -c "$CLIENTS" -n 20000 -r "$ROWS" -q GET kv:__rand_int__ >/dev/null
+done
 
 echo "rows=$ROWS value=${VALUE_BYTES}B clients=$CLIENTS server cpu=$SERVER_CPU client cpu=$CLIENT_CPU"
 echo "| server | test | pipeline | req/s | p50 ms | p99 ms | server CPU s |"

@@ -68,6 +68,18 @@ fn start() -> (Engine, Arc<Shared>) {
             )
             .expect("insert");
     }
+    // A negative entry: "no such row" is a hit too.
+    writer
+        .insert(
+            TABLE,
+            b"999999",
+            &EntryData {
+                sections: &[],
+                negative: true,
+                lsn: 1,
+            },
+        )
+        .expect("insert negative");
     let mut ks = KeySpace::new();
     ks.add("kv", TABLE);
     let shared = Arc::new(Shared::new(
@@ -133,8 +145,11 @@ fn hits_allocate_nothing() {
         mget.extend_from_slice(format!("${}\r\n{key}\r\n", key.len()).as_bytes());
         encode_resp_json(&mut mget_reply, &row_json(i * 61));
     }
-    let hget = b"*3\r\n$4\r\nHGET\r\n$5\r\nkv:42\r\n$2\r\nid\r\n";
-    let hget_reply = b"$2\r\n42\r\n";
+    // HGET of a row, then HMGET and GET of a row that does not exist (negative hits).
+    let hget = b"*3\r\n$4\r\nHGET\r\n$5\r\nkv:42\r\n$2\r\nid\r\n\
+*4\r\n$5\r\nHMGET\r\n$9\r\nkv:999999\r\n$2\r\nid\r\n$1\r\nx\r\n\
+*2\r\n$3\r\nGET\r\n$9\r\nkv:999999\r\n";
+    let hget_reply = b"$2\r\n42\r\n*2\r\n$-1\r\n$-1\r\n$-1\r\n";
     let mut buf = vec![0u8; 1 << 20];
 
     // Warm up: buffers grow to their steady-state sizes.
@@ -159,10 +174,12 @@ fn hits_allocate_nothing() {
     assert_eq!(&buf[..get_reply.len()], &get_reply[..]);
     round_trip(&mut s, &mget, &mut buf, mget_reply.len());
     assert_eq!(&buf[..mget_reply.len()], &mget_reply[..]);
-    let requests = rounds * (64 + 1 + 1);
+    round_trip(&mut s, hget, &mut buf, hget_reply.len());
+    assert_eq!(&buf[..hget_reply.len()], &hget_reply[..]);
+    let requests = rounds * (64 + 1 + 3);
     eprintln!(
         "{requests} hit requests ({} keys), {allocs} heap allocations",
-        rounds * (64 + 16 + 1)
+        rounds * (64 + 16 + 3)
     );
     assert_eq!(
         allocs, 0,

@@ -259,8 +259,8 @@ impl Core {
 
     /// Applies the control plane's answers to the connections waiting for them.
     fn poll_replies(&mut self) -> bool {
-        let shared = self.ctx.shared.clone();
-        let queue = &shared.queues[self.ctx.id].replies;
+        // Borrowed, not cloned: an Arc clone per turn is an atomic RMW on a line every core shares.
+        let queue = &self.ctx.shared.queues[self.ctx.id].replies;
         let mut any = false;
         for _ in 0..queue.capacity() {
             let Some(reply) = queue.pop() else { break };
@@ -409,9 +409,7 @@ fn process_ingress(conn: &mut Conn, ctx: &mut Ctx) -> Option<Next> {
 
 /// Parses and executes buffered requests; returns whether complete input is left for later.
 fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
-    let shared = ctx.shared.clone();
-    let stats = &shared.stats[ctx.id];
-    let serve_hits = shared.serve_hits.load(Ordering::Relaxed);
+    let serve_hits = ctx.shared.serve_hits.load(Ordering::Relaxed);
     let mut executed = 0;
     let mut more = false;
     if serve_hits && conn.input().len() >= prefetch::MIN_INPUT {
@@ -420,7 +418,7 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
             &ctx.cfg.limits,
             &mut ctx.args,
             &ctx.keyspace,
-            &shared.store,
+            &ctx.shared.store,
         );
     }
     while !conn.input().is_empty() {
@@ -439,7 +437,7 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
                     protocol_error(
                         conn,
                         b"ERR Protocol error: request exceeds the size limit",
-                        stats,
+                        &ctx.shared.stats[ctx.id],
                     );
                 }
                 break;
@@ -447,7 +445,7 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
             Err(ParseError::Invalid(kind)) => {
                 let mut message = b"ERR ".to_vec();
                 message.extend_from_slice(kind.message().as_bytes());
-                protocol_error(conn, &message, stats);
+                protocol_error(conn, &message, &ctx.shared.stats[ctx.id]);
                 break;
             }
         };
@@ -460,7 +458,7 @@ fn process_requests(conn: &mut Conn, token: u64, ctx: &mut Ctx) -> bool {
             break;
         }
     }
-    CoreStats::add(&stats.commands, executed as u64);
+    CoreStats::add(&ctx.shared.stats[ctx.id].commands, executed as u64);
     if conn.rpos > 0 && (conn.rpos == conn.rbuf.len() || conn.rpos > conn.rbuf.capacity() / 2) {
         conn.compact_input();
     }

@@ -115,7 +115,6 @@ impl Exec<'_> {
             Command::Exists { keys } => self.exists(keys, out),
             Command::HGet { key, field } => self.hash(
                 key,
-                proto,
                 out,
                 |cols, out| compose_field(out, cols, field, proto),
                 || Deferred::HGet {
@@ -124,7 +123,6 @@ impl Exec<'_> {
             ),
             Command::HMGet { key, fields } => self.hash(
                 key,
-                proto,
                 out,
                 |cols, out| {
                     compose_array_header(out, fields.len());
@@ -138,7 +136,6 @@ impl Exec<'_> {
             ),
             Command::HGetAll { key } => self.hash(
                 key,
-                proto,
                 out,
                 |cols, out| compose_all_fields(out, cols, proto),
                 || Deferred::HGetAll,
@@ -230,7 +227,6 @@ impl Exec<'_> {
     fn hash(
         &mut self,
         key: &[u8],
-        proto: Protocol,
         out: &mut Vec<u8>,
         compose: impl FnOnce(&[u8], &mut Vec<u8>),
         later: impl FnOnce() -> Deferred,
@@ -243,9 +239,9 @@ impl Exec<'_> {
                 Outcome::Done
             }
             Found::Absent => {
-                // A missing hash: nil for HGET, all-nil array for HMGET, empty map for HGETALL.
-                let deferred = later();
-                deferred.compose(&[crate::plane::FillResult::Absent], proto, out);
+                // A missing hash is one with no columns: nil for HGET, all-nil array for
+                // HMGET, empty map for HGETALL — the same composer, nothing allocated.
+                compose(&[], out);
                 Outcome::Done
             }
             Found::Miss(k) => deferred(vec![k], later()),

@@ -429,6 +429,7 @@ impl Config {
         self.origin.validate()?;
         self.resp.validate()?;
         self.replication.validate()?;
+        self.store.page_level()?;
         self.store().validate().map_err(|e| ConfigError::Invalid {
             key: "store",
             reason: e.to_string(),
@@ -554,6 +555,8 @@ mod tests {
         assert!(err.to_string().contains("parsecs"), "{err}");
         let err = load("[resp]\ncores = 0\n", &[], &[]).unwrap_err();
         assert!(err.to_string().contains("resp.cores"), "{err}");
+        let err = load("[store]\nmax_page = \"3MiB\"\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("store.max_page"), "{err}");
         let err = load("[replication]\nslot = \"Bad-Slot\"\n", &[], &[]).unwrap_err();
         assert!(err.to_string().contains("replication.slot"), "{err}");
     }

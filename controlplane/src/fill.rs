@@ -1,7 +1,8 @@
 //! Reading rows from the origin for misses: batched, one query per table per batch.
 //!
 //! A batch reads every requested key of one table with one statement,
-//! `SELECT cols::text FROM t JOIN unnest($1::text[], ...) AS k ON t.pk = k.k0::type ...`, so
+//! `SELECT format('%s', col)... FROM t JOIN unnest($1::text[], ...) AS k ON t.pk = k.k0::type ...`
+//! (each column as its output-function text, what pgoutput sends), so
 //! concurrent misses cost one round trip. Keys are matched back by the row's own pk text: a key
 //! that is not the canonical text of its value (`users:042`) never matches and reads as absent,
 //! which keeps one row under one key (see `keytext`). Keys whose text would make the cast fail

@@ -585,25 +585,18 @@ impl Role {
 impl Drop for Role {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime for role cleanup");
-            rt.block_on(async move {
-                let admin = common::admin_client().await;
-                let _ = admin
-                    .execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
-                        &[&name],
-                    )
-                    .await;
-                let _ = admin
-                    .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
-                    .await;
-            });
-        })
-        .join();
+        common::run_cleanup(async move {
+            let admin = common::admin_client().await;
+            let _ = admin
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+                    &[&name],
+                )
+                .await;
+            let _ = admin
+                .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
+                .await;
+        });
     }
 }
 

@@ -66,33 +66,38 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // Drop runs outside any runtime guarantee: use a small runtime of our own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime for test cleanup");
-            rt.block_on(async move {
-                let admin = admin_client().await;
-                let _ = admin
-                    .batch_execute(&format!(
-                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+        run_cleanup(async move {
+            let admin = admin_client().await;
+            let _ = admin
+                .batch_execute(&format!(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
                          WHERE database = '{name}' AND active_pid IS NOT NULL;"
-                    ))
-                    .await;
-                let _ = admin
-                    .batch_execute(&format!(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                ))
+                .await;
+            let _ = admin
+                .batch_execute(&format!(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
                          WHERE database = '{name}';"
-                    ))
-                    .await;
-                let _ = admin
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await;
-            });
-        })
-        .join();
+                ))
+                .await;
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        });
     }
+}
+
+/// Runs async clean-up from a `Drop`: on a thread with a small runtime of its own, since a
+/// drop may run inside or outside any runtime. Waits for it to finish.
+pub fn run_cleanup(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime for test cleanup")
+            .block_on(work);
+    })
+    .join();
 }
 
 pub async fn admin_client() -> tokio_postgres::Client {

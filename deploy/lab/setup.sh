@@ -8,7 +8,7 @@ SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need=""
-for pkg in postgresql postgresql-contrib redis-tools pkg-config build-essential procps iproute2; do
+for pkg in $(cat deploy/lab/packages.txt); do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
 done
 if [ -n "$need" ]; then

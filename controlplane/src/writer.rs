@@ -138,8 +138,9 @@ impl Writer {
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Not `biased`: a WAL backlog (catch-up after a restart) must not starve misses and
+            // bypass reads, which are what serves clients while hits are off.
             tokio::select! {
-                biased;
                 _ = shutdown.changed() => return,
                 Some(event) = wal.recv() => self.apply_wal(event).await,
                 Some(done) = self.fill_rx.recv() => self.complete_fill(done),

@@ -14,6 +14,11 @@
 //!   from, transmitting it hands it to the port;
 //! - frames are whole Ethernet frames without the FCS.
 
+#![deny(unsafe_code)]
+
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
+
 /// One frame buffer, owned by the caller between receive (or alloc) and transmit (or drop).
 pub trait Packet: Send {
     /// The frame bytes.

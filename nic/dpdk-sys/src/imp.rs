@@ -39,8 +39,6 @@ pub const RSS_NONFRAG_IPV4_TCP: u64 = 1 << 4;
 pub const RSS_NONFRAG_IPV4_UDP: u64 = 1 << 5;
 /// `RTE_ETH_RSS_NONFRAG_IPV4_OTHER`.
 pub const RSS_NONFRAG_IPV4_OTHER: u64 = 1 << 7;
-/// `RTE_ETH_MQ_RX_RSS_FLAG`: `rte_eth_rx_mq_mode` value for RSS.
-pub const MQ_RX_RSS: u32 = 1;
 
 /// `rte_errno` of the calling thread (a thread-local in C, read through `shim.c`).
 pub fn rte_errno() -> i32 {

@@ -30,6 +30,7 @@
 //! `RTE_ETHDEV_QUEUE_STAT_CNTRS` (16) queues and only where the driver fills them.
 
 #![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod eal;
 mod mbuf;

@@ -1,6 +1,7 @@
 //! Ethernet ports: configure (queues, rings, MTU, RSS, checksum offloads), start/stop, link,
 //! MAC, counters, and the per-core queue pairs.
 
+use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ pub const MAX_QUEUES: u16 = 64;
 pub const DEFAULT_RING: u16 = 1024;
 /// Default MTU.
 pub const DEFAULT_MTU: u16 = 1500;
+const VDEV_BUS: &std::ffi::CStr = c"vdev";
 const ETHER_HDR_LEN: usize = sys::RTE_ETHER_HDR_LEN as usize;
 /// RSS hash types pgline asks for (IPv4 and its TCP/UDP ports), masked by the device's.
 const RSS_TYPES: u64 = sys::RSS_IPV4
@@ -112,6 +114,8 @@ pub(crate) struct PortShared {
     queues: u16,
     taken: AtomicU64,
     started: AtomicBool,
+    /// The vdev name to hot-unplug after closing, for ports made by [`Port::attach_vdev`].
+    vdev: Option<CString>,
 }
 
 impl PortShared {
@@ -129,6 +133,9 @@ impl Drop for PortShared {
                 sys::rte_eth_dev_stop(self.id);
             }
             sys::rte_eth_dev_close(self.id);
+            if let Some(name) = &self.vdev {
+                sys::rte_eal_hotplug_remove(VDEV_BUS.as_ptr(), name.as_ptr());
+            }
         }
     }
 }
@@ -193,9 +200,45 @@ impl Port {
                 queues: cfg.queues,
                 taken: AtomicU64::new(0),
                 started: AtomicBool::new(false),
+                vdev: None,
             }),
             rss,
         })
+    }
+
+    /// Hot-plugs the virtual device `name` (e.g. `net_af_packet1`) with driver arguments `args`
+    /// (e.g. `iface=veth0`) and configures it as [`Port::configure`] does. The device is closed
+    /// and unplugged when the port and its queues are gone, so tests can attach vdevs to
+    /// interfaces they create after `rte_eal_init`.
+    pub fn attach_vdev(
+        eal: &Eal,
+        name: &str,
+        args: &str,
+        cfg: &PortConfig,
+        pool: Mempool,
+    ) -> Result<Port, DpdkError> {
+        let cname = CString::new(name).map_err(|_| DpdkError::Invalid("NUL in vdev name"))?;
+        let cargs = CString::new(args).map_err(|_| DpdkError::Invalid("NUL in vdev args"))?;
+        // SAFETY: the EAL is initialized; all three are valid C strings that outlive the call.
+        let ret =
+            unsafe { sys::rte_eal_hotplug_add(VDEV_BUS.as_ptr(), cname.as_ptr(), cargs.as_ptr()) };
+        check("rte_eal_hotplug_add", ret)?;
+        let port = eal
+            .port_by_name(name)
+            .and_then(|id| Port::configure(eal, id, cfg, pool));
+        match port {
+            Ok(mut port) => {
+                Arc::get_mut(&mut port.shared)
+                    .expect("a new port has no queues")
+                    .vdev = Some(cname);
+                Ok(port)
+            }
+            Err(e) => {
+                // SAFETY: the device was added above and no Port refers to it.
+                unsafe { sys::rte_eal_hotplug_remove(VDEV_BUS.as_ptr(), cname.as_ptr()) };
+                Err(e)
+            }
+        }
     }
 
     /// Starts the device (RX and TX on every queue).

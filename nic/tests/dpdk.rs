@@ -26,9 +26,10 @@ fn eal() -> Option<&'static Eal> {
             eprintln!("skipped: the DPDK tests need root");
             return None;
         }
+        remove_stale_runtime_dirs();
         let cfg = EalConfig {
             lcores: "0".into(),
-            file_prefix: Some(format!("pgline-nic-test-{}", std::process::id())),
+            file_prefix: Some(format!("{RUNTIME_PREFIX}{}", std::process::id())),
             vdevs: vec!["net_ring0".into(), "net_null0".into()],
             no_pci: true,
             no_huge: true,
@@ -39,6 +40,24 @@ fn eal() -> Option<&'static Eal> {
         Some(Eal::init(&cfg).expect("rte_eal_init with virtual devices"))
     })
 }
+
+/// DPDK leaves `/var/run/dpdk/<file-prefix>` behind; remove those of earlier test processes.
+fn remove_stale_runtime_dirs() {
+    let Ok(dirs) = std::fs::read_dir("/var/run/dpdk") else {
+        return;
+    };
+    for dir in dirs.flatten() {
+        let name = dir.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(RUNTIME_PREFIX)) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(dir.path());
+        }
+    }
+}
+
+const RUNTIME_PREFIX: &str = "pgline-nic-test-";
 
 fn frame(seq: u16, len: usize) -> Vec<u8> {
     let mut f = vec![0u8; len];
@@ -75,7 +94,10 @@ fn ring_loopback_bursts_frames_and_counts_them() {
     port.start().expect("start");
     assert!(port.link().expect("link").up);
     assert!(!port.rss(), "net_ring has no RSS");
-    assert!(!port.offloads().tx_checksum, "net_ring offers no checksum offload");
+    assert!(
+        !port.offloads().tx_checksum,
+        "net_ring offers no checksum offload"
+    );
 
     let mut q = port.queue(1).expect("queue 1");
     assert_eq!(port.queue(1).err(), Some(DpdkError::QueueTaken(1)));
@@ -84,7 +106,9 @@ fn ring_loopback_bursts_frames_and_counts_them() {
     assert_eq!(q.max_frame(), 1514);
 
     // 100 frames: more than one 64-frame DPDK burst on each side.
-    let sent: Vec<Vec<u8>> = (0..100u16).map(|i| frame(i, 60 + usize::from(i) * 7)).collect();
+    let sent: Vec<Vec<u8>> = (0..100u16)
+        .map(|i| frame(i, 60 + usize::from(i) * 7))
+        .collect();
     let mut tx = Vec::with_capacity(128);
     for f in &sent {
         let mut m = q.alloc().expect("mbuf");
@@ -174,7 +198,10 @@ fn exhausted_mempool_gives_none() {
     assert!(pool.alloc().is_none(), "still exhausted");
     held.truncate(10);
     assert_eq!(pool.available(), 53);
-    assert!(!pool.alloc_bulk(&mut held, 54), "bulk alloc is all or nothing");
+    assert!(
+        !pool.alloc_bulk(&mut held, 54),
+        "bulk alloc is all or nothing"
+    );
     assert_eq!(held.len(), 10);
     assert!(pool.alloc_bulk(&mut held, 53));
     assert_eq!(held.len(), 63);
@@ -185,7 +212,10 @@ fn exhausted_mempool_gives_none() {
 #[test]
 fn bad_configurations_are_refused() {
     let Some(eal) = eal() else { return };
-    assert_eq!(eal.port_by_name("net_nonexistent9").err(), Some(DpdkError::NoSuchPort));
+    assert_eq!(
+        eal.port_by_name("net_nonexistent9").err(),
+        Some(DpdkError::NoSuchPort)
+    );
     assert!(Mempool::create(eal, "a_name_far_too_long_for_dpdk", 63, 0, DATA_ROOM).is_err());
     // Frames of MTU 1500 do not fit 1024-byte buffers; a failed attach unplugs the device
     // again, so the same name can be attached once more.
@@ -198,7 +228,10 @@ fn bad_configurations_are_refused() {
     };
     let err = Port::attach_vdev(eal, "net_null2", "", &zero, small).err();
     assert!(matches!(err, Some(DpdkError::Invalid(_))), "{err:?}");
-    assert_eq!(eal.port_by_name("net_null2").err(), Some(DpdkError::NoSuchPort));
+    assert_eq!(
+        eal.port_by_name("net_null2").err(),
+        Some(DpdkError::NoSuchPort)
+    );
 }
 
 #[test]
@@ -211,6 +244,19 @@ fn af_packet_on_veth_answers_arp_and_ping() {
         .expect("attach net_af_packet on the veth");
     port.start().expect("start");
     assert_eq!(port.mac(), net.root_mac().expect("veth mac"));
+    let q = port.queue(0).expect("queue 0");
+    veth::arp_and_ping_exchange(q, &net);
+}
+
+#[test]
+fn af_xdp_on_veth_answers_arp_and_ping() {
+    let Some(eal) = eal() else { return };
+    let net = veth::Veth::create("af_xdp").expect("netns + veth set-up");
+    let pool = Mempool::create(eal, "afxdp", 4095, 0, DATA_ROOM).expect("pool");
+    let args = format!("iface={}", net.root_if);
+    let mut port = Port::attach_vdev(eal, "net_af_xdp1", &args, &PortConfig::default(), pool)
+        .expect("attach net_af_xdp on the veth");
+    port.start().expect("start");
     let q = port.queue(0).expect("queue 0");
     veth::arp_and_ping_exchange(q, &net);
 }

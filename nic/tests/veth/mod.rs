@@ -62,14 +62,26 @@ impl Veth {
     }
 
     fn set_up(&self) -> Result<(), String> {
-        let (ns, a, b) = (self.ns.as_str(), self.root_if.as_str(), self.peer_if.as_str());
+        let (ns, a, b) = (
+            self.ns.as_str(),
+            self.root_if.as_str(),
+            self.peer_if.as_str(),
+        );
         let addr = format!("{}/24", self.ns_ip);
         run(&["ip", "netns", "add", ns])?;
         run(&["ip", "link", "add", a, "type", "veth", "peer", "name", b])?;
         run(&["ip", "link", "set", b, "netns", ns])?;
         // No IPv6 chatter (router solicitations, MLD) on either end.
-        let _ = run(&["sysctl", "-qw", &format!("net.ipv6.conf.{a}.disable_ipv6=1")]);
-        let _ = self.ns_run(&["sysctl", "-qw", &format!("net.ipv6.conf.{b}.disable_ipv6=1")]);
+        let _ = run(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{a}.disable_ipv6=1"),
+        ]);
+        let _ = self.ns_run(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{b}.disable_ipv6=1"),
+        ]);
         self.ns_run(&["ip", "addr", "add", &addr, "dev", b])?;
         // The kernel would leave TCP/UDP checksums to a device that does not exist.
         self.ns_run(&["ethtool", "-K", b, "tx", "off"])?;
@@ -223,14 +235,25 @@ pub fn arp_and_ping_exchange<Q: Queue>(mut q: Q, net: &Veth) {
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    let (sha, spa) = arp_from.expect("an ARP request for the appliance address arrived in rx_burst");
+    let (sha, spa) =
+        arp_from.expect("an ARP request for the appliance address arrived in rx_burst");
     assert_eq!(spa, net.ns_ip);
     let peer_mac = std::fs::read_to_string(format!("/sys/class/net/{}/address", net.peer_if));
     assert!(peer_mac.is_err(), "the peer lives in the namespace");
     assert!(echoed, "the echo request arrived after the ARP reply");
-    assert!(status.is_some_and(|s| s.success()), "ping got the hand-built echo reply");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "ping got the hand-built echo reply"
+    );
     let neigh = net
-        .ns_run(&["ip", "neigh", "show", &net.app_ip.to_string(), "dev", &net.peer_if])
+        .ns_run(&[
+            "ip",
+            "neigh",
+            "show",
+            &net.app_ip.to_string(),
+            "dev",
+            &net.peer_if,
+        ])
         .expect("ip neigh");
     let neigh = String::from_utf8_lossy(&neigh.stdout);
     assert!(

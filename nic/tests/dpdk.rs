@@ -260,3 +260,30 @@ fn af_xdp_on_veth_answers_arp_and_ping() {
     let q = port.queue(0).expect("queue 0");
     veth::arp_and_ping_exchange(q, &net);
 }
+
+#[test]
+fn registered_threads_get_their_own_lcore() {
+    let Some(eal) = eal() else { return };
+    let pool = Mempool::create(eal, "cached", 1023, 32, DATA_ROOM).expect("pool");
+    let ids: Vec<Option<u32>> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                assert_eq!(eal.lcore_id(), None, "a plain thread has no lcore");
+                eal.register_thread().expect("register");
+                let id = eal.lcore_id();
+                let held: Vec<_> = (0..100).map(|_| pool.alloc().expect("mbuf")).collect();
+                drop(held);
+                eal.unregister_thread();
+                id
+            })
+            .join()
+            .expect("thread")
+        })
+        .collect();
+    assert!(ids.iter().all(Option::is_some), "{ids:?}");
+    assert_eq!(
+        pool.in_use(),
+        0,
+        "mbufs freed through a per-lcore cache are counted free"
+    );
+}

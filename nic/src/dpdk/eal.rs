@@ -164,10 +164,17 @@ impl Eal {
         Ok(())
     }
 
-    /// The calling thread's lcore id (`LCORE_ID_ANY` for an unregistered thread).
-    pub fn lcore_id(&self) -> u32 {
+    /// Gives the calling thread's lcore id back (before the thread exits).
+    pub fn unregister_thread(&self) {
+        // SAFETY: the EAL is initialized; a no-op for threads that are not registered.
+        unsafe { sys::rte_thread_unregister() }
+    }
+
+    /// The calling thread's lcore id, `None` for a thread neither EAL-made nor registered.
+    pub fn lcore_id(&self) -> Option<u32> {
         // SAFETY: reads this thread's lcore id; the EAL is initialized.
-        unsafe { sys::rte_lcore_id() }
+        let id = unsafe { sys::rte_lcore_id() };
+        (id != sys::LCORE_ID_ANY).then_some(id)
     }
 
     /// Ports DPDK probed (vdevs and, without `--no-pci`, bound PCI NICs).

@@ -9,6 +9,7 @@
 //! Run: `cargo test -p pgline-nic --features dpdk --test dpdk`.
 #![cfg(feature = "dpdk")]
 
+mod offload;
 mod veth;
 
 use std::sync::OnceLock;
@@ -286,4 +287,27 @@ fn registered_threads_get_their_own_lcore() {
         0,
         "mbufs freed through a per-lcore cache are counted free"
     );
+}
+
+#[test]
+fn tap_fills_in_checksums_on_request() {
+    let Some(eal) = eal() else { return };
+    let n = std::process::id() % 100_000;
+    let t = offload::TapAddr {
+        iface: format!("pgntap{n}"),
+        kernel_ip: std::net::Ipv4Addr::new(10, 214, 0, 2),
+        app_ip: std::net::Ipv4Addr::new(10, 214, 0, 1),
+    };
+    let pool = Mempool::create(eal, "tap", 4095, 0, DATA_ROOM).expect("pool");
+    let args = format!("iface={}", t.iface);
+    let mut port = Port::attach_vdev(eal, "net_tap1", &args, &PortConfig::default(), pool)
+        .expect("attach net_tap");
+    port.start().expect("start");
+    offload::set_up_kernel_side(&t, port.mac());
+    let kernel_mac = std::fs::read_to_string(format!("/sys/class/net/{}/address", t.iface))
+        .ok()
+        .and_then(|s| veth::parse_mac(s.trim()))
+        .expect("tap MAC");
+    let q = port.queue(0).expect("queue 0");
+    offload::udp_and_tcp_checksums_offloaded(q, &t, kernel_mac);
 }

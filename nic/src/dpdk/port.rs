@@ -150,6 +150,9 @@ pub struct Port {
 impl Port {
     /// Configures port `port_id` (from [`Eal::port_by_name`] or a count) with `cfg`, taking RX
     /// buffers from `pool`. The port is left stopped: call [`Port::start`].
+    ///
+    /// `pool` must hold more than `queues * rx_ring` mbufs (some drivers fill every RX ring at
+    /// set-up, e.g. `net_tap`) plus those in flight on TX and in the stack.
     pub fn configure(
         _eal: &Eal,
         port_id: u16,

@@ -6,7 +6,8 @@
 //! `net_af_packet`) are hot-plugged with `Port::attach_vdev`. Needs root (DPDK's memory set-up,
 //! network namespaces): as another user each test prints why and returns.
 //!
-//! Run: `cargo test -p pgline-nic --features dpdk --test dpdk`.
+//! Run: `cargo test -p pgline-nic --features dpdk --test dpdk` (add
+//! `PGLINE_DPDK_TEST_HUGEPAGES=1` to run on hugepages instead of `--no-huge`).
 #![cfg(feature = "dpdk")]
 
 mod offload;
@@ -28,13 +29,16 @@ fn eal() -> Option<&'static Eal> {
             return None;
         }
         remove_stale_runtime_dirs();
+        // PGLINE_DPDK_TEST_HUGEPAGES=1: the production memory path (hugepages, --in-memory).
+        let huge = std::env::var_os("PGLINE_DPDK_TEST_HUGEPAGES").is_some_and(|v| v == "1");
         let cfg = EalConfig {
             lcores: "0".into(),
             file_prefix: Some(format!("{RUNTIME_PREFIX}{}", std::process::id())),
             vdevs: vec!["net_ring0".into(), "net_null0".into()],
             no_pci: true,
-            no_huge: true,
-            memory_mb: Some(256),
+            no_huge: !huge,
+            in_memory: huge,
+            memory_mb: (!huge).then_some(256),
             log_level: Some("notice".into()),
             ..EalConfig::default()
         };
@@ -310,4 +314,37 @@ fn tap_fills_in_checksums_on_request() {
         .expect("tap MAC");
     let q = port.queue(0).expect("queue 0");
     offload::udp_and_tcp_checksums_offloaded(q, &t, kernel_mac);
+}
+
+/// Not a benchmark of record: a rough per-frame cost of alloc + TX + RX + free on `net_ring`.
+#[test]
+#[ignore = "timing figure; run with --ignored --nocapture in release"]
+fn ring_loopback_rate() {
+    let Some(eal) = eal() else { return };
+    let pool = Mempool::create(eal, "ring_rate", 4095, 256, DATA_ROOM).expect("pool");
+    let mut port = Port::attach_vdev(eal, "net_ring9", "", &PortConfig::default(), pool)
+        .expect("attach net_ring9");
+    port.start().expect("start");
+    let mut q = port.queue(0).expect("queue 0");
+    let (mut tx, mut rx) = (Vec::with_capacity(32), Vec::with_capacity(32));
+    let rounds = 200_000u32;
+    let start = std::time::Instant::now();
+    for _ in 0..rounds {
+        for _ in 0..32 {
+            let mut m = q.alloc().expect("mbuf");
+            m.set_len(64);
+            tx.push(m);
+        }
+        q.tx_burst(&mut tx);
+        q.rx_burst(&mut rx, 32);
+        rx.clear();
+    }
+    let frames = f64::from(rounds) * 32.0;
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "net_ring loopback: {:.1} M frames/s, {:.1} ns/frame",
+        frames / secs / 1e6,
+        secs * 1e9 / frames
+    );
+    assert_eq!(q.counters().rx_packets, u64::from(rounds) * 32);
 }

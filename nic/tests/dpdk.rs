@@ -96,6 +96,11 @@ fn ring_loopback_bursts_frames_and_counts_them() {
         ..PortConfig::default()
     };
     let mut port = Port::configure(eal, id, &cfg, pool).expect("configure net_ring0");
+    assert_eq!(
+        Port::configure(eal, id, &cfg, pool).err(),
+        Some(DpdkError::PortInUse),
+        "one Port per device"
+    );
     port.start().expect("start");
     assert!(port.link().expect("link").up);
     assert!(!port.rss(), "net_ring has no RSS");

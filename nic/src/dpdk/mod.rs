@@ -14,7 +14,8 @@
 //! Invariants:
 //! - `rte_eal_init` runs at most once per process: a second [`Eal::init`] (even after a failed
 //!   first one, which DPDK does not allow to be retried) returns [`DpdkError::AlreadyInitialized`];
-//! - a queue index is handed out once at a time, so exactly one thread polls an RX/TX queue;
+//! - one [`Port`] per device at a time, and a queue index is handed out once at a time, so
+//!   exactly one thread polls an RX/TX queue;
 //! - mempools live until the process exits (as in DPDK's own applications): an [`Mbuf`] never
 //!   outlives its pool, without a reference count per packet;
 //! - a port is stopped and closed when the [`Port`] and all its queues are gone; [`Port::stop`]
@@ -56,6 +57,8 @@ pub enum DpdkError {
     Invalid(&'static str),
     /// No port has this id or name.
     NoSuchPort,
+    /// Another [`Port`] already configured this device.
+    PortInUse,
     /// The queue index is out of range or already handed out.
     QueueTaken(u16),
     /// [`Port::stop`] while queues are still out.
@@ -83,6 +86,7 @@ impl fmt::Display for DpdkError {
             DpdkError::Invalid(what) => write!(f, "invalid DPDK configuration: {what}"),
             DpdkError::NoSuchPort => f.write_str("no such DPDK port"),
             DpdkError::QueueTaken(q) => write!(f, "queue {q} is out of range or already taken"),
+            DpdkError::PortInUse => f.write_str("the DPDK port is already configured"),
             DpdkError::QueuesInUse => f.write_str("the port still has queues in use"),
             DpdkError::Call { op, errno } => {
                 // SAFETY: `rte_strerror` returns a pointer to a NUL-terminated string, static or

@@ -10,6 +10,22 @@ use pgline_dpdk_sys as sys;
 use super::{DpdkError, DpdkQueue, Eal, Mempool};
 use crate::Offloads;
 
+/// Ports configured through a live [`Port`] (bit = port id): one `Port` per device at a time,
+/// so each queue index has one owner process-wide.
+static CLAIMED: AtomicU64 = AtomicU64::new(0);
+
+/// Claims port `id` for one [`Port`]; false if another holds it (or the id is out of range).
+fn claim(id: u16) -> bool {
+    let Some(bit) = 1u64.checked_shl(u32::from(id)) else {
+        return false;
+    };
+    u32::from(id) < sys::RTE_MAX_ETHPORTS && CLAIMED.fetch_or(bit, Ordering::AcqRel) & bit == 0
+}
+
+fn unclaim(id: u16) {
+    CLAIMED.fetch_and(!(1u64 << id), Ordering::AcqRel);
+}
+
 /// Queue pairs a port can have here (the taken-queue set is one `u64`).
 pub const MAX_QUEUES: u16 = 64;
 /// Default RX and TX ring sizes (descriptors), adjusted to the device's limits.
@@ -137,6 +153,7 @@ impl Drop for PortShared {
                 sys::rte_eal_hotplug_remove(VDEV_BUS.as_ptr(), name.as_ptr());
             }
         }
+        unclaim(self.id);
     }
 }
 
@@ -163,6 +180,17 @@ impl Port {
         if unsafe { sys::rte_eth_dev_is_valid_port(port_id) } == 0 {
             return Err(DpdkError::NoSuchPort);
         }
+        if !claim(port_id) {
+            return Err(DpdkError::PortInUse);
+        }
+        let port = Port::configure_claimed(port_id, cfg, pool);
+        if port.is_err() {
+            unclaim(port_id);
+        }
+        port
+    }
+
+    fn configure_claimed(port_id: u16, cfg: &PortConfig, pool: Mempool) -> Result<Port, DpdkError> {
         let info = dev_info(port_id)?;
         validate(cfg, &info, pool)?;
 

@@ -353,3 +353,40 @@ fn ring_loopback_rate() {
     );
     assert_eq!(q.counters().rx_packets, u64::from(rounds) * 32);
 }
+
+#[test]
+fn rss_and_offloads_follow_the_device_and_the_config() {
+    let Some(eal) = eal() else { return };
+    let pool = Mempool::create(eal, "tap_rss", 8191, 0, DATA_ROOM).expect("pool");
+    let n = std::process::id() % 100_000;
+    let attach = |cfg: &PortConfig| {
+        let port = Port::attach_vdev(eal, "net_tap2", &format!("iface=pgnrss{n}"), cfg, pool)
+            .expect("attach net_tap");
+        (
+            port.rss(),
+            port.offloads().tx_checksum,
+            port.offloads().rx_checksum,
+        )
+    };
+    let two = PortConfig {
+        queues: 2,
+        ..PortConfig::default()
+    };
+    assert_eq!(
+        attach(&two),
+        (true, true, true),
+        "net_tap has RSS and checksum offloads"
+    );
+    let plain = PortConfig {
+        rss: false,
+        tx_checksum: false,
+        rx_checksum: false,
+        ..two
+    };
+    assert_eq!(
+        attach(&plain),
+        (false, false, false),
+        "not used when not asked for"
+    );
+    assert!(!attach(&PortConfig::default()).0, "no RSS with one queue");
+}

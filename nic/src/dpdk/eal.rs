@@ -14,7 +14,8 @@ pub const DEFAULT_LCORES: &str = "0";
 /// EAL arguments, turned into an `argv` by [`EalConfig::args`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EalConfig {
-    /// `-l`: lcore list, e.g. `"0"` or `"0-3"`.
+    /// `--lcores`: lcore list, e.g. `"0"` or `"0-3"`, or with CPU sets, e.g. `"0@(0-7)"` (the
+    /// main lcore may then run on any of CPUs 0-7).
     pub lcores: String,
     /// `--main-lcore`.
     pub main_lcore: Option<u32>,
@@ -56,7 +57,11 @@ impl Default for EalConfig {
 impl EalConfig {
     /// The EAL command line, program name first.
     pub fn args(&self) -> Vec<String> {
-        let mut args = vec!["pgline".to_owned(), "-l".to_owned(), self.lcores.clone()];
+        let mut args = vec![
+            "pgline".to_owned(),
+            "--lcores".to_owned(),
+            self.lcores.clone(),
+        ];
         if let Some(main) = self.main_lcore {
             args.extend(["--main-lcore".to_owned(), main.to_string()]);
         }
@@ -111,8 +116,12 @@ static ATTEMPTED: AtomicBool = AtomicBool::new(false);
 static EAL: OnceLock<Eal> = OnceLock::new();
 
 impl Eal {
-    /// Runs `rte_eal_init` with `cfg`'s arguments. The calling thread becomes the main lcore (and
-    /// is pinned to its CPU). Returns [`DpdkError::AlreadyInitialized`] on any later call.
+    /// Runs `rte_eal_init` with `cfg`'s arguments. Returns [`DpdkError::AlreadyInitialized`] on
+    /// any later call.
+    ///
+    /// The calling thread becomes the main lcore and is pinned to its CPU set, and threads it
+    /// spawns afterwards inherit that affinity: call this from a thread of its own (or the one
+    /// that will poll), or give the main lcore a CPU set (`lcores: "0@(0-63)"`).
     pub fn init(cfg: &EalConfig) -> Result<&'static Eal, DpdkError> {
         cfg.validate()?;
         if ATTEMPTED.swap(true, Ordering::SeqCst) {
@@ -217,7 +226,7 @@ mod tests {
         };
         assert_eq!(
             cfg.args().join(" "),
-            "pgline -l 0-1 --file-prefix=t1 --vdev net_ring0 --vdev net_null0 --no-pci --no-huge \
+            "pgline --lcores 0-1 --file-prefix=t1 --vdev net_ring0 --vdev net_null0 --no-pci --no-huge \
              --in-memory -m 256 --log-level=notice --huge-unlink"
         );
         assert_eq!(cfg.validate(), Ok(()));

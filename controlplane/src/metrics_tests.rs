@@ -194,3 +194,59 @@ fn counters_are_monotone_and_histograms_cumulative() {
     let sum = second.samples[r#"pgline_core_service_seconds_sum{core="1"}"#];
     assert!((sum - 0.400_012).abs() < 1e-9, "{sum}");
 }
+
+/// Every family name `render` emits, as the docs and dashboards use it (counters with `_total`,
+/// info families with `_info`, histograms bare).
+fn exported_names() -> BTreeSet<String> {
+    let shared = shared(1);
+    let repl = ReplicationState::default();
+    let p = parse(&render(&snapshot(&shared, &repl)));
+    p.types
+        .iter()
+        .map(|(name, kind)| match kind.as_str() {
+            "counter" => format!("{name}_total"),
+            "info" => format!("{name}_info"),
+            _ => name.clone(),
+        })
+        .collect()
+}
+
+/// `pgline_…` words in a text.
+fn names_in(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("pgline_") {
+        let word: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + word.len()..];
+        out.insert(word);
+    }
+    out
+}
+
+#[test]
+fn docs_describe_every_metric_and_the_dashboard_uses_only_real_ones() {
+    let exported = exported_names();
+    let docs = include_str!("../../docs/operations.md");
+    for name in &exported {
+        assert!(
+            docs.contains(&format!("| `{name}")),
+            "{name} has no row in docs/operations.md"
+        );
+    }
+    let dashboard = include_str!("../../deploy/grafana/pgline-dashboard.json");
+    let used = names_in(dashboard);
+    assert!(used.len() >= 25, "{used:?}");
+    for name in used {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        assert!(
+            exported.contains(&name) || exported.contains(family),
+            "the dashboard uses {name}, which pgline does not export"
+        );
+    }
+}

@@ -12,6 +12,8 @@ fn pgline(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pgline"))
         .args(args)
         .env_remove("PGLINE_CONFIG")
+        // Once the [api] section exists, its default port may be taken by a test's pgline.
+        .env("PGLINE_API_LISTEN", "127.0.0.1:0")
         .output()
         .expect("run pgline");
     (
@@ -183,7 +185,7 @@ struct ReplicaCluster {
 }
 
 fn as_postgres(cmd: &std::path::Path, args: &[&str]) -> std::process::Output {
-    let root = unsafe_free_is_root();
+    let root = is_root();
     let mut c = if root {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(cmd);
@@ -195,7 +197,7 @@ fn as_postgres(cmd: &std::path::Path, args: &[&str]) -> std::process::Output {
 }
 
 /// Whether this process runs as root (from `id -u`, to stay free of `unsafe`).
-fn unsafe_free_is_root() -> bool {
+fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -215,7 +217,7 @@ impl ReplicaCluster {
         let dir = std::env::temp_dir().join(format!("pgline-check-replica-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        if unsafe_free_is_root() {
+        if is_root() {
             let ok = Command::new("chown")
                 .args(["postgres:postgres"])
                 .arg(&dir)

@@ -11,6 +11,7 @@ pub mod catalog;
 pub mod config;
 pub mod fill;
 pub mod keytext;
+pub mod metrics;
 pub mod rowjson;
 pub mod server;
 pub mod wal;

@@ -1,10 +1,16 @@
 //! The `pgline` binary.
 
-use std::path::PathBuf;
+mod cli;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use pgline_controlplane::config::Config;
 use pgline_controlplane::server::Pgline;
+
+use cli::check::CheckArgs;
+use cli::ops::{ConfigGetArgs, ConfigSetArgs, FlushArgs, TablesAction};
+use cli::{ClientArgs, ServeArgs};
 
 #[derive(Parser)]
 #[command(
@@ -21,67 +27,81 @@ struct Cli {
 enum Command {
     /// Run the cache.
     Serve(ServeArgs),
-    /// Print the effective configuration (file + PGLINE_* environment + flags) and exit.
-    Config(ServeArgs),
+    /// The configuration: with no subcommand, print the effective one (like `config show`).
+    Config(ConfigCmd),
+    /// Show a running pgline's state (GET /v1/status).
+    Status(ClientArgs),
+    /// List, add or remove cached tables.
+    Tables {
+        #[command(subcommand)]
+        action: TablesAction,
+    },
+    /// Drop cached entries: all, one table's or one key.
+    Flush(FlushArgs),
+    /// Pre-flight checks of this host and the origin (no running pgline needed).
+    Check(CheckArgs),
 }
 
 #[derive(clap::Args)]
-struct ServeArgs {
-    /// TOML configuration file.
-    #[arg(long, short, env = "PGLINE_CONFIG")]
-    config: Option<PathBuf>,
-    /// Origin connection string (`origin.url`).
-    #[arg(long)]
-    origin: Option<String>,
-    /// RESP listen address (`resp.listen`).
-    #[arg(long)]
-    listen: Option<String>,
-    /// Dataplane cores (`resp.cores`).
-    #[arg(long)]
-    cores: Option<usize>,
-    /// Store memory, e.g. 1GiB (`store.memory`).
-    #[arg(long)]
-    memory: Option<String>,
-    /// Any setting: `--set section.key=value` (repeatable).
-    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
-    set: Vec<String>,
+#[command(args_conflicts_with_subcommands = true)]
+struct ConfigCmd {
+    #[command(subcommand)]
+    action: Option<ConfigAction>,
+    #[command(flatten)]
+    show: ServeArgs,
 }
 
-impl ServeArgs {
-    fn load(&self) -> Result<Config, pgline_controlplane::config::ConfigError> {
-        let mut sets = Vec::new();
-        let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
-        if let Some(o) = &self.origin {
-            sets.push(format!("origin.url={}", quote(o)));
-        }
-        if let Some(l) = &self.listen {
-            sets.push(format!("resp.listen={}", quote(l)));
-        }
-        if let Some(c) = self.cores {
-            sets.push(format!("resp.cores={c}"));
-        }
-        if let Some(m) = &self.memory {
-            sets.push(format!("store.memory={}", quote(m)));
-        }
-        sets.extend(self.set.iter().cloned());
-        Config::load(self.config.as_deref(), std::env::vars(), &sets)
-    }
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Print the effective configuration (file + PGLINE_* environment + flags) and exit.
+    Show(ServeArgs),
+    /// Print settings of a running pgline (GET /v1/config).
+    Get(ConfigGetArgs),
+    /// Change settings of a running pgline (PATCH /v1/config).
+    Set(ConfigSetArgs),
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (Command::Serve(args) | Command::Config(args)) = &cli.command;
+    let args = match &cli.command {
+        Command::Serve(args) => args,
+        Command::Config(c) => {
+            return match &c.action {
+                None => config_show(&c.show),
+                Some(ConfigAction::Show(args)) => config_show(args),
+                Some(ConfigAction::Get(args)) => cli::ops::config_get(args),
+                Some(ConfigAction::Set(args)) => cli::ops::config_set(args),
+            }
+        }
+        Command::Status(args) => return cli::ops::status(args),
+        Command::Tables { action } => return cli::ops::tables(action),
+        Command::Flush(args) => return cli::ops::flush(args),
+        Command::Check(args) => return cli::check::run(args),
+    };
     let cfg = match args.load() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("pgline: {e}");
-            return std::process::ExitCode::from(2);
+            return ExitCode::from(2);
         }
     };
-    if let Command::Config(_) = cli.command {
-        print!("{}", toml::to_string(&cfg).unwrap_or_default());
-        return std::process::ExitCode::SUCCESS;
+    serve(cfg)
+}
+
+fn config_show(args: &ServeArgs) -> ExitCode {
+    match args.load() {
+        Ok(cfg) => {
+            print!("{}", toml::to_string(&cfg).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pgline: {e}");
+            ExitCode::from(2)
+        }
     }
+}
+
+fn serve(cfg: Config) -> ExitCode {
     init_logging(&cfg);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -92,7 +112,7 @@ fn main() -> std::process::ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("pgline: cannot start the control-plane runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
     };
     runtime.block_on(async move {
@@ -101,7 +121,7 @@ fn main() -> std::process::ExitCode {
             Err(e) => {
                 tracing::error!("{e}");
                 eprintln!("pgline: {e}");
-                return std::process::ExitCode::FAILURE;
+                return ExitCode::FAILURE;
             }
         };
         let addr = pgline.local_addr();
@@ -117,7 +137,7 @@ fn main() -> std::process::ExitCode {
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
         pgline.shutdown().await;
-        std::process::ExitCode::SUCCESS
+        ExitCode::SUCCESS
     })
 }
 

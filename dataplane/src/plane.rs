@@ -103,6 +103,8 @@ pub struct CoreStats {
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub polls: AtomicU64,
+    /// Service time of the turns that executed requests, one observation per request.
+    pub service_time: LatencyHistogram,
 }
 
 impl CoreStats {
@@ -113,6 +115,63 @@ impl CoreStats {
             counter.load(Ordering::Relaxed).wrapping_add(n),
             Ordering::Relaxed,
         );
+    }
+}
+
+/// Upper bounds of the [`LatencyHistogram`] buckets, in nanoseconds (1-2-5 steps, 1 us to
+/// 100 ms); a last, implicit bucket takes everything slower.
+pub const LATENCY_BOUNDS_NS: [u64; 16] = [
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+    200_000,
+    500_000,
+    1_000_000,
+    2_000_000,
+    5_000_000,
+    10_000_000,
+    20_000_000,
+    50_000_000,
+    100_000_000,
+];
+
+/// A fixed-bucket latency histogram of plain atomics, written by one core only.
+///
+/// Recording is a few comparisons plus relaxed load/store pairs (no read-modify-write, no
+/// allocation). Readers see each bucket atomically but not all buckets at one instant: a scrape
+/// may see `sum_ns` one observation ahead of or behind the buckets, which Prometheus tolerates.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Per-bucket (not cumulative) counts; index `i` counts observations `<= LATENCY_BOUNDS_NS[i]`
+    /// and above the previous bound; the last index counts the rest.
+    pub buckets: [AtomicU64; LATENCY_BOUNDS_NS.len() + 1],
+    /// Sum of all observations, in nanoseconds.
+    pub sum_ns: AtomicU64,
+}
+
+impl LatencyHistogram {
+    /// Records `n` observations of `ns` nanoseconds each. Single writer only.
+    #[inline]
+    pub fn record(&self, ns: u64, n: u64) {
+        let i = LATENCY_BOUNDS_NS
+            .iter()
+            .position(|&b| ns <= b)
+            .unwrap_or(LATENCY_BOUNDS_NS.len());
+        CoreStats::add(&self.buckets[i], n);
+        CoreStats::add(&self.sum_ns, ns.saturating_mul(n));
+    }
+
+    /// A copy of the per-bucket counts and the sum.
+    pub fn snapshot(&self) -> ([u64; LATENCY_BOUNDS_NS.len() + 1], u64) {
+        let mut out = [0u64; LATENCY_BOUNDS_NS.len() + 1];
+        for (o, b) in out.iter_mut().zip(self.buckets.iter()) {
+            *o = b.load(Ordering::Relaxed);
+        }
+        (out, self.sum_ns.load(Ordering::Relaxed))
     }
 }
 
@@ -184,5 +243,25 @@ impl Shared {
             .iter()
             .map(|s| counter(s).load(Ordering::Relaxed))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_by_upper_bound() {
+        let h = LatencyHistogram::default();
+        h.record(0, 1);
+        h.record(1_000, 2); // on the bound: that bucket
+        h.record(1_001, 1);
+        h.record(100_000_001, 3); // past the last bound
+        let (b, sum) = h.snapshot();
+        assert_eq!(b[0], 3);
+        assert_eq!(b[1], 1);
+        assert_eq!(b[LATENCY_BOUNDS_NS.len()], 3);
+        assert_eq!(b.iter().sum::<u64>(), 7);
+        assert_eq!(sum, 2_000 + 1_001 + 300_000_003);
     }
 }

@@ -124,7 +124,7 @@ fn round_trip(s: &mut TcpStream, request: &[u8], buf: &mut [u8], reply_len: usiz
 
 #[test]
 fn hits_allocate_nothing() {
-    let (engine, _shared) = start();
+    let (engine, shared) = start();
     let mut s = TcpStream::connect(engine.local_addr()).unwrap();
     s.set_nodelay(true).unwrap();
 
@@ -185,6 +185,16 @@ fn hits_allocate_nothing() {
         allocs, 0,
         "the hit path allocated {allocs} times over {requests} requests"
     );
+    // The service-time histogram counts one observation per request (recorded inside the
+    // measured window, so with no allocation). The last turn's may land after its reply.
+    let (buckets, sum_ns) = shared.stats[0].service_time.snapshot();
+    let observed: u64 = buckets.iter().sum();
+    let sent = ((200 + rounds + 1) * (64 + 1 + 3)) as u64;
+    assert!(
+        observed <= sent && observed + 64 >= sent,
+        "{observed} observations for {sent} requests"
+    );
+    assert!(sum_ns > 0);
     drop(s);
     engine.stop();
 }

@@ -1,0 +1,670 @@
+//! `pgline check`: pre-flight checks of this host and the origin, with no pgline running.
+//!
+//! Each check prints `PASS|FAIL|WARN|SKIP  <check>  <detail>`; a FAIL (and a WARN where there is
+//! something to do) is followed by `fix: <what to do>`. Exit 1 if anything FAILed. Checks that
+//! need a previous one (everything on the origin needs a connection) SKIP with the reason.
+//!
+//! Limitations: the hugepage check reads the default hugepage size's pool from /proc/meminfo
+//! (a 1 GiB pool that is not the default size is not seen); the slot/publication checks say what
+//! `pgline serve` would do, they do not try it; `--nic dpdk` is reported SKIP until the DPDK
+//! transport exists.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pgline_controlplane::config::Config;
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use super::ServeArgs;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Nic {
+    /// Kernel sockets (the only transport built today).
+    Kernel,
+    /// The DPDK userspace transport.
+    Dpdk,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// Client-side transport to check.
+    #[arg(long, value_enum, default_value = "kernel")]
+    pub nic: Nic,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Warn,
+    Skip,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CheckLine {
+    pub status: Verdict,
+    pub check: String,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+#[derive(Default)]
+struct Report(Vec<CheckLine>);
+
+impl Report {
+    fn add(
+        &mut self,
+        status: Verdict,
+        check: &str,
+        detail: impl Into<String>,
+        fix: Option<String>,
+    ) {
+        self.0.push(CheckLine {
+            status,
+            check: check.into(),
+            detail: detail.into(),
+            fix,
+        });
+    }
+    fn pass(&mut self, check: &str, detail: impl Into<String>) {
+        self.add(Verdict::Pass, check, detail, None);
+    }
+    fn skip(&mut self, check: &str, detail: impl Into<String>) {
+        self.add(Verdict::Skip, check, detail, None);
+    }
+    fn fail(&mut self, check: &str, detail: impl Into<String>, fix: impl Into<String>) {
+        self.add(Verdict::Fail, check, detail, Some(fix.into()));
+    }
+    fn warn(&mut self, check: &str, detail: impl Into<String>, fix: impl Into<String>) {
+        self.add(Verdict::Warn, check, detail, Some(fix.into()));
+    }
+}
+
+pub fn run(args: &CheckArgs) -> ExitCode {
+    let cfg = match args.serve.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("pgline: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut report = Report::default();
+    check_hugepages(&cfg, args.nic, &mut report);
+    check_nic(&cfg, args.nic, &mut report);
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(check_origin(&cfg, &mut report)),
+        Err(e) => report.fail(
+            "origin reachable",
+            format!("no runtime: {e}"),
+            "report a bug",
+        ),
+    }
+    let failed = report.0.iter().any(|l| l.status == Verdict::Fail);
+    if args.json {
+        let v = serde_json::json!({ "ok": !failed, "checks": report.0 });
+        super::print_json(&v);
+    } else {
+        print_report(&report.0);
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn print_report(lines: &[CheckLine]) {
+    let width = lines.iter().map(|l| l.check.len()).max().unwrap_or(0);
+    let mut counts = [0usize; 4];
+    for l in lines {
+        let (tag, i) = match l.status {
+            Verdict::Pass => ("PASS", 0),
+            Verdict::Fail => ("FAIL", 1),
+            Verdict::Warn => ("WARN", 2),
+            Verdict::Skip => ("SKIP", 3),
+        };
+        counts[i] += 1;
+        println!("{tag}  {:<width$}  {}", l.check, l.detail);
+        if let Some(fix) = &l.fix {
+            println!("      fix: {fix}");
+        }
+    }
+    println!(
+        "{} passed, {} failed, {} warnings, {} skipped",
+        counts[0], counts[1], counts[2], counts[3]
+    );
+}
+
+/// The default hugepage pool from /proc/meminfo: (total, free, reserved, page size in bytes).
+pub fn parse_meminfo(text: &str) -> Option<(u64, u64, u64, u64)> {
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..]
+            .trim_start_matches(':')
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((
+        field("HugePages_Total")?,
+        field("HugePages_Free")?,
+        field("HugePages_Rsvd")?,
+        field("Hugepagesize")? * 1024,
+    ))
+}
+
+/// Mount points of hugetlbfs in /proc/mounts.
+pub fn parse_hugetlbfs_mounts(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
+            (kind == "hugetlbfs").then(|| dir.to_string())
+        })
+        .collect()
+}
+
+fn mib(b: u64) -> String {
+    format!("{} MiB", b >> 20)
+}
+
+fn check_hugepages(cfg: &Config, nic: Nic, r: &mut Report) {
+    let memory = cfg.store.memory.0;
+    let max_page = cfg.store.max_page.to_ascii_lowercase();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    match parse_meminfo(&meminfo) {
+        _ if nic == Nic::Kernel && (max_page == "thp" || max_page.starts_with("4k")) => r.skip(
+            "hugepages reserved",
+            format!(
+                "store.max_page = {}: the store does not ask for hugetlb pages",
+                cfg.store.max_page
+            ),
+        ),
+        None => r.warn(
+            "hugepages reserved",
+            "no hugepage fields in /proc/meminfo (kernel without hugetlb?)",
+            "use a kernel with CONFIG_HUGETLBFS, or set store.max_page = \"THP\"",
+        ),
+        Some((total, free, rsvd, size)) => {
+            let need = memory.div_ceil(size.max(1));
+            let usable = free.saturating_sub(rsvd);
+            let detail = format!(
+                "{total} x {} reserved, {usable} usable; store.memory {} needs {need}",
+                mib(size),
+                mib(memory)
+            );
+            let fix = format!(
+                "reserve them: echo {} > /proc/sys/vm/nr_hugepages (persist with vm.nr_hugepages \
+                 in /etc/sysctl.d/); without them the store falls back to THP or 4KiB pages",
+                total + need.saturating_sub(usable)
+            );
+            if usable >= need {
+                r.pass("hugepages reserved", detail);
+            } else {
+                r.warn("hugepages reserved", detail, fix);
+            }
+        }
+    }
+    let mounts =
+        parse_hugetlbfs_mounts(&std::fs::read_to_string("/proc/mounts").unwrap_or_default());
+    let fix = "mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages (or enable dev-hugepages.mount)";
+    match (mounts.is_empty(), nic) {
+        (false, _) => r.pass("hugetlbfs mounted", mounts.join(", ")),
+        (true, Nic::Kernel) => r.warn(
+            "hugetlbfs mounted",
+            "no hugetlbfs mount (the store's anonymous hugetlb mapping does not need one; DPDK does)",
+            fix,
+        ),
+        (true, Nic::Dpdk) => r.fail("hugetlbfs mounted", "no hugetlbfs mount; DPDK needs one", fix),
+    }
+}
+
+fn check_bind(r: &mut Report, check: &str, key: &str, addr: &str) {
+    match std::net::TcpListener::bind(addr) {
+        Ok(_) => r.pass(check, format!("{key} {addr} can be bound")),
+        Err(e) => {
+            let fix = match e.kind() {
+                std::io::ErrorKind::AddrInUse => format!(
+                    "something already listens there (a running pgline?): find it with \
+                     `ss -ltnp 'sport = :{}'` and stop it, or set {key} to a free address",
+                    addr.rsplit(':').next().unwrap_or("")
+                ),
+                std::io::ErrorKind::PermissionDenied => {
+                    format!("use a port >= 1024 in {key}, or give pgline CAP_NET_BIND_SERVICE")
+                }
+                _ => format!("set {key} to an address of this host (see `ip -br addr`)"),
+            };
+            r.fail(check, format!("{key} {addr}: {e}"), fix);
+        }
+    }
+}
+
+fn check_nic(cfg: &Config, nic: Nic, r: &mut Report) {
+    match nic {
+        Nic::Kernel => check_bind(r, "nic (kernel sockets)", "resp.listen", &cfg.resp.listen),
+        Nic::Dpdk => r.skip(
+            "nic (dpdk)",
+            "the DPDK transport is not built yet; pgline serves clients on kernel sockets \
+             (run the check without --nic dpdk)",
+        ),
+    }
+    // The API section may not exist in every build: read it as a TOML value.
+    let api = toml::Value::try_from(cfg)
+        .ok()
+        .and_then(|v| v.get("api").cloned());
+    if let Some(api) = api {
+        let enabled = api
+            .get("enabled")
+            .and_then(toml::Value::as_bool)
+            .unwrap_or(true);
+        match api.get("listen").and_then(toml::Value::as_str) {
+            Some(listen) if enabled => check_bind(r, "api listen", "api.listen", listen),
+            _ => r.skip("api listen", "api.enabled = false"),
+        }
+    }
+}
+
+const ORIGIN_CHECKS: [&str; 7] = [
+    "wal_level",
+    "replication privilege",
+    "replication slots free",
+    "wal senders free",
+    "slot",
+    "publication",
+    "tables",
+];
+
+async fn check_origin(cfg: &Config, r: &mut Report) {
+    let client = match connect(cfg).await {
+        Ok((client, detail)) => {
+            r.pass("origin reachable", detail);
+            client
+        }
+        Err(e) => {
+            r.fail(
+                "origin reachable",
+                e,
+                "check origin.url (host, port, user, password, dbname); PostgreSQL must listen \
+                 there (listen_addresses) and admit this host and user in pg_hba.conf",
+            );
+            for c in ORIGIN_CHECKS {
+                r.skip(c, "origin unreachable");
+            }
+            return;
+        }
+    };
+    if let Err(e) = origin_checks(cfg, &client, r).await {
+        r.fail(
+            "origin query",
+            e.to_string(),
+            "the origin refused a catalog query: check the user's privileges on the database",
+        );
+    }
+}
+
+async fn connect(cfg: &Config) -> Result<(Client, String), String> {
+    let pg = cfg.origin.pg_config().map_err(|e| e.to_string())?;
+    let timeout = Duration::from_millis(cfg.origin.connect_timeout_ms.max(100));
+    let (client, conn) = tokio::time::timeout(timeout, pg.connect(tokio_postgres::NoTls))
+        .await
+        .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
+        .map_err(|e| {
+            let mut text = e.to_string();
+            if let Some(src) = std::error::Error::source(&e) {
+                text = format!("{text}: {src}");
+            }
+            text
+        })?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version'), current_user::text, current_database()::text",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let hosts = pg
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let detail = format!(
+        "PostgreSQL {} at {hosts}:{port}, database {} as {}",
+        row.get::<_, String>(0),
+        row.get::<_, String>(2),
+        row.get::<_, String>(1)
+    );
+    Ok((client, detail))
+}
+
+async fn origin_checks(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    let level: String = c.query_one("SHOW wal_level", &[]).await?.get(0);
+    if level == "logical" {
+        r.pass("wal_level", "logical");
+    } else {
+        r.fail(
+            "wal_level",
+            format!("{level} (pgline needs logical)"),
+            "set wal_level = logical in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) \
+             and restart PostgreSQL",
+        );
+    }
+
+    let row = c
+        .query_one(
+            "SELECT rolreplication, rolsuper, current_user::text FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?;
+    let (repl, superuser, user): (bool, bool, String) = (row.get(0), row.get(1), row.get(2));
+    if repl || superuser {
+        let how = if superuser {
+            "superuser"
+        } else {
+            "REPLICATION"
+        };
+        r.pass("replication privilege", format!("{user} has {how}"));
+    } else {
+        r.fail(
+            "replication privilege",
+            format!("{user} has neither REPLICATION nor superuser"),
+            format!("as a superuser: ALTER ROLE \"{user}\" WITH REPLICATION;"),
+        );
+    }
+    check_capacity(cfg, c, r).await?;
+    check_slot(cfg, c, r).await?;
+    check_publication(cfg, c, r, superuser).await?;
+    check_tables(cfg, c, r).await
+}
+
+async fn check_capacity(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    let slot = &cfg.replication.slot;
+    let row = c
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int8, \
+                    (SELECT count(*) FROM pg_replication_slots), \
+                    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1), \
+                    current_setting('max_wal_senders')::int8, \
+                    (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')",
+            &[slot],
+        )
+        .await?;
+    let (max_slots, used_slots, exists): (i64, i64, bool) = (row.get(0), row.get(1), row.get(2));
+    let (max_senders, senders): (i64, i64) = (row.get(3), row.get(4));
+    let need = i64::from(!exists);
+    let detail = format!("{used_slots} of max_replication_slots = {max_slots} in use");
+    if max_slots - used_slots >= need {
+        let note = if exists {
+            ", pgline's slot among them"
+        } else {
+            ", pgline needs 1"
+        };
+        r.pass("replication slots free", format!("{detail}{note}"));
+    } else {
+        r.fail(
+            "replication slots free",
+            format!("{detail}; pgline needs 1 more"),
+            format!(
+                "raise max_replication_slots in postgresql.conf (to {}) and restart PostgreSQL, \
+                 or drop a slot nobody uses: SELECT pg_drop_replication_slot('<name>');",
+                used_slots + 1
+            ),
+        );
+    }
+    let detail = format!("{senders} of max_wal_senders = {max_senders} in use");
+    if max_senders - senders >= 1 {
+        r.pass("wal senders free", format!("{detail}, pgline needs 1"));
+    } else {
+        r.fail(
+            "wal senders free",
+            format!("{detail}; pgline needs 1 more"),
+            format!(
+                "raise max_wal_senders in postgresql.conf (to {}) and restart PostgreSQL",
+                senders + 1
+            ),
+        );
+    }
+    Ok(())
+}
+
+async fn check_slot(cfg: &Config, c: &Client, r: &mut Report) -> Result<(), tokio_postgres::Error> {
+    let slot = &cfg.replication.slot;
+    let row = c
+        .query_opt(
+            "SELECT coalesce(plugin, '')::text, slot_type::text, coalesce(database, '')::text, \
+                    active, active_pid, current_database()::text, \
+                    coalesce(confirmed_flush_lsn::text, '') \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
+        )
+        .await?;
+    let Some(row) = row else {
+        r.pass(
+            "slot",
+            format!("{slot} does not exist; pgline serve will create it (pgoutput)"),
+        );
+        return Ok(());
+    };
+    let (plugin, kind, db): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+    let (active, pid, here, lsn): (bool, Option<i32>, String, String) =
+        (row.get(3), row.get(4), row.get(5), row.get(6));
+    let rename = "or set replication.slot to another name";
+    if kind != "logical" || plugin != "pgoutput" {
+        r.fail(
+            "slot",
+            format!("{slot} exists as a {kind} slot with plugin {plugin:?}, not a pgoutput logical slot"),
+            format!("drop it (SELECT pg_drop_replication_slot('{slot}');) {rename}"),
+        );
+    } else if db != here {
+        r.fail(
+            "slot",
+            format!("{slot} belongs to database {db}, pgline reads {here}"),
+            format!("point origin.url at {db}, {rename}"),
+        );
+    } else if active {
+        let pid = pid.map_or("?".into(), |p| p.to_string());
+        r.fail(
+            "slot",
+            format!("{slot} is active, held by pid {pid}"),
+            format!(
+                "stop the other consumer (a running pgline?) or SELECT pg_terminate_backend({pid}); {rename}"
+            ),
+        );
+    } else {
+        r.pass(
+            "slot",
+            format!("{slot} exists (pgoutput, confirmed {lsn}); pgline resumes from it"),
+        );
+    }
+    Ok(())
+}
+
+async fn check_publication(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+    superuser: bool,
+) -> Result<(), tokio_postgres::Error> {
+    let name = &cfg.replication.publication;
+    let row = c
+        .query_opt(
+            "SELECT puballtables, (SELECT count(*) FROM pg_publication_rel pr WHERE pr.prpubid = p.oid) \
+             FROM pg_publication p WHERE pubname = $1",
+            &[name],
+        )
+        .await?;
+    let all = cfg.catalog.tables.is_empty();
+    match row {
+        Some(row) => {
+            let (puball, n): (bool, i64) = (row.get(0), row.get(1));
+            let scope = if puball { "FOR ALL TABLES".to_string() } else { format!("{n} tables") };
+            let note = if !puball && !all {
+                "; pgline adds the configured tables it lacks"
+            } else if !puball {
+                "; catalog.tables is empty, so only these tables' changes arrive"
+            } else {
+                ""
+            };
+            if !puball && all {
+                r.warn(
+                    "publication",
+                    format!("{name} exists ({scope}){note}"),
+                    format!("list the tables in catalog.tables, or DROP PUBLICATION {name}; so pgline creates it FOR ALL TABLES"),
+                );
+            } else {
+                r.pass("publication", format!("{name} exists ({scope}){note}"));
+            }
+        }
+        None if all && !superuser => r.fail(
+            "publication",
+            format!("{name} does not exist and FOR ALL TABLES needs a superuser to create"),
+            format!("as a superuser: CREATE PUBLICATION {name} FOR ALL TABLES; or list the tables in catalog.tables"),
+        ),
+        None => {
+            let may: bool = c
+                .query_one("SELECT has_database_privilege(current_database(), 'CREATE')", &[])
+                .await?
+                .get(0);
+            if may || superuser {
+                let scope = if all { "FOR ALL TABLES" } else { "for catalog.tables" };
+                r.pass("publication", format!("{name} does not exist; pgline serve will create it {scope}"));
+            } else {
+                r.fail(
+                    "publication",
+                    format!("{name} does not exist and the user may not create it"),
+                    format!("GRANT CREATE ON DATABASE <db> TO <user>; or create it yourself: CREATE PUBLICATION {name} FOR TABLE ..."),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn check_tables(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    if cfg.catalog.tables.is_empty() {
+        let row = c
+            .query_one(
+                "SELECT count(*) FILTER (WHERE pk), count(*) FILTER (WHERE NOT pk) FROM ( \
+                   SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) AS pk \
+                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                   WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                     AND n.nspname NOT LIKE 'pg_toast%' AND n.nspname NOT LIKE 'pg_temp%') t",
+                &[],
+            )
+            .await?;
+        let (with_pk, without): (i64, i64) = (row.get(0), row.get(1));
+        let detail = format!(
+            "catalog.tables is empty: every table with a primary key is cached ({with_pk}; {without} without one are not)"
+        );
+        if with_pk > 0 {
+            r.pass("tables", detail);
+        } else {
+            r.warn(
+                "tables",
+                detail,
+                "create tables with primary keys, or list tables in catalog.tables",
+            );
+        }
+        return Ok(());
+    }
+    for name in &cfg.catalog.tables {
+        let check = format!("table {name}");
+        let row = c
+            .query_one(
+                "SELECT r.oid IS NOT NULL, \
+                        (SELECT string_agg(a.attname::text, ',' ORDER BY k.ord) \
+                           FROM pg_index i CROSS JOIN unnest(i.indkey) WITH ORDINALITY k(att, ord) \
+                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.att \
+                          WHERE i.indrelid = r.oid AND i.indisprimary), \
+                        CASE WHEN r.oid IS NULL THEN false ELSE has_table_privilege(r.oid, 'SELECT') END \
+                 FROM (SELECT to_regclass($1) AS oid) r",
+                &[name],
+            )
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            // A malformed name (to_regclass raises on bad syntax).
+            Err(e) => {
+                r.fail(
+                    &check,
+                    e.to_string(),
+                    format!("fix the name {name:?} in catalog.tables"),
+                );
+                continue;
+            }
+        };
+        let (exists, pk, select): (bool, Option<String>, bool) =
+            (row.get(0), row.get(1), row.get(2));
+        if !exists {
+            r.fail(
+                &check,
+                "does not exist on the origin",
+                format!("create it on the origin or remove {name:?} from catalog.tables"),
+            );
+        } else if pk.is_none() {
+            r.fail(
+                &check,
+                "has no primary key (rows cannot be addressed as table:pk)",
+                format!("ALTER TABLE {name} ADD PRIMARY KEY (<columns>); or remove it from catalog.tables"),
+            );
+        } else if !select {
+            r.fail(
+                &check,
+                "the origin user may not SELECT from it",
+                format!("GRANT SELECT ON {name} TO <origin user>;"),
+            );
+        } else {
+            r.pass(&check, format!("primary key ({})", pk.unwrap_or_default()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_and_mounts_parse() {
+        let m = "MemTotal: 1 kB\nHugePages_Total:     256\nHugePages_Free:      240\n\
+                 HugePages_Rsvd:      130\nHugePages_Surp: 0\nHugepagesize:       2048 kB\n";
+        assert_eq!(parse_meminfo(m), Some((256, 240, 130, 2 << 20)));
+        assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
+        let mounts = "proc /proc proc rw 0 0\nnodev /dev/hugepages hugetlbfs rw,pagesize=2M 0 0\n";
+        assert_eq!(
+            parse_hugetlbfs_mounts(mounts),
+            vec!["/dev/hugepages".to_string()]
+        );
+    }
+}

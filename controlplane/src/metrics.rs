@@ -1,0 +1,482 @@
+//! Prometheus metrics: [`render`] turns a [`MetricsSnapshot`] into the OpenMetrics text format
+//! that `GET /metrics` serves (Prometheus scrapes it as is).
+//!
+//! Design: the counters already live where they are counted (the dataplane's per-core
+//! [`CoreStats`], the WAL consumer's [`ReplicationState`], the store's [`StoreStats`], the origin
+//! pool's status), as plain atomics written by one owner each. Mirroring them into
+//! `prometheus-client` `Counter`s would be a second copy to keep in sync, so each scrape copies
+//! the snapshot into one owned [`Collector`] registered in a fresh `Registry` and lets
+//! `prometheus-client` encode it (names, HELP/TYPE lines, escaping, histogram layout, `# EOF`).
+//! A scrape costs a few hundred relaxed loads and one string; nothing here touches the hit path.
+//!
+//! Names are `pgline_<layer>_<object>[_<event>]` in base units (bytes, seconds); counters get
+//! the `_total` suffix from the encoder. Per-core families carry a `core` label. The full list
+//! with meanings is in `docs/operations.md`.
+//!
+//! Thread model: [`render`] runs on whatever task handles the scrape; it only reads atomics.
+//! Limitations: values are read one by one, not as one atomic snapshot; a counter read a moment
+//! after another may be slightly ahead of it (e.g. hits + misses vs commands). Each value on its
+//! own is monotone for counters.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pgline_dataplane::plane::{CoreStats, Shared, LATENCY_BOUNDS_NS};
+use pgline_dataplane::store::StoreStats;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::wal::ReplicationState;
+
+/// The `Content-Type` of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What a scrape reads: borrowed live state plus values copied by their owners.
+pub struct MetricsSnapshot<'a> {
+    pub shared: &'a Shared,
+    pub repl: &'a ReplicationState,
+    pub store: StoreStats,
+    pub pool: deadpool_postgres::Status,
+    /// Current time in microseconds since the Unix epoch (for the lag in seconds).
+    pub now_us: i64,
+}
+
+/// Renders every pgline metric in the OpenMetrics text format (ends with `# EOF`).
+pub fn render(src: &MetricsSnapshot) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Sample::take(src)));
+    let mut out = String::with_capacity(16 * 1024);
+    // Writing into a String cannot fail; an encoder error would only come from our own values.
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+        let _ = writeln!(out, "# pgline: encoding failed: {e}");
+    }
+    out
+}
+
+/// Per-core counters: (metric name without `_total`, help, field).
+type CoreField = fn(&CoreStats) -> &AtomicU64;
+const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
+    (
+        "pgline_core_commands",
+        "RESP commands executed by the core.",
+        |s| &s.commands,
+    ),
+    (
+        "pgline_core_keys_hit",
+        "Keys answered from the store with a row.",
+        |s| &s.keys_hit,
+    ),
+    (
+        "pgline_core_keys_negative_hit",
+        "Keys answered from the store with a cached 'no such row'.",
+        |s| &s.keys_negative_hit,
+    ),
+    (
+        "pgline_core_keys_miss",
+        "Keys not in the store, sent to the control plane for a fill.",
+        |s| &s.keys_miss,
+    ),
+    (
+        "pgline_core_keys_bypass",
+        "Keys read from the origin without the store because hits were not allowed (lag, stream down).",
+        |s| &s.keys_bypass,
+    ),
+    (
+        "pgline_core_keys_unknown_table",
+        "Keys whose prefix names no cached table.",
+        |s| &s.keys_unknown_table,
+    ),
+    (
+        "pgline_core_connections_accepted",
+        "Client connections accepted.",
+        |s| &s.connections_accepted,
+    ),
+    (
+        "pgline_core_connections_rejected",
+        "Client connections refused over resp.max_connections.",
+        |s| &s.connections_rejected,
+    ),
+    (
+        "pgline_core_connections_closed",
+        "Client connections closed.",
+        |s| &s.connections_closed,
+    ),
+    (
+        "pgline_core_bytes_in",
+        "Bytes read from clients.",
+        |s| &s.bytes_in,
+    ),
+    (
+        "pgline_core_bytes_out",
+        "Bytes written to clients.",
+        |s| &s.bytes_out,
+    ),
+    (
+        "pgline_core_protocol_errors",
+        "Malformed or oversized requests (each closes its connection).",
+        |s| &s.protocol_errors,
+    ),
+    (
+        "pgline_core_miss_queue_full",
+        "Requests answered BUSY because the core's miss queue was full.",
+        |s| &s.miss_queue_full,
+    ),
+    (
+        "pgline_core_polls",
+        "Turns of the core's poll loop.",
+        |s| &s.polls,
+    ),
+];
+
+/// Everything one scrape reports, owned (the registry wants a `'static` collector).
+#[derive(Debug)]
+struct Sample {
+    cores: Vec<CoreSample>,
+    store: StoreStats,
+    pool: deadpool_postgres::Status,
+    repl: ReplSample,
+    uptime_s: f64,
+}
+
+#[derive(Debug)]
+struct CoreSample {
+    counters: Vec<u64>,
+    connections_open: u64,
+    miss_queue_depth: usize,
+    reply_queue_depth: usize,
+    queue_capacity: usize,
+    buckets: [u64; LATENCY_BOUNDS_NS.len() + 1],
+    sum_ns: u64,
+}
+
+#[derive(Debug)]
+struct ReplSample {
+    connected: bool,
+    streaming: bool,
+    serve_hits: bool,
+    received_lsn: u64,
+    server_wal_end: u64,
+    applied_lsn: u64,
+    lag_bytes: u64,
+    lag_ms: u64,
+    reconnects: u64,
+    resets: u64,
+    txns: u64,
+    changes: u64,
+}
+
+impl Sample {
+    fn take(src: &MetricsSnapshot) -> Sample {
+        let shared = src.shared;
+        let cores = shared
+            .stats
+            .iter()
+            .zip(shared.queues.iter())
+            .map(|(stats, queues)| {
+                let (buckets, sum_ns) = stats.service_time.snapshot();
+                CoreSample {
+                    counters: CORE_COUNTERS
+                        .iter()
+                        .map(|(_, _, f)| f(stats).load(Ordering::Relaxed))
+                        .collect(),
+                    connections_open: stats.connections_open.load(Ordering::Relaxed),
+                    miss_queue_depth: queues.misses.len(),
+                    reply_queue_depth: queues.replies.len(),
+                    queue_capacity: queues.misses.capacity(),
+                    buckets,
+                    sum_ns,
+                }
+            })
+            .collect();
+        let r = src.repl;
+        let load = |a: &AtomicU64| a.load(Ordering::Acquire);
+        Sample {
+            cores,
+            store: src.store,
+            pool: src.pool,
+            repl: ReplSample {
+                connected: r.connected.load(Ordering::Acquire),
+                streaming: r.streaming.load(Ordering::Acquire),
+                serve_hits: shared.serve_hits.load(Ordering::Acquire),
+                received_lsn: load(&r.received_lsn),
+                server_wal_end: load(&r.server_wal_end),
+                applied_lsn: load(&r.applied_lsn),
+                lag_bytes: r.lag_bytes(),
+                lag_ms: r.lag_ms(src.now_us),
+                reconnects: load(&r.reconnects),
+                resets: load(&r.resets),
+                txns: load(&r.txns),
+                changes: load(&r.changes),
+            },
+            uptime_s: shared.started_at.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// Writes one family with a single unlabelled sample.
+fn scalar(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    v: f64,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    match kind {
+        MetricType::Counter => m.encode_counter::<(), _, f64>(&v, None),
+        _ => m.encode_gauge(&v),
+    }
+}
+
+/// Writes one family with a sample per core.
+fn per_core(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    values: impl Iterator<Item = u64>,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    for (core, v) in values.enumerate() {
+        let labels = [("core", core.to_string())];
+        let mut f = m.encode_family(&labels)?;
+        match kind {
+            MetricType::Counter => f.encode_counter::<(), _, f64>(&v, None)?,
+            _ => f.encode_gauge(&(i64::try_from(v).unwrap_or(i64::MAX)))?,
+        }
+    }
+    Ok(())
+}
+
+type CoreGauge = fn(&CoreSample) -> u64;
+
+impl Sample {
+    fn encode_cores(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
+        for (i, (name, help, _)) in CORE_COUNTERS.iter().enumerate() {
+            per_core(
+                enc,
+                name,
+                help,
+                Counter,
+                self.cores.iter().map(|c| c.counters[i]),
+            )?;
+        }
+        let gauges: [(&str, &str, CoreGauge); 4] = [
+            (
+                "pgline_core_connections_open",
+                "Client connections open now.",
+                |c| c.connections_open,
+            ),
+            (
+                "pgline_core_miss_queue_depth",
+                "Miss requests waiting in the core's queue to the control plane.",
+                |c| c.miss_queue_depth as u64,
+            ),
+            (
+                "pgline_core_reply_queue_depth",
+                "Fill replies waiting in the queue back to the core.",
+                |c| c.reply_queue_depth as u64,
+            ),
+            (
+                "pgline_core_queue_capacity",
+                "Capacity of each of the core's two queues (resp.miss_queue).",
+                |c| c.queue_capacity as u64,
+            ),
+        ];
+        for (name, help, f) in gauges {
+            per_core(enc, name, help, Gauge, self.cores.iter().map(f))?;
+        }
+        let mut m = enc.encode_descriptor(
+            "pgline_core_service_seconds",
+            "Dataplane service time of the poll-loop turn that executed each request \
+             (parse, execute, compose, socket write; one observation per request).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (core, c) in self.cores.iter().enumerate() {
+            // Per-bucket counts: the encoder writes them cumulatively; f64::MAX is its +Inf.
+            let buckets: Vec<(f64, u64)> = c
+                .buckets
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let upper = LATENCY_BOUNDS_NS
+                        .get(i)
+                        .map_or(f64::MAX, |&b| b as f64 / 1e9);
+                    (upper, *n)
+                })
+                .collect();
+            let labels = [("core", core.to_string())];
+            m.encode_family(&labels)?.encode_histogram::<()>(
+                c.sum_ns as f64 / 1e9,
+                c.buckets.iter().sum(),
+                &buckets,
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn encode_store(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
+        let s = &self.store;
+        let rows: [(&str, &str, MetricType, u64); 11] = [
+            (
+                "pgline_store_budget_bytes",
+                "Configured store memory (store.memory).",
+                Gauge,
+                s.budget_bytes,
+            ),
+            (
+                "pgline_store_used_bytes",
+                "Bytes held by live entries.",
+                Gauge,
+                s.used_bytes,
+            ),
+            (
+                "pgline_store_region_bytes",
+                "Bytes of the memory region (budget rounded up to whole pages).",
+                Gauge,
+                s.region_bytes,
+            ),
+            (
+                "pgline_store_entries",
+                "Live entries, negative ones included.",
+                Gauge,
+                s.entries,
+            ),
+            (
+                "pgline_store_negative_entries",
+                "Live 'no such row' entries.",
+                Gauge,
+                s.negative_entries,
+            ),
+            (
+                "pgline_store_segments",
+                "Segments carved from the budget.",
+                Gauge,
+                u64::from(s.segments_total),
+            ),
+            (
+                "pgline_store_segments_free",
+                "Segments not in use.",
+                Gauge,
+                u64::from(s.segments_free),
+            ),
+            (
+                "pgline_store_inserts",
+                "Entries installed (fills and WAL refreshes).",
+                Counter,
+                s.inserts,
+            ),
+            (
+                "pgline_store_evicted_entries",
+                "Live entries dropped to make room.",
+                Counter,
+                s.evicted_entries,
+            ),
+            (
+                "pgline_store_evicted_segments",
+                "Segments evicted by CLOCK.",
+                Counter,
+                s.evicted_segments,
+            ),
+            (
+                "pgline_store_pages",
+                "Pages backing the region (see pgline_store_page_info).",
+                Gauge,
+                s.pages,
+            ),
+        ];
+        for (name, help, kind, v) in rows {
+            scalar(enc, name, help, kind, v as f64)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "pgline_store_page",
+            "Page level the store's region obtained (hugetlb 1GiB/2MiB, THP or 4KiB).",
+            None,
+            MetricType::Info,
+        )?;
+        m.encode_info(&[("level", s.page_level.to_string())])
+    }
+
+    fn encode_replication(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
+        let r = &self.repl;
+        let b = |v: bool| if v { 1.0 } else { 0.0 };
+        let rows: [(&str, &str, MetricType, f64); 12] = [
+            ("pgline_replication_connected", "1 while a replication connection is open.", Gauge, b(r.connected)),
+            ("pgline_replication_streaming", "1 while the WAL stream is in streaming mode.", Gauge, b(r.streaming)),
+            ("pgline_replication_serve_hits", "1 while hits are served; 0 means every read goes to the origin (lag past replication.max_lag_ms or stream down).", Gauge, b(r.serve_hits)),
+            ("pgline_replication_received_lsn", "Highest WAL position received (LSN as a number).", Gauge, r.received_lsn as f64),
+            ("pgline_replication_server_wal_end_lsn", "Highest WAL position the origin reported (LSN as a number).", Gauge, r.server_wal_end as f64),
+            ("pgline_replication_applied_lsn", "WAL position up to which changes are applied to the store.", Gauge, r.applied_lsn as f64),
+            ("pgline_replication_lag_bytes", "WAL bytes sent by the origin and not yet applied.", Gauge, r.lag_bytes as f64),
+            ("pgline_replication_lag_seconds", "How stale the cache may be: 0 when caught up, else time since it was last current.", Gauge, r.lag_ms as f64 / 1e3),
+            ("pgline_replication_reconnects", "Replication connection attempts after the first.", Counter, r.reconnects as f64),
+            ("pgline_replication_slot_resets", "Times the slot was missing and re-created (the cache was flushed).", Counter, r.resets as f64),
+            ("pgline_replication_transactions", "Transactions received from the WAL.", Counter, r.txns as f64),
+            ("pgline_replication_changes", "Row changes received from the WAL.", Counter, r.changes as f64),
+        ];
+        for (name, help, kind, v) in rows {
+            scalar(enc, name, help, kind, v)?;
+        }
+        Ok(())
+    }
+
+    fn encode_process(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::Gauge;
+        let p = &self.pool;
+        let rows: [(&str, &str, usize); 4] = [
+            (
+                "pgline_origin_pool_max_size",
+                "Largest number of origin connections (origin.pool_size).",
+                p.max_size,
+            ),
+            (
+                "pgline_origin_pool_size",
+                "Origin connections open.",
+                p.size,
+            ),
+            (
+                "pgline_origin_pool_available",
+                "Origin connections idle in the pool.",
+                p.available,
+            ),
+            (
+                "pgline_origin_pool_waiting",
+                "Fills waiting for an origin connection.",
+                p.waiting,
+            ),
+        ];
+        for (name, help, v) in rows {
+            scalar(enc, name, help, Gauge, v as f64)?;
+        }
+        scalar(
+            enc,
+            "pgline_uptime_seconds",
+            "Seconds since the dataplane started.",
+            Gauge,
+            self.uptime_s,
+        )?;
+        let mut m =
+            enc.encode_descriptor("pgline_build", "pgline version.", None, MetricType::Info)?;
+        m.encode_info(&[("version", env!("CARGO_PKG_VERSION"))])
+    }
+}
+
+impl Collector for Sample {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.encode_cores(&mut enc)?;
+        self.encode_store(&mut enc)?;
+        self.encode_replication(&mut enc)?;
+        self.encode_process(&mut enc)
+    }
+}
+
+#[cfg(test)]
+#[path = "metrics_tests.rs"]
+mod tests;

@@ -52,7 +52,9 @@ fn run(conns: usize, dur: Duration) {
     let mut client = Stack::new(b, ccfg).expect("client");
     server.listen(6379);
     let dst = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 6379);
-    let ids: Vec<ConnId> = (0..conns).map(|_| client.connect(dst, 0).expect("connect")).collect();
+    let ids: Vec<ConnId> = (0..conns)
+        .map(|_| client.connect(dst, 0).expect("connect"))
+        .collect();
     let mut sev = Vec::with_capacity(4096);
     let mut cev = Vec::with_capacity(4096);
     let mut buf = Vec::with_capacity(65536);
@@ -66,7 +68,10 @@ fn run(conns: usize, dur: Duration) {
         server.flush(now);
         cev.clear();
         client.poll(now, &mut cev);
-        connected += cev.iter().filter(|e| matches!(e, NetEvent::Connected(_))).count();
+        connected += cev
+            .iter()
+            .filter(|e| matches!(e, NetEvent::Connected(_)))
+            .count();
         client.flush(now);
     }
     for &id in &ids {

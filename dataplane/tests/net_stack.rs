@@ -226,6 +226,11 @@ fn echo_over_1000_concurrent_connections() {
     assert_echoed(&flows);
     assert_eq!(w.server.open_connections(), 1000);
     assert_eq!(w.echo.accepted, 1000);
+    for id in w.echo.out.keys() {
+        let peer = w.server.peer(*id).expect("live");
+        assert_eq!(*peer.ip(), CLIENT_IP);
+        assert!(peer.port() >= 49152, "ephemeral port {peer}");
+    }
     let st = *w.server.stats();
     assert_eq!(st.tcp_conns_accepted, 1000);
     assert_eq!(st.tcp_retransmits, 0, "no loss, no retransmission: {st:?}");

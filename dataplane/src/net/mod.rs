@@ -490,6 +490,19 @@ impl<Q: Queue> Stack<Q> {
         &self.queue
     }
 
+    pub fn queue_mut(&mut self) -> &mut Q {
+        &mut self.queue
+    }
+
+    /// The peer's address of a live connection.
+    pub fn peer(&self, id: ConnId) -> Option<SocketAddrV4> {
+        let key = self.conns[self.live(id)?].key?;
+        Some(SocketAddrV4::new(
+            Ipv4Addr::from(key.remote_ip),
+            key.remote_port,
+        ))
+    }
+
     // ---- helpers shared by ingress and egress ----
 
     /// Microseconds since the epoch; never goes backwards.

@@ -33,6 +33,8 @@
 //! closed connection's slot is freed at once, late segments get a RST); no TCP timestamps or
 //! SACK (smoltcp's defaults).
 
+#![deny(unsafe_code)]
+
 mod arp;
 mod conn;
 mod egress;

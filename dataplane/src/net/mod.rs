@@ -141,7 +141,9 @@ pub enum NetEvent {
     Accepted { id: ConnId, listener: u16 },
     /// A `connect` completed its handshake.
     Connected(ConnId),
-    /// Bytes arrived (or the peer closed its side: `recv` then returns `Err(Closed)`).
+    /// Bytes arrived (or the peer closed its side: `recv` then returns `Err(Closed)`). Reported
+    /// after each segment that leaves unread bytes, so an owner that reads until `Ok(0)` misses
+    /// nothing; EOF is reported once.
     Readable(ConnId),
     /// A `send` that came up short can now make progress.
     Writable(ConnId),

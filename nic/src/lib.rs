@@ -18,6 +18,7 @@
 
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+pub mod mem;
 
 /// One frame buffer, owned by the caller between receive (or alloc) and transmit (or drop).
 pub trait Packet: Send {

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use pgline_dataplane::plane::{FillResult, MissReply, Shared};
 use pgline_dataplane::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use pgline_dataplane::store::{EntryData, Lookup, StoreWriter};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 
 use crate::catalog::{Catalog, CatalogCell, TableInfo};
 use crate::config::{Config, Runtime};
@@ -44,7 +44,7 @@ use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
 
 type Key = (u32, Box<[u8]>);
 
-pub use admin::{AdminCmd, KeyMeta};
+pub use admin::{AdminCmd, KeyMeta, WarmDone};
 
 /// One cached entry, as the stale probe and the API see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +65,9 @@ struct FillKey {
 struct Fill {
     table: Arc<TableInfo>,
     keys: Vec<FillKey>,
-    /// A warming batch: told how many entries the fill installed (or the origin's error).
-    on_done: Option<oneshot::Sender<Result<u64, String>>>,
+    /// A warming batch: told which keys lost their lease to a WAL change (so were not
+    /// installed), or the origin's error.
+    on_done: Option<admin::WarmDone>,
 }
 
 struct FillDone {
@@ -327,12 +328,14 @@ impl Writer {
             return;
         };
         let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
-        let mut installed = 0;
+        let mut voided = Vec::new();
         for (slot, key) in fill.keys.into_iter().enumerate() {
             let map_key = (fill.table.id, key.pk);
             let leased = key.install && self.inflight.get(&map_key) == Some(&(done.fill, slot));
             if leased {
                 self.inflight.remove(&map_key);
+            } else if key.install && fill.on_done.is_some() {
+                voided.push(map_key.1.clone());
             }
             let result = match &done.result {
                 Err(e) => FillResult::Error(Arc::from(e.to_string())),
@@ -345,7 +348,7 @@ impl Writer {
                                 negative: false,
                                 lsn,
                             };
-                            installed += u64::from(self.install(map_key.0, &map_key.1, &entry));
+                            self.install(map_key.0, &map_key.1, &entry);
                         }
                         FillResult::Row(row.clone())
                     }
@@ -356,7 +359,7 @@ impl Writer {
                                 negative: true,
                                 lsn,
                             };
-                            installed += u64::from(self.install(map_key.0, &map_key.1, &entry));
+                            self.install(map_key.0, &map_key.1, &entry);
                         }
                         FillResult::Absent
                     }
@@ -368,7 +371,7 @@ impl Writer {
             }
         }
         if let Some(tx) = fill.on_done {
-            let _ = tx.send(done.result.map(|_| installed).map_err(|e| e.to_string()));
+            let _ = tx.send(done.result.map(|_| voided).map_err(|e| e.to_string()));
         }
     }
 

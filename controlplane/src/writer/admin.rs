@@ -31,11 +31,20 @@ pub enum AdminCmd {
     /// Stops caching a table: entries dropped, leases voided. `None` if it was not cached.
     RemoveTable(u32, oneshot::Sender<Option<u64>>),
     /// Fills these keys of a table through leases; answers once their fill has landed with the
-    /// number of entries installed, or the origin's error.
-    Warm(u32, Vec<Box<[u8]>>, oneshot::Sender<Result<u64, String>>),
+    /// keys whose lease a WAL change voided (not installed: worth another try), or the origin's
+    /// error.
+    Warm(
+        u32,
+        Vec<Box<[u8]>>,
+        oneshot::Sender<Result<Vec<Box<[u8]>>, String>>,
+    ),
     /// New `catalog.prefixes`: prefixes re-derived, key space republished.
     SetPrefixes(BTreeMap<String, String>),
 }
+
+/// The answer to a warming batch: the keys whose lease a WAL change voided, or the origin's
+/// error.
+pub type WarmDone = oneshot::Sender<Result<Vec<Box<[u8]>>, String>>;
 
 /// One key as the writer sees it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -143,7 +152,7 @@ impl Writer {
     }
 
     /// Leases and fills the keys of one warming batch that are neither cached nor being filled.
-    fn warm(&mut self, t: u32, pks: Vec<Box<[u8]>>, tx: oneshot::Sender<Result<u64, String>>) {
+    fn warm(&mut self, t: u32, pks: Vec<Box<[u8]>>, tx: WarmDone) {
         let Some(table) = self.catalog.get(t).cloned() else {
             let _ = tx.send(Err("the table is no longer cached".into()));
             return;
@@ -165,7 +174,7 @@ impl Writer {
             });
         }
         if keys.is_empty() {
-            let _ = tx.send(Ok(0));
+            let _ = tx.send(Ok(Vec::new()));
             return;
         }
         self.fills.insert(

@@ -8,6 +8,7 @@
 //! warming never has more than one batch in flight. Progress goes to the table's
 //! [`TableState::Warming`]; the end to `Active`, an origin error to `Failed`.
 //!
+//! A key whose lease a concurrent write voided is filled again (up to `WARM_TRIES` times).
 //! Rows inserted after their place in key order was passed are not warmed (they fill on their
 //! first miss); rows deleted in between are cached as absent, which is what they are.
 
@@ -21,6 +22,9 @@ use crate::catalog::{quote_ident, CatalogCell, TableInfo};
 use crate::config::Runtime;
 use crate::server::Pgline;
 use crate::writer::AdminCmd;
+
+/// Fills of one batch before its still-voided keys are left to their next miss.
+const WARM_TRIES: usize = 5;
 
 struct Warmer {
     id: u32,
@@ -88,19 +92,32 @@ impl Warmer {
                 .map(|parts| parts.join(":").into_bytes().into_boxed_slice())
                 .collect();
             let n = pks.len();
-            let (tx, rx) = oneshot::channel();
-            self.admin
-                .send(AdminCmd::Warm(self.id, pks, tx))
-                .await
-                .map_err(|_| "pgline is shutting down".to_string())?;
-            rx.await
-                .map_err(|_| "pgline is shutting down".to_string())??;
+            self.fill(pks).await?;
             done += n as u64;
             self.progress(done, total.max(done));
             if n < batch {
                 break;
             }
             after = Some(last);
+        }
+        Ok(())
+    }
+
+    /// Fills one batch; keys whose lease a concurrent write voided are tried again (a few
+    /// times: a key written without pause is left to fill on its next miss).
+    async fn fill(&self, mut pks: Vec<Box<[u8]>>) -> Result<(), String> {
+        for _ in 0..WARM_TRIES {
+            if pks.is_empty() {
+                break;
+            }
+            let (tx, rx) = oneshot::channel();
+            self.admin
+                .send(AdminCmd::Warm(self.id, pks, tx))
+                .await
+                .map_err(|_| "pgline is shutting down".to_string())?;
+            pks = rx
+                .await
+                .map_err(|_| "pgline is shutting down".to_string())??;
         }
         Ok(())
     }

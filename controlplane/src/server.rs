@@ -5,7 +5,6 @@
 //! [`Pgline::shutdown`]. Its admin operations (tables, flushes, key info, config) live in
 //! `crate::admin::ops`.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
@@ -16,7 +15,7 @@ use pgline_dataplane::keyspace::KeySpaceCell;
 use pgline_dataplane::plane::{Shared, Wake};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::admin::TableState;
+use crate::admin::TableStates;
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
 use crate::config::{Config, ConfigError, Runtime};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
@@ -64,8 +63,8 @@ pub struct Pgline {
     /// The effective config, secrets included (redacted only on the way out).
     pub(crate) cfg: RwLock<Config>,
     pub(crate) runtime: Arc<Runtime>,
-    /// States other than `Active` of tables added at run time, by table id.
-    pub(crate) states: Arc<Mutex<HashMap<u32, TableState>>>,
+    /// States of tables added at run time (warming progress).
+    pub(crate) states: Arc<TableStates>,
     pub(crate) log_reload: RwLock<Option<LogReload>>,
     /// Serializes add/remove/config changes (each is a read-check-write over several parts).
     pub(crate) admin_lock: tokio::sync::Mutex<()>,

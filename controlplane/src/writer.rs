@@ -105,6 +105,8 @@ pub struct Writer {
     installed: HashMap<Key, Instant>,
     /// Tables removed by the API: they do not rejoin on sight in every-table mode.
     excluded: HashSet<u32>,
+    /// Tables named in `catalog.disabled`: misses read the origin and install nothing.
+    disabled: HashSet<u32>,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -140,6 +142,7 @@ impl Writer {
             catalog_cell,
             installed: HashMap::new(),
             excluded: HashSet::new(),
+            disabled: HashSet::new(),
             inflight: HashMap::new(),
             fills: HashMap::new(),
             waiting: HashMap::new(),
@@ -159,6 +162,8 @@ impl Writer {
         mut admin: mpsc::Receiver<AdminCmd>,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
+        // Resolves `catalog.disabled` against the catalog (nothing is cached yet).
+        self.publish_catalog();
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -227,7 +232,7 @@ impl Writer {
                         self.resolve(rid, idx, FillResult::Absent);
                         continue;
                     };
-                    let install = !req.bypass;
+                    let install = !req.bypass && !self.disabled.contains(&key.table);
                     if install {
                         if let Some(found) = self.lookup(key.table, &key.pk) {
                             self.resolve(rid, idx, found);
@@ -401,8 +406,26 @@ impl Writer {
             .retain(|(t, pk), _| store.meta(*t, pk).is_some());
     }
 
-    /// Publishes the catalog (to the API) and its key space (to the cores).
-    fn publish_catalog(&self) {
+    /// Publishes the catalog (to the API) and its key space (to the cores), after re-resolving
+    /// `catalog.disabled` against it (a table newly disabled loses its entries).
+    fn publish_catalog(&mut self) {
+        let disabled: HashSet<u32> = self
+            .cfg
+            .catalog
+            .disabled
+            .iter()
+            .filter_map(|name| self.catalog.find(name).map(|t| t.id))
+            .collect();
+        let newly: Vec<u32> = disabled.difference(&self.disabled).copied().collect();
+        self.disabled = disabled;
+        for id in newly {
+            let n = self.drop_table(id);
+            tracing::info!(
+                table = id,
+                flushed = n,
+                "table disabled: reads pass through"
+            );
+        }
         self.shared.keyspace.publish(self.catalog.keyspace());
         self.catalog_cell.publish(self.catalog.clone());
     }

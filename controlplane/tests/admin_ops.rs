@@ -388,6 +388,49 @@ async fn config_patches() {
     let v: Option<String> = r.get("u:1").await.unwrap();
     assert_eq!(v.as_deref(), Some(r#"{"id":1,"name":"user 1"}"#));
 
+    // Per-table switch: a disabled table's entries go, its reads pass through uncached.
+    let _: Option<String> = r.get("users:4").await.unwrap();
+    assert!(p.key_info("users:4").await.unwrap().cached);
+    match p.patch_config(&json!({"catalog": {"disabled": ["nosuch"]}})) {
+        Err(AdminError::BadRequest(d)) => assert!(d.contains("nosuch"), "{d}"),
+        other => panic!("{other:?}"),
+    }
+    p.patch_config(&json!({"catalog": {"disabled": ["users"]}}))
+        .unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while p.key_info("users:4").await.unwrap().cached {
+        assert!(std::time::Instant::now() < until, "disabling never flushed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!p.table("users").unwrap().enabled);
+    assert!(p.table("orders").unwrap().enabled);
+    for _ in 0..2 {
+        let v: Option<String> = r.get("users:4").await.unwrap();
+        assert_eq!(v.as_deref(), Some(r#"{"id":4,"name":"user 4"}"#));
+    }
+    let info = p.key_info("users:4").await.unwrap();
+    assert!(!info.cached, "{info:?}");
+    assert!(
+        info.reason.as_deref().unwrap().contains("disabled"),
+        "{info:?}"
+    );
+    p.patch_config(&json!({"catalog": {"disabled": []}}))
+        .unwrap();
+    // The writer takes the change on its next turn; a GET before it still passes through.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while !p.key_info("users:4").await.unwrap().cached {
+        assert!(
+            std::time::Instant::now() < until,
+            "enabled again, yet never cached"
+        );
+        let _: Option<String> = r.get("users:4").await.unwrap();
+    }
+    assert!(
+        is_hit(&p, &mut r, "users:4").await,
+        "enabled again: served from the store"
+    );
+    assert!(p.table("users").unwrap().enabled);
+
     // replication.max_lag_ms: with the stream cut, hits flow under a generous bound and stop
     // as soon as the bound is lowered.
     let _: Option<String> = r.get("users:3").await.unwrap();

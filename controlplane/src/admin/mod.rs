@@ -25,6 +25,9 @@
 pub mod ops;
 pub mod patch;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use serde::Serialize;
 
 pub use patch::LIVE_KEYS;
@@ -83,6 +86,64 @@ pub enum TableState {
     Failed {
         detail: String,
     },
+}
+
+/// States other than `Active` of tables added at run time. Each warming run owns an epoch; a
+/// run that was superseded (its table removed, or removed and added again) cannot overwrite
+/// the state of the next one.
+#[derive(Debug, Default)]
+pub struct TableStates {
+    inner: Mutex<Runs>,
+}
+
+#[derive(Debug, Default)]
+struct Runs {
+    last_epoch: u64,
+    /// Table id -> (epoch of its run, state).
+    by_table: HashMap<u32, (u64, TableState)>,
+}
+
+impl TableStates {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Runs> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The table's state (`Active` when none is recorded).
+    pub fn get(&self, id: u32) -> TableState {
+        self.lock()
+            .by_table
+            .get(&id)
+            .map_or(TableState::Active, |(_, s)| s.clone())
+    }
+
+    /// Starts a warming run: `Warming { 0, 0 }`; returns its epoch.
+    pub fn begin(&self, id: u32) -> u64 {
+        let mut g = self.lock();
+        g.last_epoch += 1;
+        let epoch = g.last_epoch;
+        g.by_table
+            .insert(id, (epoch, TableState::Warming { done: 0, total: 0 }));
+        epoch
+    }
+
+    /// Back to `Active`, whatever run was going on.
+    pub fn clear(&self, id: u32) {
+        self.lock().by_table.remove(&id);
+    }
+
+    /// Sets the state of run `epoch` (`Active` clears it); false if that run was superseded.
+    pub fn update(&self, id: u32, epoch: u64, state: TableState) -> bool {
+        let mut g = self.lock();
+        if g.by_table.get(&id).map(|(e, _)| *e) != Some(epoch) {
+            return false;
+        }
+        if state == TableState::Active {
+            g.by_table.remove(&id);
+        } else {
+            g.by_table.insert(id, (epoch, state));
+        }
+        true
+    }
 }
 
 /// What the cache knows about one key.

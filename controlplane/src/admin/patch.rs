@@ -20,6 +20,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "origin.fill_delay_ms",
     "origin.pool_size",
     "catalog.prefixes",
+    "catalog.disabled",
 ];
 
 /// Why some settings cannot change live, for the `RestartRequired` detail.

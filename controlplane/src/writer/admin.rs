@@ -7,7 +7,6 @@
 //! live lease installs (see the parent module), so a write during warming never leaves a stale
 //! entry.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use pgline_dataplane::row::SECTION_RESP_JSON;
@@ -16,6 +15,7 @@ use tokio::sync::oneshot;
 
 use super::{bulk_payload, DumpedEntry, Fill, FillKey, Writer};
 use crate::catalog::TableInfo;
+use crate::config::CatalogConfig;
 
 /// Requests from the API and tests to the writer.
 pub enum AdminCmd {
@@ -38,8 +38,9 @@ pub enum AdminCmd {
         Vec<Box<[u8]>>,
         oneshot::Sender<Result<Vec<Box<[u8]>>, String>>,
     ),
-    /// New `catalog.prefixes`: prefixes re-derived, key space republished.
-    SetPrefixes(BTreeMap<String, String>),
+    /// New `catalog.prefixes` and `catalog.disabled` (its `tables` is ignored): prefixes
+    /// re-derived, newly disabled tables flushed, key space republished.
+    SetCatalog(CatalogConfig),
 }
 
 /// The answer to a warming batch: the keys whose lease a WAL change voided, or the origin's
@@ -95,8 +96,9 @@ impl Writer {
                 let _ = tx.send(self.remove_table(t));
             }
             AdminCmd::Warm(t, pks, tx) => self.warm(t, pks, tx),
-            AdminCmd::SetPrefixes(prefixes) => {
-                self.cfg.catalog.prefixes = prefixes;
+            AdminCmd::SetCatalog(cfg) => {
+                self.cfg.catalog.prefixes = cfg.prefixes;
+                self.cfg.catalog.disabled = cfg.disabled;
                 self.catalog.reassign_prefixes(&self.cfg.catalog);
                 self.publish_catalog();
             }

@@ -12,12 +12,11 @@
 //! Rows inserted after their place in key order was passed are not warmed (they fill on their
 //! first miss); rows deleted in between are cached as absent, which is what they are.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::admin::TableState;
+use crate::admin::{TableState, TableStates};
 use crate::catalog::{quote_ident, CatalogCell, TableInfo};
 use crate::config::Runtime;
 use crate::server::Pgline;
@@ -28,18 +27,20 @@ const WARM_TRIES: usize = 5;
 
 struct Warmer {
     id: u32,
+    epoch: u64,
     pool: deadpool_postgres::Pool,
     admin: mpsc::Sender<AdminCmd>,
-    states: Arc<Mutex<HashMap<u32, TableState>>>,
+    states: Arc<TableStates>,
     catalog: Arc<CatalogCell>,
     runtime: Arc<Runtime>,
     shutdown: watch::Receiver<bool>,
 }
 
-/// Starts warming table `id` in the background.
-pub(super) fn spawn(p: &Pgline, id: u32) {
+/// Starts warming table `id` in the background, as run `epoch` of its [`TableStates`].
+pub(super) fn spawn(p: &Pgline, id: u32, epoch: u64) {
     let w = Warmer {
         id,
+        epoch,
         pool: p.pool.clone(),
         admin: p.admin.clone(),
         states: p.states.clone(),
@@ -48,22 +49,14 @@ pub(super) fn spawn(p: &Pgline, id: u32) {
         shutdown: p.shutdown.subscribe(),
     };
     tokio::spawn(async move {
-        let outcome = w.run().await;
-        let mut states = w.states.lock().unwrap_or_else(|e| e.into_inner());
-        match outcome {
-            Ok(()) => {
-                states.remove(&w.id);
-            }
+        let state = match w.run().await {
+            Ok(()) => TableState::Active,
             Err(detail) => {
                 tracing::warn!(table = w.id, "warming stopped: {detail}");
-                // A removed table has no state to report.
-                if w.catalog.get(w.id).is_some() {
-                    states.insert(w.id, TableState::Failed { detail });
-                } else {
-                    states.remove(&w.id);
-                }
+                TableState::Failed { detail }
             }
-        }
+        };
+        w.states.update(w.id, w.epoch, state);
     });
 }
 
@@ -74,7 +67,7 @@ impl Warmer {
             .get(self.id)
             .ok_or("the table is no longer cached")?;
         let total = self.count(&table).await?;
-        self.progress(0, total);
+        self.progress(0, total)?;
         let mut done = 0u64;
         let mut after: Option<Vec<String>> = None;
         loop {
@@ -94,7 +87,7 @@ impl Warmer {
             let n = pks.len();
             self.fill(pks).await?;
             done += n as u64;
-            self.progress(done, total.max(done));
+            self.progress(done, total.max(done))?;
             if n < batch {
                 break;
             }
@@ -122,9 +115,14 @@ impl Warmer {
         Ok(())
     }
 
-    fn progress(&self, done: u64, total: u64) {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.insert(self.id, TableState::Warming { done, total });
+    /// Records progress; an error once this run was superseded (the table removed).
+    fn progress(&self, done: u64, total: u64) -> Result<(), String> {
+        let state = TableState::Warming { done, total };
+        if self.states.update(self.id, self.epoch, state) {
+            Ok(())
+        } else {
+            Err("superseded: the table was removed".into())
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, String> {

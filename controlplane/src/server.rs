@@ -19,7 +19,7 @@ use crate::admin::TableStates;
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
 use crate::config::{Config, ConfigError, Runtime};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
-use crate::writer::{AdminCmd, Writer, WriterParts};
+use crate::writer::{AdminCmd, EntryCounts, Writer, WriterParts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -65,6 +65,8 @@ pub struct Pgline {
     pub(crate) runtime: Arc<Runtime>,
     /// States of tables added at run time (warming progress).
     pub(crate) states: Arc<TableStates>,
+    /// Entries per table, as the writer last counted them.
+    pub(crate) entry_counts: Arc<EntryCounts>,
     pub(crate) log_reload: RwLock<Option<LogReload>>,
     /// Serializes add/remove/config changes (each is a read-check-write over several parts).
     pub(crate) admin_lock: tokio::sync::Mutex<()>,
@@ -154,6 +156,7 @@ impl Pgline {
         )));
         let runtime = Arc::new(Runtime::new(&cfg));
         let catalog_cell = Arc::new(CatalogCell::new(catalog.clone()));
+        let entry_counts = Arc::new(EntryCounts::default());
         let writer = Writer::new(
             store,
             catalog,
@@ -164,6 +167,7 @@ impl Pgline {
                 repl: repl.clone(),
                 runtime: runtime.clone(),
                 catalog_cell: catalog_cell.clone(),
+                entry_counts: entry_counts.clone(),
             },
         );
         tasks.push(tokio::spawn(writer.run(
@@ -184,6 +188,7 @@ impl Pgline {
             shared,
             repl,
             catalog: catalog_cell,
+            entry_counts,
             admin: admin_tx,
             pool,
             cfg: RwLock::new(cfg),

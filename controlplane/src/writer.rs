@@ -44,7 +44,7 @@ use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
 
 type Key = (u32, Box<[u8]>);
 
-pub use admin::{AdminCmd, KeyMeta, WarmDone};
+pub use admin::{AdminCmd, EntryCounts, KeyMeta, WarmDone};
 
 /// One cached entry, as the stale probe and the API see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +107,8 @@ pub struct Writer {
     excluded: HashSet<u32>,
     /// Tables named in `catalog.disabled`: misses read the origin and install nothing.
     disabled: HashSet<u32>,
+    entry_counts: Arc<EntryCounts>,
+    counted_at: Instant,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -117,6 +119,7 @@ pub struct WriterParts {
     pub repl: Arc<ReplicationState>,
     pub runtime: Arc<Runtime>,
     pub catalog_cell: Arc<CatalogCell>,
+    pub entry_counts: Arc<EntryCounts>,
 }
 
 impl Writer {
@@ -128,6 +131,7 @@ impl Writer {
             repl,
             runtime,
             catalog_cell,
+            entry_counts,
         } = parts;
         let (fill_tx, fill_rx) = mpsc::unbounded_channel();
         let all_tables = cfg.catalog.tables.is_empty();
@@ -143,6 +147,8 @@ impl Writer {
             installed: HashMap::new(),
             excluded: HashSet::new(),
             disabled: HashSet::new(),
+            entry_counts,
+            counted_at: Instant::now(),
             inflight: HashMap::new(),
             fills: HashMap::new(),
             waiting: HashMap::new(),
@@ -180,6 +186,7 @@ impl Writer {
                     self.publish_gauges();
                     self.retry_unsent();
                     self.prune_installed();
+                    self.count_entries(Instant::now());
                 }
             }
         }

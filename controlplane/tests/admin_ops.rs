@@ -253,6 +253,16 @@ async fn add_warm_and_remove_a_table_at_run_time() {
         stale.is_empty(),
         "stale after warming under writes: {stale:?}"
     );
+    // The writer's periodic count catches up with the warmed rows.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while p.table("late").unwrap().entries != Some(LATE_ROWS as u64) {
+        assert!(
+            std::time::Instant::now() < until,
+            "entries never counted: {:?}",
+            p.table("late")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(is_hit(&p, &mut r, "late:1999").await);
     // The WAL stream carries the added table: an UPDATE refreshes the cached row.
     origin

@@ -17,8 +17,8 @@
 //! (`Pgline` sits behind an `Arc` in the HTTP server). Table states live in a mutex-guarded map
 //! written by the warming tasks; the effective config in an `RwLock`.
 //!
-//! Limitations: per-table entry counts are not tracked (`TableStatus::entries` is `None`);
-//! "evicted" and "never read" cannot be told apart for an uncached key; after a replication
+//! Limitations: per-table entry counts are recounted by the writer every 2 s (and not at all
+//! past a million entries: `TableStatus::entries` is then `None`); "evicted" and "never read" cannot be told apart for an uncached key; after a replication
 //! reconnect the WAL consumer re-adds its start-up table list to a table-list publication, so a
 //! removed table may be published again (its changes are ignored, at some decoding cost).
 
@@ -68,7 +68,8 @@ pub struct TableStatus {
     /// Its keys resolve (always true for a cached table today: removing it is the way to stop).
     pub enabled: bool,
     pub state: TableState,
-    /// Entries in the store, when known.
+    /// Entries in the store (negative ones included) at the writer's last count, taken every
+    /// 2 s; `None` when the store is too big to count or before the first count.
     pub entries: Option<u64>,
 }
 

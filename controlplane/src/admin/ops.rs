@@ -63,7 +63,7 @@ impl Pgline {
             columns: t.columns.len(),
             enabled: !self.is_disabled(t),
             state,
-            entries: None,
+            entries: self.entry_counts.get(t.id),
         }
     }
 

@@ -488,3 +488,42 @@ async fn config_patches() {
     assert_eq!(p.effective_config().replication.max_lag_ms, 60_000);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_table_waits_for_transactions_older_than_its_publication() {
+    let db = TestDb::create("adm_wait").await;
+    let origin = db.client().await;
+    origin.batch_execute(SCHEMA).await.unwrap();
+    origin
+        .batch_execute("CREATE TABLE late (id int8 PRIMARY KEY, v int4 NOT NULL); INSERT INTO late VALUES (1, 0);")
+        .await
+        .unwrap();
+    let mut cfg = support::config(&db, 1);
+    cfg.catalog.tables = vec!["users".into()];
+    let p = std::sync::Arc::new(support::start(cfg).await);
+
+    // A transaction open (with an xid) before the table joins the publication.
+    let older = db.client().await;
+    older
+        .batch_execute("BEGIN; UPDATE late SET v = 1 WHERE id = 1;")
+        .await
+        .unwrap();
+    let adding = {
+        let p = p.clone();
+        tokio::spawn(async move { p.add_table("late", false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!adding.is_finished(), "add_table did not wait");
+    assert!(p.table("late").is_none());
+    older.batch_execute("COMMIT").await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), adding)
+        .await
+        .expect("add_table ends once the older transaction does")
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, TableState::Active);
+    let mut r = support::redis(&p).await;
+    let v: Option<String> = r.get("late:1").await.unwrap();
+    assert_eq!(v.as_deref(), Some(r#"{"id":1,"v":1}"#));
+    p.shutdown().await;
+}

@@ -18,6 +18,9 @@ use crate::writer::AdminCmd;
 
 mod warm;
 
+/// Longest wait for transactions older than a table's joining the publication.
+const OLDER_TXN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A key split into its table and pk text.
 type ParsedKey = (Arc<TableInfo>, Box<[u8]>);
 
@@ -83,13 +86,25 @@ impl Pgline {
             )));
         }
         let publication = self.config_read().replication.publication.clone();
-        catalog::publication_add(&client, &publication, &table)
+        let origin_err = |e: CatalogError| {
+            AdminError::Origin(format!(
+                "adding {qualified} to publication {publication}: {e}"
+            ))
+        };
+        let listed = catalog::publication_add(&client, &publication, &table)
             .await
-            .map_err(|e| {
-                AdminError::Origin(format!(
-                    "adding {qualified} to publication {publication}: {e}"
-                ))
-            })?;
+            .map_err(origin_err)?;
+        if listed
+            && !catalog::wait_for_older_transactions(&client, OLDER_TXN_WAIT)
+                .await
+                .map_err(origin_err)?
+        {
+            return Err(AdminError::Conflict(format!(
+                "{qualified} joined publication {publication}, but transactions older than that \
+                 are still open after {} s; retry once they end",
+                OLDER_TXN_WAIT.as_secs()
+            )));
+        }
         drop(client);
         let epoch = if warm {
             self.states.begin(id)

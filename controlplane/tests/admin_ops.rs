@@ -527,3 +527,18 @@ async fn add_table_waits_for_transactions_older_than_its_publication() {
     assert_eq!(v.as_deref(), Some(r#"{"id":1,"v":1}"#));
     p.shutdown().await;
 }
+
+/// The HTTP server holds `Arc<Pgline>` and awaits these futures on a multi-threaded runtime.
+#[allow(dead_code)]
+fn shareable_by_an_http_server(p: &Pgline) {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: T) {}
+    send_sync::<Pgline>();
+    send(p.add_table("t", true));
+    send(p.remove_table("t"));
+    send(p.flush_table("t"));
+    send(p.flush_key("t:1"));
+    send(p.key_info("t:1"));
+    send(p.flush_all());
+    send(p.shutdown());
+}

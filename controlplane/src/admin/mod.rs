@@ -32,6 +32,18 @@ use serde::Serialize;
 
 pub use patch::LIVE_KEYS;
 
+/// A [`crate::server::LogReload`] for a `tracing_subscriber` `EnvFilter` behind a reload
+/// layer (`tracing_subscriber::reload::Layer::new(filter)` gives the handle); hand it to
+/// `Pgline::set_log_reload` to make `log.level` live.
+pub fn env_filter_reload<S: 'static>(
+    handle: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, S>,
+) -> crate::server::LogReload {
+    Box::new(move |level| {
+        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
+}
+
 /// Why an admin operation failed; the HTTP layer maps each to a status code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
 #[serde(tag = "error", content = "detail", rename_all = "snake_case")]
@@ -163,4 +175,38 @@ pub struct KeyInfo {
     pub age_ms: Option<u64>,
     /// Why it is not cached, or why a cached entry is not served right now.
     pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_filter_reload_checks_and_swaps_the_filter() {
+        let (layer, handle) =
+            tracing_subscriber::reload::Layer::<_, tracing_subscriber::Registry>::new(
+                tracing_subscriber::EnvFilter::new("info"),
+            );
+        let reload = env_filter_reload(handle.clone());
+        reload("pgline=debug,warn").unwrap();
+        let now = handle.with_current(|f| f.to_string()).unwrap();
+        assert!(now.contains("pgline=debug"), "{now}");
+        assert!(reload("pgline=loud").is_err());
+        drop(layer);
+        assert!(reload("info").is_err(), "no subscriber left to reload");
+    }
+
+    #[test]
+    fn errors_serialize_as_the_api_error_shape() {
+        let e = AdminError::RestartRequired("resp.listen needs a restart".into());
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"error": "restart_required", "detail": "resp.listen needs a restart"})
+        );
+        let s = TableState::Warming { done: 1, total: 2 };
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({"state": "warming", "done": 1, "total": 2})
+        );
+    }
 }

@@ -65,6 +65,9 @@ pub struct Pgline {
     pub(crate) runtime: Arc<Runtime>,
     /// States of tables added at run time (warming progress).
     pub(crate) states: Arc<TableStates>,
+    /// Whether the catalog is the configured table list (not every table with a key): tables
+    /// added or removed at run time are then added to or removed from `catalog.tables`.
+    pub(crate) table_list: bool,
     /// Entries per table, as the writer last counted them.
     pub(crate) entry_counts: Arc<EntryCounts>,
     pub(crate) log_reload: RwLock<Option<LogReload>>,
@@ -133,6 +136,7 @@ impl Pgline {
         let (wal_tx, wal_rx) = mpsc::channel(1024);
         let (admin_tx, admin_rx) = mpsc::channel(64);
 
+        let table_list = !cfg.catalog.tables.is_empty();
         let scope = if cfg.catalog.tables.is_empty() {
             PublicationScope::AllTables
         } else {
@@ -189,6 +193,7 @@ impl Pgline {
             repl,
             catalog: catalog_cell,
             entry_counts,
+            table_list,
             admin: admin_tx,
             pool,
             cfg: RwLock::new(cfg),

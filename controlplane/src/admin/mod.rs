@@ -21,6 +21,10 @@
 //! past a million entries: `TableStatus::entries` is then `None`); "evicted" and "never read" cannot be told apart for an uncached key; after a replication
 //! reconnect the WAL consumer re-adds its start-up table list to a table-list publication, so a
 //! removed table may be published again (its changes are ignored, at some decoding cost).
+//! Tables added or removed at run time show in the effective `catalog.tables` only in table-list
+//! mode (in every-table mode a removed table is not representable there; in table-list mode a
+//! list emptied by removals reads like every-table mode, which it is not until a restart), and
+//! nothing is written back to the config file.
 
 pub mod ops;
 pub mod patch;

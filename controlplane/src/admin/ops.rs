@@ -119,13 +119,9 @@ impl Pgline {
             self.states.clear(id);
             return Err(AdminError::Conflict(e));
         }
-        {
-            let mut cfg = self.config_write();
-            if !cfg.catalog.tables.is_empty() {
-                let t = self.catalog.get(id);
-                if let Some(t) = t {
-                    cfg.catalog.tables.push(config_name(&t));
-                }
+        if self.table_list {
+            if let Some(t) = self.catalog.get(id) {
+                self.config_write().catalog.tables.push(config_name(&t));
             }
         }
         tracing::info!(table = %qualified, warm, "table added");

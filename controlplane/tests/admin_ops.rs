@@ -542,3 +542,47 @@ fn shareable_by_an_http_server(p: &Pgline) {
     send(p.flush_all());
     send(p.shutdown());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warming_that_loses_its_table_reports_failed() {
+    let db = TestDb::create("adm_fail").await;
+    let origin = db.client().await;
+    origin.batch_execute(SCHEMA).await.unwrap();
+    let mut cfg = support::config(&db, 1);
+    cfg.catalog.tables = vec!["users".into()];
+    let p = support::start(cfg).await;
+    origin
+        .batch_execute(
+            "CREATE TABLE doomed (id int4 PRIMARY KEY);
+             INSERT INTO doomed SELECT generate_series(1, 1000);",
+        )
+        .await
+        .unwrap();
+    p.patch_config(&json!({"origin": {"fill_batch": 10, "fill_delay_ms": 50}}))
+        .unwrap();
+    p.add_table("doomed", true).await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !matches!(p.table("doomed").map(|t| t.state), Some(TableState::Warming { done, .. }) if done > 0)
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "warming never progressed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    origin.batch_execute("DROP TABLE doomed").await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match p.table("doomed").map(|t| t.state) {
+            Some(TableState::Failed { detail }) => {
+                assert!(detail.contains("does not exist"), "{detail}");
+                break;
+            }
+            other => assert!(std::time::Instant::now() < until, "never failed: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Failed warming leaves the table cached (it fills on misses), and removable.
+    assert!(p.remove_table("doomed").await.is_ok());
+    p.shutdown().await;
+}

@@ -87,8 +87,12 @@ impl Pgline {
         }
         let publication = self.config_read().replication.publication.clone();
         let origin_err = |e: CatalogError| {
+            let detail = match &e {
+                CatalogError::Origin(pe) => warm::origin_detail(pe),
+                other => other.to_string(),
+            };
             AdminError::Origin(format!(
-                "adding {qualified} to publication {publication}: {e}"
+                "adding {qualified} to publication {publication}: {detail}"
             ))
         };
         let listed = catalog::publication_add(&client, &publication, &table)
@@ -488,7 +492,7 @@ fn catalog_error(name: &str, e: CatalogError) -> AdminError {
             {
                 AdminError::BadRequest(format!("table name {name:?}: {}", db.message()))
             }
-            _ => AdminError::Origin(e.to_string()),
+            _ => AdminError::Origin(warm::origin_detail(&e)),
         },
     }
 }

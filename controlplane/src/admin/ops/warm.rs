@@ -136,7 +136,7 @@ impl Warmer {
             .await?
             .query_one(&sql, &[])
             .await
-            .map_err(|e| format!("origin: {e}"))?;
+            .map_err(|e| origin_detail(&e))?;
         Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
     }
 
@@ -180,10 +180,18 @@ impl Warmer {
             .await?
             .query(&sql, &params)
             .await
-            .map_err(|e| format!("origin: {e}"))?;
+            .map_err(|e| origin_detail(&e))?;
         Ok(rows
             .iter()
             .map(|r| (0..cols.len()).map(|i| r.get::<_, String>(i)).collect())
             .collect())
+    }
+}
+
+/// An origin error with the server's message (tokio-postgres displays only "db error").
+pub(super) fn origin_detail(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("origin: {}: {}", db.code().code(), db.message()),
+        None => format!("origin: {e}"),
     }
 }

@@ -200,6 +200,10 @@ impl Writer {
             let _ = tx.send(Err("the table is no longer cached".into()));
             return;
         };
+        if self.disabled.contains(&t) {
+            let _ = tx.send(Err("the table is disabled (catalog.disabled)".into()));
+            return;
+        }
         let fid = self.next_id;
         self.next_id += 1;
         let mut keys = Vec::new();

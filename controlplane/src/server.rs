@@ -1,9 +1,13 @@
 //! Starting and stopping a whole pgline: origin pool and catalog, store, WAL consumer, writer,
 //! dataplane cores. Used by the `pgline serve` binary and, in-process, by the integration tests.
+//!
+//! A running [`Pgline`] is shareable (`Arc<Pgline>`): every method takes `&self`, including
+//! [`Pgline::shutdown`]. Its admin operations (tables, flushes, key info, config) live in
+//! `crate::admin::ops`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use pgline_dataplane::engine::Engine;
@@ -11,10 +15,11 @@ use pgline_dataplane::keyspace::KeySpaceCell;
 use pgline_dataplane::plane::{Shared, Wake};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::catalog::{Catalog, CatalogError};
-use crate::config::{Config, ConfigError};
+use crate::admin::TableStates;
+use crate::catalog::{Catalog, CatalogCell, CatalogError};
+use crate::config::{Config, ConfigError, Runtime};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
-use crate::writer::{AdminCmd, Writer};
+use crate::writer::{AdminCmd, EntryCounts, Writer, WriterParts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -43,16 +48,36 @@ impl Wake for NotifyWake {
     }
 }
 
+/// Replaces the process's log filter (installed by whoever set up `tracing`).
+pub type LogReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
 /// A running pgline.
 pub struct Pgline {
     pub shared: Arc<Shared>,
     pub repl: Arc<ReplicationState>,
-    pub catalog: Catalog,
-    admin: mpsc::Sender<AdminCmd>,
-    shutdown: watch::Sender<bool>,
-    engine: Option<Engine>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The catalog as the store writer last published it (tables added or removed at run time
+    /// included).
+    pub catalog: Arc<CatalogCell>,
+    pub(crate) admin: mpsc::Sender<AdminCmd>,
+    pub(crate) pool: deadpool_postgres::Pool,
+    /// The effective config, secrets included (redacted only on the way out).
+    pub(crate) cfg: RwLock<Config>,
+    pub(crate) runtime: Arc<Runtime>,
+    /// States of tables added at run time (warming progress).
+    pub(crate) states: Arc<TableStates>,
+    /// Whether the catalog is the configured table list (not every table with a key): tables
+    /// added or removed at run time are then added to or removed from `catalog.tables`.
+    pub(crate) table_list: bool,
+    /// Entries per table, as the writer last counted them.
+    pub(crate) entry_counts: Arc<EntryCounts>,
+    pub(crate) log_reload: RwLock<Option<LogReload>>,
+    /// Serializes add/remove/config changes (each is a read-check-write over several parts).
+    pub(crate) admin_lock: tokio::sync::Mutex<()>,
+    pub(crate) shutdown: watch::Sender<bool>,
+    engine: Mutex<Option<Engine>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     local_addr: SocketAddr,
+    started_at: Instant,
 }
 
 impl Pgline {
@@ -111,6 +136,7 @@ impl Pgline {
         let (wal_tx, wal_rx) = mpsc::channel(1024);
         let (admin_tx, admin_rx) = mpsc::channel(64);
 
+        let table_list = !cfg.catalog.tables.is_empty();
         let scope = if cfg.catalog.tables.is_empty() {
             PublicationScope::AllTables
         } else {
@@ -132,13 +158,21 @@ impl Pgline {
             wal_tx,
             shutdown_rx.clone(),
         )));
+        let runtime = Arc::new(Runtime::new(&cfg));
+        let catalog_cell = Arc::new(CatalogCell::new(catalog.clone()));
+        let entry_counts = Arc::new(EntryCounts::default());
         let writer = Writer::new(
-            cfg.clone(),
             store,
-            shared.clone(),
-            catalog.clone(),
-            pool,
-            repl.clone(),
+            catalog,
+            WriterParts {
+                cfg: cfg.clone(),
+                shared: shared.clone(),
+                pool: pool.clone(),
+                repl: repl.clone(),
+                runtime: runtime.clone(),
+                catalog_cell: catalog_cell.clone(),
+                entry_counts: entry_counts.clone(),
+            },
         );
         tasks.push(tokio::spawn(writer.run(
             wake,
@@ -157,17 +191,31 @@ impl Pgline {
         Ok(Pgline {
             shared,
             repl,
-            catalog,
+            catalog: catalog_cell,
+            entry_counts,
+            table_list,
             admin: admin_tx,
+            pool,
+            cfg: RwLock::new(cfg),
+            runtime,
+            states: Arc::default(),
+            log_reload: RwLock::new(None),
+            admin_lock: tokio::sync::Mutex::new(()),
             shutdown,
-            engine: Some(engine),
-            tasks,
+            engine: Mutex::new(Some(engine)),
+            tasks: Mutex::new(tasks),
             local_addr,
+            started_at: Instant::now(),
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Time since [`Pgline::start`] returned.
+    pub fn uptime(&self) -> Duration {
+        self.started_at.elapsed()
     }
 
     /// The LSN up to which WAL changes are applied to the store.
@@ -212,15 +260,22 @@ impl Pgline {
         rx.await.unwrap_or_default()
     }
 
-    /// Stops the cores and the control-plane tasks.
-    pub async fn shutdown(mut self) {
-        if let Some(engine) = self.engine.take() {
+    /// Stops the cores and the control-plane tasks (warming included). Idempotent.
+    pub async fn shutdown(&self) {
+        let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(engine) = engine {
             tokio::task::spawn_blocking(move || engine.stop())
                 .await
                 .ok();
         }
         let _ = self.shutdown.send(true);
-        for t in self.tasks.drain(..) {
+        let tasks: Vec<_> = self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
     }

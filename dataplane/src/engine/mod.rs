@@ -2,20 +2,30 @@
 //!
 //! One thread per configured core, each with its own listener (kernel path: `SO_REUSEPORT`), its
 //! own connections and its own queues to the control plane; cores share nothing mutable except
-//! the store's optimistic reads and their own counters. See [`core`] for the loop itself and
-//! `docs/architecture.md` for a request followed file by file.
+//! the store's optimistic reads and their own counters. `docs/architecture.md` follows a request
+//! file by file.
+//!
+//! One engine, two transports:
+//! - [`session`] and [`slots`] are everything between "bytes arrived on a connection" and "bytes
+//!   to write": parsing, execution against the store, misses to the control plane, replies held
+//!   and released in request order, limits, counters, the connection table. They know nothing of
+//!   sockets or packets.
+//! - [`kernel`] is the core loop over kernel sockets (mio, `SO_REUSEPORT`, sleeps when idle).
 //!
 //! Hit path (no allocation, no lock, no system call besides the socket read/write that carry
-//! it): `core::process_requests` → `resp::parse_request` → `resp::command::parse_command` →
-//! `execute::Exec::execute` → `store::StoreReader::read` appends the entry's pre-encoded RESP
-//! bytes to the connection's write buffer → `core::dispatch_egress`.
+//! it): `kernel` ingress → `session::Worker::process_requests` → `resp::parse_request` →
+//! `resp::command::parse_command` → `execute::Exec::execute` → `store::StoreReader::read`
+//! appends the entry's pre-encoded RESP bytes to the connection's write buffer → `kernel`
+//! egress.
 
 mod conn;
-pub mod core;
 mod deferred;
 mod execute;
 pub mod info;
+mod kernel;
 mod prefetch;
+mod session;
+mod slots;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -77,7 +87,7 @@ impl Engine {
         let mut cores = Vec::with_capacity(cfg.cores);
         let mut listen = cfg.listen;
         for id in 0..cfg.cores {
-            let core = core::Core::new(id, listen, shared.clone(), cfg.clone())?;
+            let core = kernel::Core::new(id, listen, shared.clone(), cfg.clone())?;
             // With port 0 the first core picks the port; the others join it.
             listen = core.local_addr()?;
             cores.push(core);

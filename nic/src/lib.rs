@@ -14,6 +14,8 @@
 //!   from, transmitting it hands it to the port;
 //! - frames are whole Ethernet frames without the FCS.
 
+pub mod mem;
+
 /// One frame buffer, owned by the caller between receive (or alloc) and transmit (or drop).
 pub trait Packet: Send {
     /// The frame bytes.

@@ -11,6 +11,8 @@
 //!   and released in request order, limits, counters, the connection table. They know nothing of
 //!   sockets or packets.
 //! - [`kernel`] is the core loop over kernel sockets (mio, `SO_REUSEPORT`, sleeps when idle).
+//! - [`userspace`] is the core loop over a userspace TCP stack
+//!   ([`crate::transport::stream::StreamStack`]; busy-polls, one stack and NIC queue per core).
 //!
 //! Hit path (no allocation, no lock, no system call besides the socket read/write that carry
 //! it): `kernel` ingress → `session::Worker::process_requests` → `resp::parse_request` →
@@ -26,6 +28,7 @@ mod kernel;
 mod prefetch;
 mod session;
 mod slots;
+pub mod userspace;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -34,6 +37,7 @@ use std::thread::JoinHandle;
 
 use crate::plane::Shared;
 use crate::resp::Limits;
+use crate::transport::stream::StreamStack;
 
 /// Default number of dataplane cores.
 pub const DEFAULT_CORES: usize = 1;
@@ -106,6 +110,52 @@ impl Engine {
             threads,
             shared,
             local_addr: listen,
+        })
+    }
+
+    /// Starts one userspace core per stack: core `i` owns `stacks[i]` (and through it its NIC
+    /// queue) and listens on `cfg.listen`'s port. `cfg.listen` is reported as the local address.
+    pub fn start_streams<S>(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        stacks: Vec<S>,
+    ) -> std::io::Result<Engine>
+    where
+        S: StreamStack + Send + 'static,
+    {
+        if stacks.len() != cfg.cores || shared.cores() != cfg.cores {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} cores configured, {} stacks given, {} core queues",
+                    cfg.cores,
+                    stacks.len(),
+                    shared.cores()
+                ),
+            ));
+        }
+        let cfg = Arc::new(cfg);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::with_capacity(stacks.len());
+        for (id, stack) in stacks.into_iter().enumerate() {
+            let (flag, shared, cfg) = (stop.clone(), shared.clone(), cfg.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("pgline-ucore-{id}"))
+                .spawn(move || userspace::UserCore::new(id, stack, shared, cfg).run(&flag));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    threads.into_iter().for_each(|t| drop(t.join()));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Engine {
+            stop,
+            threads,
+            shared,
+            local_addr: cfg.listen,
         })
     }
 

@@ -1,0 +1,2 @@
+//! Helpers shared by the dataplane's integration tests.
+pub mod pipe;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use pgline_controlplane::config::Config;
+use pgline_controlplane::config::{Config, NicMode};
 use pgline_controlplane::server::Pgline;
 
 #[derive(Parser)]
@@ -42,6 +42,9 @@ struct ServeArgs {
     /// Store memory, e.g. 1GiB (`store.memory`).
     #[arg(long)]
     memory: Option<String>,
+    /// Client transport (`nic.mode`): kernel sockets, or a DPDK port with the userspace TCP stack.
+    #[arg(long, value_parser = ["kernel", "dpdk"])]
+    nic: Option<String>,
     /// Any setting: `--set section.key=value` (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     set: Vec<String>,
@@ -63,6 +66,9 @@ impl ServeArgs {
         if let Some(m) = &self.memory {
             sets.push(format!("store.memory={}", quote(m)));
         }
+        if let Some(n) = &self.nic {
+            sets.push(format!("nic.mode={}", quote(n)));
+        }
         sets.extend(self.set.iter().cloned());
         Config::load(self.config.as_deref(), std::env::vars(), &sets)
     }
@@ -81,6 +87,13 @@ fn main() -> std::process::ExitCode {
     if let Command::Config(_) = cli.command {
         print!("{}", toml::to_string(&cfg).unwrap_or_default());
         return std::process::ExitCode::SUCCESS;
+    }
+    if cfg.nic.mode == NicMode::Mem {
+        eprintln!(
+            "pgline: nic.mode = \"mem\" is the in-memory port for in-process tests and benches; \
+             pgline serve needs kernel or dpdk"
+        );
+        return std::process::ExitCode::from(2);
     }
     init_logging(&cfg);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

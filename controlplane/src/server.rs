@@ -12,7 +12,7 @@ use pgline_dataplane::plane::{Shared, Wake};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::catalog::{Catalog, CatalogError};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, NicMode};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
 use crate::writer::{AdminCmd, Writer};
 
@@ -20,6 +20,9 @@ use crate::writer::{AdminCmd, Writer};
 pub enum StartError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The configured client transport (`nic.mode`) cannot start in this build or setup.
+    #[error("nic: {0}")]
+    Nic(String),
     #[error("origin unreachable: {0}")]
     Origin(String),
     #[error("origin has wal_level={0}; pgline needs wal_level=logical (set it in postgresql.conf and restart PostgreSQL)")]
@@ -58,6 +61,7 @@ pub struct Pgline {
 impl Pgline {
     /// Starts everything; returns once the RESP listeners are bound.
     pub async fn start(cfg: Config) -> Result<Pgline, StartError> {
+        check_transport(&cfg)?;
         let pg = cfg.origin.pg_config()?;
         let mgr = deadpool_postgres::Manager::from_config(
             pg.clone(),
@@ -147,13 +151,9 @@ impl Pgline {
             shutdown_rx,
         )));
 
-        let engine =
-            Engine::start(cfg.engine(), shared.clone()).map_err(|source| StartError::Listen {
-                addr: cfg.resp.listen.clone(),
-                source,
-            })?;
+        let engine = start_engine(&cfg, shared.clone())?;
         let local_addr = engine.local_addr();
-        tracing::info!(%local_addr, cores = cfg.resp.cores, "RESP listening (kernel sockets)");
+        tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
         Ok(Pgline {
             shared,
             repl,
@@ -224,4 +224,33 @@ impl Pgline {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
     }
+}
+
+/// Refuses, before anything starts, a client transport this build or setup cannot run.
+fn check_transport(cfg: &Config) -> Result<(), StartError> {
+    match cfg.nic.mode {
+        NicMode::Kernel => Ok(()),
+        NicMode::Dpdk if !cfg!(feature = "dpdk") => Err(StartError::Nic(
+            "nic.mode = \"dpdk\" but pgline was built without the dpdk feature \
+             (rebuild with `cargo build --release --features dpdk`; needs libdpdk-dev >= 22.11)"
+                .into(),
+        )),
+        NicMode::Dpdk => Err(StartError::Nic(
+            "nic.mode = \"dpdk\": the DPDK port start is not wired into the engine yet \
+             (waiting for the pgline-nic DPDK backend to merge)"
+                .into(),
+        )),
+        NicMode::Mem => Err(StartError::Nic(
+            "nic.mode = \"mem\": the userspace TCP stack (dataplane net) is not merged yet".into(),
+        )),
+    }
+}
+
+/// Starts the dataplane cores on the configured client transport.
+fn start_engine(cfg: &Config, shared: Arc<Shared>) -> Result<Engine, StartError> {
+    check_transport(cfg)?;
+    Engine::start(cfg.engine(), shared).map_err(|source| StartError::Listen {
+        addr: cfg.resp.listen.clone(),
+        source,
+    })
 }

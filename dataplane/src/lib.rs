@@ -7,6 +7,7 @@
 //! - [`keyspace`]: key names (`users:42`) to store keys (table id, pk text).
 //! - [`plane`]: the typed queues and shared counters between the cores and the control plane.
 //! - [`transport`]: how bytes reach a core (kernel sockets today).
+//! - [`net`]: the userspace network stack (Ethernet, ARP, IPv4, ICMP, TCP) over a `pgline_nic` queue.
 //! - [`engine`]: the per-core poll loop tying them together.
 //!
 //! Dependencies point one way: `resp` and `store` know nothing of each other or of I/O;
@@ -14,6 +15,7 @@
 
 pub mod engine;
 pub mod keyspace;
+pub mod net;
 pub mod plane;
 pub mod resp;
 pub mod row;

@@ -1,0 +1,378 @@
+//! One TCP connection slot: a smoltcp TCP socket driven by its own tiny `Interface` over a device
+//! shim that sees only this flow's packets.
+//!
+//! Why per connection: smoltcp's `Interface::poll*` visits every socket of its `SocketSet`, and
+//! the TCP socket's `process`/`dispatch` are crate-private in smoltcp 0.12. A one-socket
+//! `Interface` (medium IP, so no neighbor cache or Ethernet in it) is the smallest public unit
+//! that drives one socket: ingress is `poll_ingress_single` with the flow's IPv4 packet, egress is
+//! `poll_egress`, and each costs O(1) in the number of open connections.
+//!
+//! The shim ([`Shim`]) hands smoltcp the IPv4 packet the stack already checked, and gives it
+//! transmit buffers straight from the port (the IPv4 packet is written after room for the
+//! Ethernet header: no copy). After smoltcp emits a segment the shim writes the Ethernet header,
+//! counts retransmissions (a segment starting below the highest sequence sent), and prepares
+//! checksum offload when the device does it.
+//!
+//! Slots are reused: a freed slot keeps its interface, socket and buffers, so steady-state
+//! accept/close does not allocate.
+
+use std::net::Ipv4Addr;
+
+use pgline_nic::{Packet, Queue};
+use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
+use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium};
+use smoltcp::socket::tcp;
+use smoltcp::time::Instant as SInstant;
+use smoltcp::wire::{HardwareAddress, IpCidr};
+
+use super::wire::{self, ETHERTYPE_IPV4, ETH_HDR, PROTO_TCP};
+use super::NetStats;
+
+/// How the connection started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Accepted on a listening port.
+    Passive { listener: u16 },
+    /// Opened by `connect`.
+    Active,
+}
+
+/// The 4-tuple (our address is the stack's, so it is left out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub remote_ip: u32,
+    pub remote_port: u16,
+    pub local_port: u16,
+}
+
+/// Link facts the shim needs to frame an IPv4 packet.
+#[derive(Clone, Copy, Debug)]
+pub struct Link {
+    pub src_mac: [u8; 6],
+    pub tx_offload: bool,
+}
+
+/// One connection slot.
+pub struct Conn {
+    /// Bumped each time the slot is freed, so stale `ConnId`s miss.
+    pub gen: u32,
+    pub iface: Interface,
+    pub sockets: SocketSet<'static>,
+    pub handle: SocketHandle,
+    /// `Some` while the slot holds a connection.
+    pub key: Option<FlowKey>,
+    pub origin: Origin,
+    /// `Accepted`/`Connected` reported.
+    pub announced: bool,
+    /// End of stream reported through `Readable`.
+    pub eof_reported: bool,
+    /// A `send` came up short: report `Writable` when room frees up.
+    pub want_write: bool,
+    /// In the dirty list.
+    pub dirty: bool,
+    /// Waiting for ARP to resolve its next hop.
+    pub arp_wait: bool,
+    pub next_hop: Ipv4Addr,
+    pub mac: Option<[u8; 6]>,
+    /// The earliest pending timer entry (µs since the stack's epoch).
+    pub timer: Option<u64>,
+    /// Highest sequence number sent + 1 (for counting retransmissions).
+    pub snd_max: Option<u32>,
+}
+
+/// A device with capabilities only (used to build interfaces).
+struct CapsOnly(DeviceCapabilities);
+
+impl phy::Device for CapsOnly {
+    type RxToken<'a> = NoToken;
+    type TxToken<'a> = NoToken;
+    fn receive(&mut self, _: SInstant) -> Option<(NoToken, NoToken)> {
+        None
+    }
+    fn transmit(&mut self, _: SInstant) -> Option<NoToken> {
+        None
+    }
+    fn capabilities(&self) -> DeviceCapabilities {
+        self.0.clone()
+    }
+}
+
+struct NoToken;
+
+impl phy::RxToken for NoToken {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(&[])
+    }
+}
+
+impl phy::TxToken for NoToken {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        let mut buf = vec![0u8; len];
+        f(&mut buf)
+    }
+}
+
+/// Device capabilities for the per-connection interfaces.
+pub fn capabilities(mtu: usize, tx_offload: bool) -> DeviceCapabilities {
+    let mut caps = DeviceCapabilities::default();
+    caps.medium = Medium::Ip;
+    caps.max_transmission_unit = mtu;
+    caps.max_burst_size = None;
+    // Received checksums are verified by the stack before smoltcp sees the packet.
+    let tx = if tx_offload {
+        Checksum::None
+    } else {
+        Checksum::Tx
+    };
+    let mut cs = ChecksumCapabilities::default();
+    cs.ipv4 = tx;
+    cs.tcp = tx;
+    cs.udp = tx;
+    cs.icmpv4 = tx;
+    caps.checksum = cs;
+    caps
+}
+
+impl Conn {
+    /// A new, free slot.
+    pub fn new(
+        caps: &DeviceCapabilities,
+        ip: Ipv4Addr,
+        seed: u64,
+        rx_buffer: usize,
+        tx_buffer: usize,
+        now: SInstant,
+    ) -> Conn {
+        let mut cfg = Config::new(HardwareAddress::Ip);
+        cfg.random_seed = seed;
+        let mut iface = Interface::new(cfg, &mut CapsOnly(caps.clone()), now);
+        // Prefix 0: every destination is on-link for this interface (the stack does routing).
+        iface.update_ip_addrs(|addrs| {
+            let _ = addrs.push(IpCidr::new(ip.into(), 0));
+        });
+        let socket = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0u8; rx_buffer]),
+            tcp::SocketBuffer::new(vec![0u8; tx_buffer]),
+        );
+        let mut sockets = SocketSet::new(Vec::with_capacity(1));
+        let handle = sockets.add(socket);
+        Conn {
+            gen: 0,
+            iface,
+            sockets,
+            handle,
+            key: None,
+            origin: Origin::Active,
+            announced: false,
+            eof_reported: false,
+            want_write: false,
+            dirty: false,
+            arp_wait: false,
+            next_hop: Ipv4Addr::UNSPECIFIED,
+            mac: None,
+            timer: None,
+            snd_max: None,
+        }
+    }
+
+    pub fn socket(&self) -> &tcp::Socket<'static> {
+        self.sockets.get::<tcp::Socket>(self.handle)
+    }
+
+    pub fn socket_mut(&mut self) -> &mut tcp::Socket<'static> {
+        self.sockets.get_mut::<tcp::Socket>(self.handle)
+    }
+
+    /// Resets the per-connection bookkeeping for a new connection.
+    pub fn begin(
+        &mut self,
+        key: FlowKey,
+        origin: Origin,
+        next_hop: Ipv4Addr,
+        mac: Option<[u8; 6]>,
+    ) {
+        self.key = Some(key);
+        self.origin = origin;
+        self.announced = false;
+        self.eof_reported = false;
+        self.want_write = false;
+        self.dirty = false;
+        self.arp_wait = false;
+        self.next_hop = next_hop;
+        self.mac = mac;
+        self.timer = None;
+        self.snd_max = None;
+    }
+
+    /// Feeds one IPv4 packet of this flow to the socket; replies smoltcp sends right away (RST,
+    /// challenge ACK) go through `out`.
+    pub fn ingress<Q: Queue>(&mut self, now: SInstant, packet: &[u8], out: TxOut<'_, Q>) {
+        let mut shim = Shim {
+            rx: Some(packet),
+            out,
+            mac: self.mac,
+            snd_max: &mut self.snd_max,
+        };
+        self.iface
+            .poll_ingress_single(now, &mut shim, &mut self.sockets);
+    }
+
+    /// Lets the socket send one segment if it has one (data, ACK, FIN, RST, retransmission);
+    /// true if it did.
+    pub fn egress<Q: Queue>(&mut self, now: SInstant, out: TxOut<'_, Q>) -> bool {
+        let mut shim = Shim {
+            rx: None,
+            out,
+            mac: self.mac,
+            snd_max: &mut self.snd_max,
+        };
+        self.iface.poll_egress(now, &mut shim, &mut self.sockets) == PollResult::SocketStateChanged
+    }
+
+    /// When smoltcp next wants to run for this connection (µs since the epoch; 0 = now).
+    pub fn poll_at(&mut self, now: SInstant) -> Option<u64> {
+        self.iface
+            .poll_at(now, &self.sockets)
+            .map(|t| t.total_micros().max(0) as u64)
+    }
+}
+
+/// Where transmitted frames go: the port (for buffers), the pending TX burst and the counters.
+pub struct TxOut<'a, Q: Queue> {
+    pub queue: &'a mut Q,
+    pub tx: &'a mut Vec<Q::Packet>,
+    pub scratch: &'a mut Vec<u8>,
+    pub stats: &'a mut NetStats,
+    pub link: Link,
+}
+
+/// The one-flow device smoltcp's interface drives.
+struct Shim<'a, 'p, Q: Queue> {
+    rx: Option<&'p [u8]>,
+    out: TxOut<'a, Q>,
+    mac: Option<[u8; 6]>,
+    snd_max: &'a mut Option<u32>,
+}
+
+struct Rx<'p>(&'p [u8]);
+
+impl phy::RxToken for Rx<'_> {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(self.0)
+    }
+}
+
+struct Tx<'s, 'a, Q: Queue> {
+    out: &'s mut TxOut<'a, Q>,
+    mac: Option<[u8; 6]>,
+    snd_max: &'s mut Option<u32>,
+}
+
+impl<'a, Q: Queue> phy::Device for Shim<'a, '_, Q> {
+    type RxToken<'b>
+        = Rx<'b>
+    where
+        Self: 'b;
+    type TxToken<'b>
+        = Tx<'b, 'a, Q>
+    where
+        Self: 'b;
+
+    fn receive(&mut self, _: SInstant) -> Option<(Rx<'_>, Tx<'_, 'a, Q>)> {
+        let data = self.rx.take()?;
+        Some((
+            Rx(data),
+            Tx {
+                out: &mut self.out,
+                mac: self.mac,
+                snd_max: &mut *self.snd_max,
+            },
+        ))
+    }
+
+    fn transmit(&mut self, _: SInstant) -> Option<Tx<'_, 'a, Q>> {
+        Some(Tx {
+            out: &mut self.out,
+            mac: self.mac,
+            snd_max: &mut *self.snd_max,
+        })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        // Only consulted at interface creation; the interface keeps its own copy.
+        DeviceCapabilities::default()
+    }
+}
+
+impl<Q: Queue> phy::TxToken for Tx<'_, '_, Q> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        let out = self.out;
+        let frame_len = ETH_HDR + len;
+        let pkt = match (self.mac, out.queue.alloc()) {
+            (Some(mac), Some(mut pkt)) if frame_len <= pkt.capacity() => {
+                pkt.set_len(frame_len);
+                wire::compose_eth(pkt.data_mut(), mac, out.link.src_mac, ETHERTYPE_IPV4);
+                pkt
+            }
+            (mac, _) => {
+                // No buffer or no next-hop address: the segment is lost (TCP retransmits it).
+                if mac.is_none() {
+                    out.stats.tx_dropped_no_arp += 1;
+                } else {
+                    out.stats.tx_dropped_nobuf += 1;
+                }
+                out.scratch.resize(len, 0);
+                return f(&mut out.scratch[..len]);
+            }
+        };
+        let mut pkt = pkt;
+        let r = f(&mut pkt.data_mut()[ETH_HDR..frame_len]);
+        finish_segment(&mut pkt, out.link.tx_offload, self.snd_max, out.stats);
+        out.tx.push(pkt);
+        r
+    }
+}
+
+/// After smoltcp emitted a TCP/IPv4 packet: count a retransmission, and with checksum offload
+/// leave the pseudo-header sum in the TCP checksum and ask the device for the rest.
+fn finish_segment<P: Packet>(
+    pkt: &mut P,
+    offload: bool,
+    snd_max: &mut Option<u32>,
+    stats: &mut NetStats,
+) {
+    let data = pkt.data_mut();
+    let Ok(ip) = wire::parse_ipv4(&data[ETH_HDR..], false) else {
+        return;
+    };
+    if ip.proto != PROTO_TCP {
+        return;
+    }
+    let l4 = ETH_HDR + ip.header_len;
+    let seg_len = ip.total_len - ip.header_len;
+    if let Ok(tcp) = wire::parse_tcp(&data[l4..l4 + seg_len], &ip, false) {
+        let used = wire::tcp_seq_len(&tcp, seg_len);
+        if used > 0 {
+            let end = tcp.seq.wrapping_add(used);
+            match *snd_max {
+                Some(max) if (tcp.seq.wrapping_sub(max) as i32) < 0 => {
+                    stats.tcp_retransmits += 1;
+                    if (end.wrapping_sub(max) as i32) > 0 {
+                        *snd_max = Some(end);
+                    }
+                }
+                _ => *snd_max = Some(end),
+            }
+        }
+    }
+    if offload {
+        let s = wire::pseudo_sum(ip.src, ip.dst, PROTO_TCP, seg_len);
+        let c = wire::fold(s);
+        if seg_len >= 18 {
+            data[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+        }
+        data[ETH_HDR + 10] = 0;
+        data[ETH_HDR + 11] = 0;
+        pkt.request_tx_checksum(ETH_HDR as u16, ip.header_len as u16);
+    }
+}

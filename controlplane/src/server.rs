@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use pgline_dataplane::engine::Engine;
 use pgline_dataplane::keyspace::KeySpaceCell;
 use pgline_dataplane::plane::{Shared, Wake};
+use pgline_nic::mem::{MemConfig, MemQueue};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::catalog::{Catalog, CatalogError};
@@ -56,6 +57,8 @@ pub struct Pgline {
     engine: Option<Engine>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     local_addr: SocketAddr,
+    /// `nic.mode = "mem"`: the far end of each core's in-memory port.
+    mem_ports: Vec<MemQueue>,
 }
 
 impl Pgline {
@@ -151,7 +154,7 @@ impl Pgline {
             shutdown_rx,
         )));
 
-        let engine = start_engine(&cfg, shared.clone())?;
+        let (engine, mem_ports) = start_engine(&cfg, shared.clone())?;
         let local_addr = engine.local_addr();
         tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
         Ok(Pgline {
@@ -163,7 +166,14 @@ impl Pgline {
             engine: Some(engine),
             tasks,
             local_addr,
+            mem_ports,
         })
+    }
+
+    /// `nic.mode = "mem"`: the far ends of the cores' in-memory ports (core `i`'s at `i`), for a
+    /// test or bench client stack to drive; empty for other modes or once taken.
+    pub fn take_mem_ports(&mut self) -> Vec<MemQueue> {
+        std::mem::take(&mut self.mem_ports)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -228,6 +238,7 @@ impl Pgline {
 
 /// Refuses, before anything starts, a client transport this build or setup cannot run.
 fn check_transport(cfg: &Config) -> Result<(), StartError> {
+    let port = cfg.engine().listen.port();
     match cfg.nic.mode {
         NicMode::Kernel => Ok(()),
         NicMode::Dpdk if !cfg!(feature = "dpdk") => Err(StartError::Nic(
@@ -240,17 +251,46 @@ fn check_transport(cfg: &Config) -> Result<(), StartError> {
              (waiting for the pgline-nic DPDK backend to merge)"
                 .into(),
         )),
-        NicMode::Mem => Err(StartError::Nic(
-            "nic.mode = \"mem\": the userspace TCP stack (dataplane net) is not merged yet".into(),
+        NicMode::Mem if port == 0 => Err(StartError::Nic(
+            "the userspace stack listens on resp.listen's port, which must not be 0".into(),
         )),
+        NicMode::Mem => Ok(()),
     }
 }
 
-/// Starts the dataplane cores on the configured client transport.
-fn start_engine(cfg: &Config, shared: Arc<Shared>) -> Result<Engine, StartError> {
+/// Starts the dataplane cores on the configured client transport. For `nic.mode = "mem"` also
+/// returns the far ends of the in-memory ports, one per core, for the caller to drive.
+fn start_engine(cfg: &Config, shared: Arc<Shared>) -> Result<(Engine, Vec<MemQueue>), StartError> {
     check_transport(cfg)?;
-    Engine::start(cfg.engine(), shared).map_err(|source| StartError::Listen {
+    let listen_error = |source| StartError::Listen {
         addr: cfg.resp.listen.clone(),
         source,
-    })
+    };
+    let mut engine_cfg = cfg.engine();
+    match cfg.nic.mode {
+        NicMode::Kernel => Ok((
+            Engine::start(engine_cfg, shared).map_err(listen_error)?,
+            Vec::new(),
+        )),
+        NicMode::Mem => {
+            let ip = cfg
+                .nic
+                .ipv4()
+                .expect("validated: nic.ip is set in mem mode");
+            engine_cfg.listen = SocketAddr::new(ip.into(), engine_cfg.listen.port());
+            let net = cfg
+                .nic
+                .net_config(engine_cfg.max_connections_per_core())
+                .expect("validated: nic.ip is set in mem mode");
+            let (ports, far_ends) = (0..cfg.resp.cores)
+                .map(|_| pgline_nic::mem::pair(MemConfig::default()))
+                .unzip();
+            let engine =
+                Engine::start_userspace(engine_cfg, shared, ports, net).map_err(listen_error)?;
+            Ok((engine, far_ends))
+        }
+        NicMode::Dpdk => Err(StartError::Nic(
+            "the DPDK port start is not wired yet".into(),
+        )),
+    }
 }

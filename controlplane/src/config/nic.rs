@@ -12,6 +12,7 @@
 
 use std::net::Ipv4Addr;
 
+use pgline_dataplane::net::NetConfig;
 use serde::{Deserialize, Serialize};
 
 use super::{check, ByteSize, ConfigError};
@@ -20,6 +21,9 @@ pub const DEFAULT_PREFIX_LEN: u8 = 24;
 pub const DEFAULT_MSS: u16 = 1460;
 pub const DEFAULT_TCP_BUFFER: u64 = 64 * 1024;
 pub const DEFAULT_RX_BURST: usize = 32;
+/// Connections a core's stack accepts beyond `resp.max_connections` per core, to answer them
+/// "max number of clients reached" rather than reset them.
+const REJECT_SLACK: usize = 16;
 
 /// Which transport carries client connections.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +119,22 @@ impl NicConfig {
     /// `mac`, parsed; `None` when empty (use the port's).
     pub fn mac_bytes(&self) -> Option<[u8; 6]> {
         parse_mac(&self.mac).ok()
+    }
+
+    /// The userspace stack's settings for one core that serves `max_connections` clients (the
+    /// stack takes a few more, so a client over the limit still gets the error reply).
+    pub fn net_config(&self, max_connections: usize) -> Option<NetConfig> {
+        Some(NetConfig {
+            mac: self.mac_bytes(),
+            ip: self.ipv4()?,
+            prefix_len: self.prefix_len,
+            gateway: self.gateway_v4(),
+            mss: self.mss,
+            rx_buffer: self.rx_buffer.0 as usize,
+            tx_buffer: self.tx_buffer.0 as usize,
+            max_connections: max_connections + REJECT_SLACK,
+            rx_burst: self.rx_burst,
+        })
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {

@@ -35,9 +35,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::net::{NetConfig, Stack};
 use crate::plane::Shared;
 use crate::resp::Limits;
+use crate::transport::net::NetStream;
 use crate::transport::stream::StreamStack;
+use pgline_nic::Queue;
 
 /// Default number of dataplane cores.
 pub const DEFAULT_CORES: usize = 1;
@@ -157,6 +160,27 @@ impl Engine {
             shared,
             local_addr: cfg.listen,
         })
+    }
+
+    /// Starts one userspace core per NIC queue: core `i` runs a `net::Stack` over `queues[i]`
+    /// with the address and TCP settings of `net`, listening on `cfg.listen`'s port.
+    pub fn start_userspace<Q: Queue + 'static>(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        queues: Vec<Q>,
+        net: NetConfig,
+    ) -> std::io::Result<Engine> {
+        let mut stacks = Vec::with_capacity(queues.len());
+        for queue in queues {
+            let stack = Stack::new(queue, net).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("userspace stack: {e}"),
+                )
+            })?;
+            stacks.push(NetStream::new(stack));
+        }
+        Engine::start_streams(cfg, shared, stacks)
     }
 
     /// The address clients connect to.

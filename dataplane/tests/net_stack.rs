@@ -226,6 +226,11 @@ fn echo_over_1000_concurrent_connections() {
     assert_echoed(&flows);
     assert_eq!(w.server.open_connections(), 1000);
     assert_eq!(w.echo.accepted, 1000);
+    for id in w.echo.out.keys() {
+        let peer = w.server.peer(*id).expect("live");
+        assert_eq!(*peer.ip(), CLIENT_IP);
+        assert!(peer.port() >= 49152, "ephemeral port {peer}");
+    }
     let st = *w.server.stats();
     assert_eq!(st.tcp_conns_accepted, 1000);
     assert_eq!(st.tcp_retransmits, 0, "no loss, no retransmission: {st:?}");
@@ -654,4 +659,108 @@ fn arp_request(src: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
     f.extend_from_slice(&target.octets());
     f.resize(60, 0);
     f
+}
+
+#[test]
+fn writable_follows_a_full_send_buffer() {
+    let (a, b) = mem::pair(MemConfig::default());
+    let mut server = Stack::new(a, cfg(SERVER_IP, 8)).expect("server");
+    let mut client = Stack::new(b, cfg(CLIENT_IP, 8)).expect("client");
+    server.listen(PORT);
+    let id = client
+        .connect(SocketAddrV4::new(SERVER_IP, PORT), 0)
+        .expect("connect");
+    let mut now = Instant::now();
+    let (mut sev, mut cev) = (Vec::new(), Vec::new());
+    let mut pump = |server: &mut Stack<MemQueue>,
+                    client: &mut Stack<MemQueue>,
+                    sev: &mut Vec<NetEvent>,
+                    cev: &mut Vec<NetEvent>| {
+        now += STEP;
+        server.poll(now, sev);
+        server.flush(now);
+        client.poll(now, cev);
+        client.flush(now);
+    };
+    let mut sid = None;
+    for _ in 0..50 {
+        pump(&mut server, &mut client, &mut sev, &mut cev);
+        for e in sev.drain(..) {
+            if let NetEvent::Accepted { id, .. } = e {
+                sid = Some(id);
+            }
+        }
+    }
+    let sid = sid.expect("accepted");
+    assert!(cev.contains(&NetEvent::Connected(id)));
+    cev.clear();
+    let data = payload(9, 100_000);
+    let mut sent = 0;
+    // Fill the client's send buffer while the server does not read.
+    loop {
+        match client.send(id, &data[sent..]) {
+            Ok(n) => sent += n,
+            Err(NetError::Full) => break,
+            Err(e) => panic!("{e:?}"),
+        }
+        pump(&mut server, &mut client, &mut sev, &mut cev);
+    }
+    assert!(
+        sent < data.len(),
+        "the buffers filled up ({sent} bytes taken)"
+    );
+    assert_eq!(client.send_capacity(id), 0);
+    // The server reads; the client writes again only when told it is writable.
+    let mut got = Vec::new();
+    let mut writable = 0;
+    for _ in 0..20_000 {
+        pump(&mut server, &mut client, &mut sev, &mut cev);
+        while let Ok(n) = server.recv(sid, &mut got, 1 << 20) {
+            if n == 0 {
+                break;
+            }
+        }
+        for e in cev.drain(..) {
+            if e == NetEvent::Writable(id) {
+                writable += 1;
+                while sent < data.len() {
+                    match client.send(id, &data[sent..]) {
+                        Ok(n) => sent += n,
+                        Err(NetError::Full) => break,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }
+        }
+        if got.len() == data.len() {
+            break;
+        }
+    }
+    assert!(writable > 0);
+    assert!(
+        got == data,
+        "{} of {} bytes, in order",
+        got.len(),
+        data.len()
+    );
+}
+
+#[test]
+fn connect_to_a_closed_port_is_refused() {
+    let mut w = World::new(MemConfig::default(), 8, 8);
+    let id = w
+        .client
+        .connect(SocketAddrV4::new(SERVER_IP, 9), 0)
+        .expect("connect");
+    let mut closed = false;
+    for _ in 0..100 {
+        closed |= w.step().contains(&NetEvent::Closed(id));
+    }
+    assert!(closed, "RST from the server closes the attempt");
+    assert_eq!(w.server.stats().tcp_rst_sent, 1);
+    assert_eq!(w.client.open_connections(), 0);
+    assert_eq!(
+        w.client.recv(id, &mut Vec::new(), 10),
+        Err(NetError::Unknown)
+    );
 }

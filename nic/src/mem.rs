@@ -21,7 +21,7 @@
 //! Thread model: each end is owned by one thread; the two ends may live on two threads. The only
 //! shared state is the rings and the pools (lock-free) and one `Arc` per pool.
 //!
-//! Limitations: one queue pair per port (no RSS); a frame held for reordering waits for the
+//! Limitations: [`pairs`] gives one independent lane per core, not one port with RSS; a frame held for reordering waits for the
 //! sender's next `tx_burst`; duplication needs a free buffer in the sender's pool.
 
 use std::sync::Arc;
@@ -200,6 +200,20 @@ pub fn pair(cfg: MemConfig) -> (MemQueue, MemQueue) {
     let a = MemQueue::new(&cfg, ba.clone(), ab.clone(), cfg.mac_a, cfg.a_to_b);
     let b = MemQueue::new(&cfg, ab, ba, cfg.mac_b, cfg.b_to_a);
     (a, b)
+}
+
+/// Builds `n` independent pairs with the same MACs, one per dataplane core (queue `i` of end A
+/// talks only to queue `i` of end B: there is no RSS, each lane is its own wire). Each lane's
+/// fault generators get their own seeds.
+pub fn pairs(cfg: MemConfig, n: usize) -> Vec<(MemQueue, MemQueue)> {
+    (0..n as u64)
+        .map(|i| {
+            let mut c = cfg;
+            c.a_to_b.seed = c.a_to_b.seed.wrapping_add(i.wrapping_mul(0x9e37_79b9));
+            c.b_to_a.seed = c.b_to_a.seed.wrapping_add(i.wrapping_mul(0x9e37_79b9));
+            pair(c)
+        })
+        .collect()
 }
 
 impl MemQueue {
@@ -453,6 +467,17 @@ mod tests {
         assert_eq!(b.pool_free(), 4);
         assert_eq!(a.mac(), cfg.mac_a);
         assert_eq!(a.stats().tx_frames, 10);
+    }
+
+    #[test]
+    fn lanes_are_independent() {
+        let mut lanes = pairs(MemConfig::default(), 3);
+        let (a0, _) = &mut lanes[0];
+        send(a0, 7);
+        let (_, b1) = &mut lanes[1];
+        assert!(recv_tags(b1).is_empty());
+        let (_, b0) = &mut lanes[0];
+        assert_eq!(recv_tags(b0), vec![7]);
     }
 
     #[test]

@@ -33,6 +33,8 @@
 //! closed connection's slot is freed at once, late segments get a RST); no TCP timestamps or
 //! SACK (smoltcp's defaults).
 
+#![deny(unsafe_code)]
+
 mod arp;
 mod conn;
 mod egress;
@@ -139,7 +141,9 @@ pub enum NetEvent {
     Accepted { id: ConnId, listener: u16 },
     /// A `connect` completed its handshake.
     Connected(ConnId),
-    /// Bytes arrived (or the peer closed its side: `recv` then returns `Err(Closed)`).
+    /// Bytes arrived (or the peer closed its side: `recv` then returns `Err(Closed)`). Reported
+    /// after each segment that leaves unread bytes, so an owner that reads until `Ok(0)` misses
+    /// nothing; EOF is reported once.
     Readable(ConnId),
     /// A `send` that came up short can now make progress.
     Writable(ConnId),
@@ -488,6 +492,19 @@ impl<Q: Queue> Stack<Q> {
     /// The queue (e.g. for its counters).
     pub fn queue(&self) -> &Q {
         &self.queue
+    }
+
+    pub fn queue_mut(&mut self) -> &mut Q {
+        &mut self.queue
+    }
+
+    /// The peer's address of a live connection.
+    pub fn peer(&self, id: ConnId) -> Option<SocketAddrV4> {
+        let key = self.conns[self.live(id)?].key?;
+        Some(SocketAddrV4::new(
+            Ipv4Addr::from(key.remote_ip),
+            key.remote_port,
+        ))
     }
 
     // ---- helpers shared by ingress and egress ----

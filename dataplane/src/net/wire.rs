@@ -30,16 +30,28 @@ pub enum Drop {
     NotOurs,
 }
 
-/// Ones'-complement sum of `data` added to `sum` (not folded, not inverted).
-pub fn sum16(mut sum: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
+/// Ones'-complement sum of `data` added to `sum`, folded to at most 17 bits so callers may add
+/// a few more words (not inverted). Reads 8 bytes at a time: the ones'-complement sum of 32-bit
+/// words folds to the same 16-bit sum.
+pub fn sum16(sum: u32, data: &[u8]) -> u32 {
+    let mut acc = u64::from(sum);
+    let mut chunks = data.chunks_exact(8);
     for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        let hi = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+        let lo = u32::from_be_bytes([c[4], c[5], c[6], c[7]]);
+        acc += u64::from(hi) + u64::from(lo);
     }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
+    let mut pairs = chunks.remainder().chunks_exact(2);
+    for c in &mut pairs {
+        acc += u64::from(u16::from_be_bytes([c[0], c[1]]));
     }
-    sum
+    if let [last] = pairs.remainder() {
+        acc += u64::from(*last) << 8;
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u32
 }
 
 /// Folds a sum to 16 bits (not inverted).
@@ -299,6 +311,31 @@ mod tests {
         h[10] = 0;
         h[11] = 0;
         assert_eq!(checksum(&h), 0xb861);
+    }
+
+    #[test]
+    fn wide_sum_matches_the_plain_16_bit_sum() {
+        let plain = |d: &[u8]| {
+            let mut s: u64 = 0;
+            for c in d.chunks(2) {
+                s += u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+            }
+            while s > 0xffff {
+                s = (s & 0xffff) + (s >> 16);
+            }
+            s as u16
+        };
+        let mut x = 12345u32;
+        for len in 0..300 {
+            let d: Vec<u8> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                    (x >> 16) as u8
+                })
+                .collect();
+            assert_eq!(fold(sum16(0, &d)), plain(&d), "len {len}");
+            assert_eq!(fold(sum16(0, &vec![0xff; len])), plain(&vec![0xff; len]));
+        }
     }
 
     #[test]

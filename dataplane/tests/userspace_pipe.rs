@@ -5,164 +5,38 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use pgline_dataplane::engine::{Engine, EngineConfig};
-use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
-use pgline_dataplane::plane::{FillResult, MissReply, RowBytes, Shared, Wake};
-use pgline_dataplane::resp::Limits;
-use pgline_dataplane::row::{encode_columns, encode_resp_json};
-use pgline_dataplane::store::{self, EntryData, StoreConfig};
-use pgline_hugepages::PageLevel;
+use pgline_dataplane::engine::Engine;
 use support::pipe::{Client, Net, PipeStack};
-
-struct NoWake;
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
-
-const TABLE: u32 = 16384;
-const ROWS: u32 = 100;
-/// Keys from here on are not in the store; the stand-in control plane "fills" them.
-const ORIGIN_ONLY: u32 = 1000;
-
-fn row_json(i: u32) -> Vec<u8> {
-    format!(r#"{{"id":{i},"name":"row {i}"}}"#).into_bytes()
-}
-
-fn resp_row(i: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_resp_json(&mut out, &row_json(i));
-    out
-}
-
-fn get(key: &str) -> Vec<u8> {
-    format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).into_bytes()
-}
-
-fn mget(keys: &[String]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n$4\r\nMGET\r\n", keys.len() + 1).into_bytes();
-    for k in keys {
-        out.extend_from_slice(format!("${}\r\n{k}\r\n", k.len()).as_bytes());
-    }
-    out
-}
+use support::rig::{self, get, mget, resp_row, ControlPlane, ORIGIN_ONLY, ROWS};
 
 struct Rig {
     engine: Option<Engine>,
     net: Arc<Net>,
-    stop: Arc<AtomicBool>,
-    control: Option<std::thread::JoinHandle<()>>,
+    _control: ControlPlane,
 }
 
 impl Drop for Rig {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
         if let Some(e) = self.engine.take() {
             e.stop();
         }
-        if let Some(t) = self.control.take() {
-            let _ = t.join();
-        }
     }
 }
 
-/// A store with rows 0..ROWS, one userspace core over a pipe stack that takes `send_room` bytes
-/// per connection, and a control-plane thread that answers misses from `ORIGIN_ONLY` up with a
-/// row and anything else with "absent".
+/// One userspace core over a pipe stack that takes `send_room` bytes per connection, a store
+/// with rows `0..ROWS`, and a stand-in control plane answering misses after 5 ms.
 fn rig(send_room: usize, max_connections: usize) -> Rig {
-    let cfg = StoreConfig {
-        memory_bytes: 16 << 20,
-        segment_bytes: 1 << 20,
-        max_page_level: PageLevel::Base,
-        prefault: false,
-    };
-    let (mut writer, reader) = store::open(&cfg).expect("store");
-    for i in 0..ROWS {
-        let resp = resp_row(i);
-        let mut cols = Vec::new();
-        let id = i.to_string();
-        encode_columns(&mut cols, [(&b"id"[..], Some(id.as_bytes()))].into_iter());
-        let sections: [&[u8]; 2] = [&resp, &cols];
-        let data = EntryData {
-            sections: &sections,
-            negative: false,
-            lsn: 1,
-        };
-        writer.insert(TABLE, id.as_bytes(), &data).expect("insert");
-    }
-    let mut ks = KeySpace::new();
-    ks.add("kv", TABLE);
-    let shared = Arc::new(Shared::new(
-        reader,
-        KeySpaceCell::new(ks),
-        1,
-        64,
-        Arc::new(NoWake),
-    ));
-    shared.serve_hits.store(true, Ordering::Release);
-    std::mem::forget(writer);
+    let shared = rig::shared(1);
     let (stack, net) = PipeStack::new(send_room);
-    let engine = Engine::start_streams(
-        EngineConfig {
-            listen: "10.0.0.1:6380".parse().unwrap(),
-            cores: 1,
-            max_connections,
-            max_request_bytes: 64 * 1024,
-            max_reply_backlog: 1 << 20,
-            requests_per_turn: 8,
-            max_pending_per_conn: 1024,
-            spin_polls: 100,
-            password: None,
-            limits: Limits::default(),
-        },
-        shared.clone(),
-        vec![stack],
-    )
-    .expect("engine");
-    let stop = Arc::new(AtomicBool::new(false));
-    let control = {
-        let (shared, stop) = (shared.clone(), stop.clone());
-        std::thread::spawn(move || control_plane(&shared, &stop))
-    };
+    let cfg = rig::engine_config(1, max_connections, "10.0.0.1:6380");
+    let engine = Engine::start_streams(cfg, shared.clone(), vec![stack]).expect("engine");
     Rig {
         engine: Some(engine),
         net,
-        stop,
-        control: Some(control),
-    }
-}
-
-/// Answers every miss after a short delay (so later hits are composed before it comes back).
-fn control_plane(shared: &Shared, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        let Some(req) = shared.queues[0].misses.pop() else {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            continue;
-        };
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        let results = req
-            .keys
-            .iter()
-            .map(|k| {
-                let n: u32 = std::str::from_utf8(&k.pk).unwrap().parse().unwrap();
-                if n >= ORIGIN_ONLY {
-                    FillResult::Row(Arc::new(RowBytes {
-                        resp_json: resp_row(n),
-                        columns: Vec::new(),
-                    }))
-                } else {
-                    FillResult::Absent
-                }
-            })
-            .collect();
-        let reply = MissReply {
-            conn: req.conn,
-            seq: req.seq,
-            results,
-        };
-        shared.queues[0].replies.push(reply).expect("reply queue");
+        _control: ControlPlane::start(shared, Duration::from_millis(5)),
     }
 }
 

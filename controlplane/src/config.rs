@@ -17,6 +17,9 @@ use pgline_dataplane::store::StoreConfig;
 use pgline_hugepages::PageLevel;
 use serde::{Deserialize, Serialize};
 
+mod nic;
+pub use nic::{NicConfig, NicMode};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -31,13 +34,22 @@ pub enum ConfigError {
 }
 
 /// Sections that `PGLINE_<SECTION>_<KEY>` variables may set.
-pub const SECTIONS: &[&str] = &["origin", "resp", "store", "replication", "catalog", "log"];
+pub const SECTIONS: &[&str] = &[
+    "origin",
+    "resp",
+    "nic",
+    "store",
+    "replication",
+    "catalog",
+    "log",
+];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub origin: OriginConfig,
     pub resp: RespConfig,
+    pub nic: NicConfig,
     pub store: StoreSection,
     pub replication: ReplicationConfig,
     pub catalog: CatalogConfig,
@@ -432,6 +444,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.origin.validate()?;
         self.resp.validate()?;
+        self.nic.validate()?;
         self.replication.validate()?;
         self.store.page_level()?;
         self.store().validate().map_err(|e| ConfigError::Invalid {

@@ -5,7 +5,7 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use pgline_controlplane::config::Config;
+use pgline_controlplane::config::{Config, NicMode};
 use pgline_controlplane::server::Pgline;
 
 use cli::check::CheckArgs;
@@ -102,6 +102,13 @@ fn config_show(args: &ServeArgs) -> ExitCode {
 }
 
 fn serve(cfg: Config) -> ExitCode {
+    if cfg.nic.mode == NicMode::Mem {
+        eprintln!(
+            "pgline: nic.mode = \"mem\" is the in-memory port for in-process tests and benches; \
+             pgline serve needs kernel or dpdk"
+        );
+        return ExitCode::from(2);
+    }
     init_logging(&cfg);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

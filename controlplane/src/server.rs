@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use pgline_dataplane::engine::Engine;
 use pgline_dataplane::keyspace::KeySpaceCell;
 use pgline_dataplane::plane::{Shared, Wake};
+use pgline_nic::mem::{MemConfig, MemQueue};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::admin::TableStates;
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
-use crate::config::{Config, ConfigError, Runtime};
+use crate::config::{Config, ConfigError, NicMode, Runtime};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
 use crate::writer::{AdminCmd, EntryCounts, Writer, WriterParts};
 
@@ -25,6 +26,9 @@ use crate::writer::{AdminCmd, EntryCounts, Writer, WriterParts};
 pub enum StartError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The configured client transport (`nic.mode`) cannot start in this build or setup.
+    #[error("nic: {0}")]
+    Nic(String),
     #[error("origin unreachable: {0}")]
     Origin(String),
     #[error("origin has wal_level={0}; pgline needs wal_level=logical (set it in postgresql.conf and restart PostgreSQL)")]
@@ -78,11 +82,14 @@ pub struct Pgline {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     local_addr: SocketAddr,
     started_at: Instant,
+    /// `nic.mode = "mem"`: the far end of each core's in-memory port.
+    mem_ports: Mutex<Vec<MemQueue>>,
 }
 
 impl Pgline {
     /// Starts everything; returns once the RESP listeners are bound.
     pub async fn start(cfg: Config) -> Result<Pgline, StartError> {
+        check_transport(&cfg)?;
         let pg = cfg.origin.pg_config()?;
         let mgr = deadpool_postgres::Manager::from_config(
             pg.clone(),
@@ -181,13 +188,9 @@ impl Pgline {
             shutdown_rx,
         )));
 
-        let engine =
-            Engine::start(cfg.engine(), shared.clone()).map_err(|source| StartError::Listen {
-                addr: cfg.resp.listen.clone(),
-                source,
-            })?;
+        let (engine, mem_ports) = start_engine(&cfg, shared.clone())?;
         let local_addr = engine.local_addr();
-        tracing::info!(%local_addr, cores = cfg.resp.cores, "RESP listening (kernel sockets)");
+        tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
         Ok(Pgline {
             shared,
             repl,
@@ -206,7 +209,14 @@ impl Pgline {
             tasks: Mutex::new(tasks),
             local_addr,
             started_at: Instant::now(),
+            mem_ports: Mutex::new(mem_ports),
         })
+    }
+
+    /// `nic.mode = "mem"`: the far ends of the cores' in-memory ports (core `i`'s at `i`), for a
+    /// test or bench client stack to drive; empty for other modes or once taken.
+    pub fn take_mem_ports(&self) -> Vec<MemQueue> {
+        std::mem::take(&mut *self.mem_ports.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -278,5 +288,64 @@ impl Pgline {
         for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
+    }
+}
+
+/// Refuses, before anything starts, a client transport this build or setup cannot run.
+fn check_transport(cfg: &Config) -> Result<(), StartError> {
+    let port = cfg.engine().listen.port();
+    match cfg.nic.mode {
+        NicMode::Kernel => Ok(()),
+        NicMode::Dpdk if !cfg!(feature = "dpdk") => Err(StartError::Nic(
+            "nic.mode = \"dpdk\" but pgline was built without the dpdk feature \
+             (rebuild with `cargo build --release --features dpdk`; needs libdpdk-dev >= 22.11)"
+                .into(),
+        )),
+        NicMode::Dpdk => Err(StartError::Nic(
+            "nic.mode = \"dpdk\": the DPDK port start is not wired into the engine yet \
+             (waiting for the pgline-nic DPDK backend to merge)"
+                .into(),
+        )),
+        NicMode::Mem if port == 0 => Err(StartError::Nic(
+            "the userspace stack listens on resp.listen's port, which must not be 0".into(),
+        )),
+        NicMode::Mem => Ok(()),
+    }
+}
+
+/// Starts the dataplane cores on the configured client transport. For `nic.mode = "mem"` also
+/// returns the far ends of the in-memory ports, one per core, for the caller to drive.
+fn start_engine(cfg: &Config, shared: Arc<Shared>) -> Result<(Engine, Vec<MemQueue>), StartError> {
+    check_transport(cfg)?;
+    let listen_error = |source| StartError::Listen {
+        addr: cfg.resp.listen.clone(),
+        source,
+    };
+    let mut engine_cfg = cfg.engine();
+    match cfg.nic.mode {
+        NicMode::Kernel => Ok((
+            Engine::start(engine_cfg, shared).map_err(listen_error)?,
+            Vec::new(),
+        )),
+        NicMode::Mem => {
+            let ip = cfg
+                .nic
+                .ipv4()
+                .expect("validated: nic.ip is set in mem mode");
+            engine_cfg.listen = SocketAddr::new(ip.into(), engine_cfg.listen.port());
+            let net = cfg
+                .nic
+                .net_config(engine_cfg.max_connections_per_core())
+                .expect("validated: nic.ip is set in mem mode");
+            let (ports, far_ends) = (0..cfg.resp.cores)
+                .map(|_| pgline_nic::mem::pair(MemConfig::default()))
+                .unzip();
+            let engine =
+                Engine::start_userspace(engine_cfg, shared, ports, net).map_err(listen_error)?;
+            Ok((engine, far_ends))
+        }
+        NicMode::Dpdk => Err(StartError::Nic(
+            "the DPDK port start is not wired yet".into(),
+        )),
     }
 }

@@ -342,3 +342,58 @@ fn a_down_api_is_a_clear_error() {
     );
     assert!(err.contains("api.listen"), "{err}");
 }
+
+#[test]
+fn nic_flag_selects_the_transport_and_dpdk_needs_its_feature() {
+    let (code, out, err) = pgline(
+        &[
+            "config",
+            "--nic",
+            "dpdk",
+            "--set",
+            "nic.port=\"net_null0\"",
+            "--set",
+            "nic.ip=\"10.0.0.2\"",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("mode = \"dpdk\""), "{out}");
+    assert!(out.contains("no_pci = true"), "{out}");
+    let (code, _, err) = pgline(&["serve", "--nic", "dpdk"], &[]);
+    assert_eq!(code, 2, "nic.ip and nic.port are required: {err}");
+    assert!(err.contains("nic.ip"), "{err}");
+    let (code, _, err) = pgline(
+        &[
+            "serve",
+            "--nic",
+            "dpdk",
+            "--set",
+            "nic.ip=\"10.0.0.2\"",
+            "--set",
+            "nic.port=\"net_null0\"",
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    if cfg!(feature = "dpdk") {
+        assert!(err.contains("nic"), "{err}");
+    } else {
+        assert!(err.contains("built without the dpdk feature"), "{err}");
+    }
+    let (code, _, err) = pgline(&["serve", "--nic", "rdma"], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("rdma"), "{err}");
+    let (code, _, err) = pgline(
+        &[
+            "serve",
+            "--set",
+            "nic.mode=\"mem\"",
+            "--set",
+            "nic.ip=\"10.0.0.2\"",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("in-process tests"), "{err}");
+}

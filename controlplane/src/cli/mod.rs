@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// Store memory, e.g. 1GiB (`store.memory`).
     #[arg(long)]
     pub memory: Option<String>,
+    /// Client transport (`nic.mode`): kernel sockets, or a DPDK port with the userspace TCP stack.
+    #[arg(long, value_parser = ["kernel", "dpdk"])]
+    pub nic: Option<String>,
     /// Any setting: `--set section.key=value` (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
@@ -51,6 +54,9 @@ impl ServeArgs {
         }
         if let Some(m) = &self.memory {
             sets.push(format!("store.memory={}", quote(m)));
+        }
+        if let Some(n) = &self.nic {
+            sets.push(format!("nic.mode={}", quote(n)));
         }
         sets.extend(self.set.iter().cloned());
         Config::load(self.config.as_deref(), std::env::vars(), &sets)

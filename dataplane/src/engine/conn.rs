@@ -1,5 +1,10 @@
-//! One client connection on a core: its buffers, its protocol state, and its queue of replies
-//! that must leave in request order.
+//! One client connection on a core, independent of the transport that carries it: its buffers,
+//! its protocol state, and its queue of replies that must leave in request order.
+//!
+//! A transport appends what it received to [`Conn::input_buffer`], the session layer
+//! ([`super::session`]) parses and executes, and the transport writes [`Conn::output`] and reports
+//! how much it took with [`Conn::advance_output`]. The socket or TCP handle itself lives beside
+//! the `Conn` in the transport's own slot ([`super::slots::Entry`]).
 //!
 //! Replies are composed straight into `wbuf` while nothing is waiting ahead of them. Once a
 //! request is deferred to the control plane, later replies are composed into their own
@@ -8,8 +13,6 @@
 //! misses.
 
 use std::collections::VecDeque;
-
-use mio::net::TcpStream;
 
 use super::deferred::Deferred;
 use crate::resp::Protocol;
@@ -34,14 +37,13 @@ pub(crate) struct Session {
 }
 
 pub(crate) struct Conn {
-    pub stream: TcpStream,
     pub session: Session,
     pub generation: u32,
     pub rbuf: Vec<u8>,
     /// Bytes of `rbuf` already parsed.
     pub rpos: usize,
     pub wbuf: Vec<u8>,
-    /// Bytes of `wbuf` already written to the socket.
+    /// Bytes of `wbuf` already handed to the transport.
     pub wpos: usize,
     pub pending: VecDeque<Pending>,
     pub next_seq: u64,
@@ -49,20 +51,11 @@ pub(crate) struct Conn {
     pub closing: bool,
     /// The client shut down its sending side: no more input will come.
     pub eof: bool,
-    /// epoll reported the peer's FIN (or an error); `eof` is set once the 0-byte read is seen.
-    pub peer_closed: bool,
-    /// The socket may have unread bytes (edge-triggered readiness not yet drained).
-    pub readable: bool,
-    /// The socket refused part of `wbuf`; wait for a writable event.
-    pub write_blocked: bool,
-    /// Already on the core's active list.
-    pub active: bool,
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream, client_id: u64, generation: u32, authenticated: bool) -> Conn {
+    pub fn new(client_id: u64, generation: u32, authenticated: bool) -> Conn {
         Conn {
-            stream,
             session: Session {
                 client_id,
                 proto: Protocol::Resp2,
@@ -80,11 +73,39 @@ impl Conn {
             next_seq: 0,
             closing: false,
             eof: false,
-            peer_closed: false,
-            readable: true,
-            write_blocked: false,
-            active: false,
         }
+    }
+
+    /// The buffer a transport appends received bytes to (emptied first once all was parsed).
+    #[inline]
+    pub fn input_buffer(&mut self) -> &mut Vec<u8> {
+        if self.rpos == self.rbuf.len() {
+            self.rbuf.clear();
+            self.rpos = 0;
+        }
+        &mut self.rbuf
+    }
+
+    /// Composed bytes the transport has not taken yet.
+    #[inline]
+    pub fn output(&self) -> &[u8] {
+        &self.wbuf[self.wpos..]
+    }
+
+    /// The transport took `n` bytes of [`Conn::output`].
+    #[inline]
+    pub fn advance_output(&mut self, n: usize) {
+        self.wpos += n;
+        if self.wpos == self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+        }
+    }
+
+    /// Everything composed has been handed to the transport.
+    #[inline]
+    pub fn output_done(&self) -> bool {
+        self.wpos == self.wbuf.len()
     }
 
     /// Unparsed input.

@@ -2,28 +2,45 @@
 //!
 //! One thread per configured core, each with its own listener (kernel path: `SO_REUSEPORT`), its
 //! own connections and its own queues to the control plane; cores share nothing mutable except
-//! the store's optimistic reads and their own counters. See [`core`] for the loop itself and
-//! `docs/architecture.md` for a request followed file by file.
+//! the store's optimistic reads and their own counters. `docs/architecture.md` follows a request
+//! file by file.
+//!
+//! One engine, two transports:
+//! - [`session`] and [`slots`] are everything between "bytes arrived on a connection" and "bytes
+//!   to write": parsing, execution against the store, misses to the control plane, replies held
+//!   and released in request order, limits, counters, the connection table. They know nothing of
+//!   sockets or packets.
+//! - [`kernel`] is the core loop over kernel sockets (mio, `SO_REUSEPORT`, sleeps when idle).
+//! - [`userspace`] is the core loop over a userspace TCP stack
+//!   ([`crate::transport::stream::StreamStack`]; busy-polls, one stack and NIC queue per core).
 //!
 //! Hit path (no allocation, no lock, no system call besides the socket read/write that carry
-//! it): `core::process_requests` → `resp::parse_request` → `resp::command::parse_command` →
-//! `execute::Exec::execute` → `store::StoreReader::read` appends the entry's pre-encoded RESP
-//! bytes to the connection's write buffer → `core::dispatch_egress`.
+//! it): `kernel` ingress → `session::Worker::process_requests` → `resp::parse_request` →
+//! `resp::command::parse_command` → `execute::Exec::execute` → `store::StoreReader::read`
+//! appends the entry's pre-encoded RESP bytes to the connection's write buffer → `kernel`
+//! egress.
 
 mod conn;
-pub mod core;
 mod deferred;
 mod execute;
 pub mod info;
+mod kernel;
 mod prefetch;
+mod session;
+mod slots;
+pub mod userspace;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use crate::net::{NetConfig, Stack};
 use crate::plane::Shared;
 use crate::resp::Limits;
+use crate::transport::net::NetStream;
+use crate::transport::stream::StreamStack;
+use pgline_nic::Queue;
 
 /// Default number of dataplane cores.
 pub const DEFAULT_CORES: usize = 1;
@@ -77,7 +94,7 @@ impl Engine {
         let mut cores = Vec::with_capacity(cfg.cores);
         let mut listen = cfg.listen;
         for id in 0..cfg.cores {
-            let core = core::Core::new(id, listen, shared.clone(), cfg.clone())?;
+            let core = kernel::Core::new(id, listen, shared.clone(), cfg.clone())?;
             // With port 0 the first core picks the port; the others join it.
             listen = core.local_addr()?;
             cores.push(core);
@@ -97,6 +114,73 @@ impl Engine {
             shared,
             local_addr: listen,
         })
+    }
+
+    /// Starts one userspace core per stack: core `i` owns `stacks[i]` (and through it its NIC
+    /// queue) and listens on `cfg.listen`'s port. `cfg.listen` is reported as the local address.
+    pub fn start_streams<S>(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        stacks: Vec<S>,
+    ) -> std::io::Result<Engine>
+    where
+        S: StreamStack + Send + 'static,
+    {
+        if stacks.len() != cfg.cores || shared.cores() != cfg.cores {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "{} cores configured, {} stacks given, {} core queues",
+                    cfg.cores,
+                    stacks.len(),
+                    shared.cores()
+                ),
+            ));
+        }
+        let cfg = Arc::new(cfg);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::with_capacity(stacks.len());
+        for (id, stack) in stacks.into_iter().enumerate() {
+            let (flag, shared, cfg) = (stop.clone(), shared.clone(), cfg.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("pgline-ucore-{id}"))
+                .spawn(move || userspace::UserCore::new(id, stack, shared, cfg).run(&flag));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    threads.into_iter().for_each(|t| drop(t.join()));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Engine {
+            stop,
+            threads,
+            shared,
+            local_addr: cfg.listen,
+        })
+    }
+
+    /// Starts one userspace core per NIC queue: core `i` runs a `net::Stack` over `queues[i]`
+    /// with the address and TCP settings of `net`, listening on `cfg.listen`'s port.
+    pub fn start_userspace<Q: Queue + 'static>(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        queues: Vec<Q>,
+        net: NetConfig,
+    ) -> std::io::Result<Engine> {
+        let mut stacks = Vec::with_capacity(queues.len());
+        for queue in queues {
+            let stack = Stack::new(queue, net).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("userspace stack: {e}"),
+                )
+            })?;
+            stacks.push(NetStream::new(stack));
+        }
+        Engine::start_streams(cfg, shared, stacks)
     }
 
     /// The address clients connect to.

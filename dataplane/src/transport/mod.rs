@@ -2,6 +2,9 @@
 //!
 //! - [`kernel`]: kernel TCP sockets, one `SO_REUSEPORT` listener per core (the default, works
 //!   anywhere).
-//! - The userspace path (DPDK port + userspace TCP) is issue 3 and plugs in beside it.
+//! - [`stream`]: what the userspace core loop needs of a userspace TCP stack (a DPDK or in-memory
+//!   port under `net::Stack`), as a trait; [`net`] maps `net::Stack` onto it.
 
 pub mod kernel;
+pub mod net;
+pub mod stream;

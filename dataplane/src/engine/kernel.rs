@@ -1,0 +1,291 @@
+//! One dataplane core on the kernel transport: a poll-mode loop over its own `SO_REUSEPORT`
+//! listener and its connections.
+//!
+//! ```text
+//!  poll_once(timeout)
+//!    ├─ poll_readiness      epoll: new connections, readable/writable sockets, waker
+//!    ├─ poll_accept         accept everything queued; over the limit: error reply, close
+//!    ├─ poll_keyspace       one atomic load; a new catalog snapshot only when it moved
+//!    ├─ poll_replies        control-plane answers -> deferred replies composed, released in order
+//!    └─ poll_sessions       per active connection, bounded:
+//!         process_ingress (socket read) → session::Worker::process_requests → dispatch_egress
+//! ```
+//! Everything between the read and the write is the transport-independent session layer
+//! ([`super::session`], [`super::slots`]); this file is only what is particular to sockets.
+//! The loop never blocks while there is work: it spins for `spin_polls` empty turns, then sleeps
+//! in epoll until a socket or the control plane's waker wakes it. Work per turn is bounded: bytes
+//! read per connection, requests per connection, replies held per connection.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Registry, Token};
+
+use crate::plane::{CoreStats, Shared, Wake};
+use crate::transport::kernel;
+
+use super::session::{Next, Worker};
+use super::slots::{Entry, Slots, Transport};
+use super::EngineConfig;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+/// Bytes read from one socket per turn before other connections get their turn.
+const READ_PER_TURN: usize = 256 * 1024;
+
+struct MioWaker(mio::Waker);
+
+impl Wake for MioWaker {
+    fn wake(&self) {
+        let _ = self.0.wake();
+    }
+}
+
+/// A connection's socket and its readiness as epoll last reported it.
+pub(crate) struct Socket {
+    stream: TcpStream,
+    /// epoll reported the peer's FIN (or an error); `eof` is set once the 0-byte read is seen.
+    peer_closed: bool,
+    /// The socket may have unread bytes (edge-triggered readiness not yet drained).
+    readable: bool,
+    /// The socket refused part of the output; wait for a writable event.
+    write_blocked: bool,
+}
+
+/// The kernel transport's side of a turn: the registry and the read buffer.
+struct Sockets {
+    registry: Registry,
+    read_buf: Box<[u8]>,
+}
+
+pub struct Core {
+    poll: Poll,
+    events: Events,
+    listener: TcpListener,
+    slots: Slots<Socket>,
+    sockets: Sockets,
+    worker: Worker,
+}
+
+impl Core {
+    /// Binds this core's listener and registers its waker with `shared`.
+    pub fn new(
+        id: usize,
+        listen: std::net::SocketAddr,
+        shared: Arc<Shared>,
+        cfg: Arc<EngineConfig>,
+    ) -> io::Result<Core> {
+        let poll = Poll::new()?;
+        let mut listener = kernel::bind_listener(listen, true, 1024)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = mio::Waker::new(poll.registry(), WAKER)?;
+        let _ = shared.core_wakers[id].set(Arc::new(MioWaker(waker)));
+        let registry = poll.registry().try_clone()?;
+        Ok(Core {
+            poll,
+            events: Events::with_capacity(1024),
+            listener,
+            slots: Slots::new(),
+            sockets: Sockets {
+                registry,
+                read_buf: vec![0u8; 64 * 1024].into_boxed_slice(),
+            },
+            worker: Worker::new(id, shared, cfg),
+        })
+    }
+
+    /// The address this core's listener is bound to.
+    pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Runs until `stop` is set.
+    pub fn run(&mut self, stop: &AtomicBool) {
+        let mut idle = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            let timeout = if idle < self.worker.cfg.spin_polls {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(100)
+            };
+            if self.poll_once(timeout) {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+            }
+        }
+    }
+
+    /// One turn of the loop; returns whether anything was done.
+    pub fn poll_once(&mut self, timeout: Duration) -> bool {
+        CoreStats::add(&self.worker.stats().polls, 1);
+        if !timeout.is_zero() && !self.slots.has_active() {
+            // poll_readiness may sleep: the previous pass's end no longer marks this turn's start.
+            self.slots.may_sleep();
+        }
+        let mut worked = self.poll_readiness(timeout);
+        self.worker.poll_keyspace();
+        worked |= self.slots.poll_replies(&self.worker);
+        worked |= self
+            .slots
+            .poll_sessions(&mut self.sockets, &mut self.worker);
+        self.worker.end_turn();
+        worked
+    }
+
+    fn poll_readiness(&mut self, timeout: Duration) -> bool {
+        let timeout = if self.slots.has_active() {
+            Duration::ZERO
+        } else {
+            timeout
+        };
+        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            return false;
+        }
+        let mut accept = false;
+        let mut any = false;
+        for event in self.events.iter() {
+            any = true;
+            match event.token() {
+                LISTENER => accept = true,
+                WAKER => {}
+                Token(t) => {
+                    let slot = t - FIRST_CONN;
+                    let Some(entry) = self.slots.get_mut(slot) else {
+                        continue;
+                    };
+                    let io = &mut entry.io;
+                    if event.is_readable() || event.is_read_closed() || event.is_error() {
+                        io.readable = true;
+                    }
+                    if event.is_read_closed() || event.is_error() {
+                        // Read until the 0 that reports it, even after a short read.
+                        io.peer_closed = true;
+                    }
+                    if event.is_writable() {
+                        io.write_blocked = false;
+                    }
+                    self.slots.activate(slot);
+                }
+            }
+        }
+        if accept {
+            self.poll_accept();
+        }
+        any
+    }
+
+    fn poll_accept(&mut self) {
+        loop {
+            let (mut stream, _) = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => return,
+            };
+            if self.slots.open() >= self.worker.cfg.max_connections_per_core() {
+                CoreStats::add(&self.worker.stats().connections_rejected, 1);
+                let _ = stream.write(b"-ERR max number of clients reached\r\n");
+                continue;
+            }
+            let _ = kernel::configure_stream(&stream);
+            let (slot, generation) = self.slots.vacant();
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            let token = Token(slot + FIRST_CONN);
+            if self
+                .sockets
+                .registry
+                .register(&mut stream, token, interest)
+                .is_err()
+            {
+                self.slots.unvacate(slot);
+                continue;
+            }
+            let socket = Socket {
+                stream,
+                peer_closed: false,
+                readable: true,
+                write_blocked: false,
+            };
+            let conn = self.worker.new_conn(generation);
+            self.slots.fill(slot, conn, socket, self.worker.stats());
+        }
+    }
+}
+
+impl Transport for Sockets {
+    type Io = Socket;
+
+    fn process(&mut self, entry: &mut Entry<Socket>, token: u64, worker: &mut Worker) -> Next {
+        if let Some(next) = self.process_ingress(entry, worker) {
+            return next;
+        }
+        let more_input = worker.process_requests(&mut entry.conn, token);
+        match dispatch_egress(entry, worker.stats()) {
+            Err(_) => Next::Close,
+            Ok(()) => worker.next_step(&entry.conn, more_input, entry.io.readable),
+        }
+    }
+
+    fn release(&mut self, mut entry: Entry<Socket>) {
+        let _ = self.registry.deregister(&mut entry.io.stream);
+    }
+}
+
+impl Sockets {
+    /// Reads what the socket has, up to the per-turn and per-connection bounds.
+    fn process_ingress(&mut self, entry: &mut Entry<Socket>, worker: &Worker) -> Option<Next> {
+        let Entry { conn, io, .. } = entry;
+        let mut read = 0;
+        while io.readable && read < READ_PER_TURN && worker.wants_input(conn) {
+            match io.stream.read(&mut self.read_buf) {
+                Ok(0) => {
+                    // The client half-closed: answer what it sent, then close.
+                    io.readable = false;
+                    conn.eof = true;
+                }
+                Ok(n) => {
+                    conn.input_buffer().extend_from_slice(&self.read_buf[..n]);
+                    read += n;
+                    // A short read drained the socket: skip the read that would only say
+                    // EAGAIN. Data arriving later raises a new edge-triggered event. Not when the
+                    // peer's FIN came with the same event: no new edge would report it, so read
+                    // on to the 0.
+                    if n < self.read_buf.len() && !io.peer_closed {
+                        io.readable = false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.readable = false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Some(Next::Close),
+            }
+        }
+        CoreStats::add(&worker.stats().bytes_in, read as u64);
+        None
+    }
+}
+
+/// Writes as much of the output as the socket takes.
+fn dispatch_egress(entry: &mut Entry<Socket>, stats: &CoreStats) -> io::Result<()> {
+    let Entry { conn, io, .. } = entry;
+    while !conn.output_done() && !io.write_blocked {
+        match io.stream.write(conn.output()) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                conn.advance_output(n);
+                CoreStats::add(&stats.bytes_out, n as u64);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.write_blocked = true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! The session layer: everything between "bytes arrived on a connection" and "bytes to write",
+//! shared by both transports.
+//!
+//! ```text
+//!  transport ingress ──▶ Conn::input_buffer
+//!  Worker::process_requests(conn, token)       bounded per turn
+//!     prefetch::prefetch_pipeline              overlap the store misses of pipelined GETs
+//!     parse_request → parse_command → execute  hit: section copied into conn.wbuf
+//!                                              miss: MissRequest → control plane, reply slot
+//!                                                    held in conn.pending (request order)
+//!  Worker::apply_reply(conn, reply)            control-plane answer composed, released in order
+//!  Worker::next_step(conn, ..)                 Idle / Again / Close
+//!  transport egress ◀── Conn::output
+//! ```
+//!
+//! A [`Worker`] is one core's share of the engine apart from its connections and its transport:
+//! the config, the shared state, the current key-space snapshot, reusable parse and scratch
+//! buffers, and whether misses were pushed this turn (the control plane is woken once per turn,
+//! not once per miss). It knows nothing of sockets, mio or the userspace stack.
+//!
+//! Invariants: replies leave in request order (see [`super::conn`]); work per call is bounded by
+//! `requests_per_turn`, `max_reply_backlog` and `max_pending_per_conn`; the hit path allocates
+//! nothing. Thread model: a `Worker` is owned by its core's thread.
+
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::keyspace::KeySpace;
+use crate::plane::{CoreStats, MissReply, MissRequest, Shared};
+use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError};
+
+use super::conn::{Conn, Pending};
+use super::execute::{Exec, Outcome};
+use super::prefetch;
+use super::EngineConfig;
+
+/// What a transport does with a connection after a turn of the session layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Nothing more until the transport or the control plane reports something.
+    Idle,
+    /// Work is left (input, or the transport may have more bytes): visit again next turn.
+    Again,
+    /// Everything is written (or the connection failed): close it.
+    Close,
+}
+
+/// One core's session state other than its connections.
+pub(crate) struct Worker {
+    pub id: usize,
+    pub shared: Arc<Shared>,
+    pub cfg: Arc<EngineConfig>,
+    keyspace: Arc<KeySpace>,
+    keyspace_generation: u64,
+    args: Vec<Range<usize>>,
+    scratch: Vec<u8>,
+    misses_pushed: bool,
+}
+
+impl Worker {
+    pub fn new(id: usize, shared: Arc<Shared>, cfg: Arc<EngineConfig>) -> Worker {
+        let keyspace = shared.keyspace.snapshot();
+        let keyspace_generation = shared.keyspace.generation();
+        Worker {
+            id,
+            shared,
+            cfg,
+            keyspace,
+            keyspace_generation,
+            args: Vec::with_capacity(64),
+            scratch: Vec::with_capacity(64 * 1024),
+            misses_pushed: false,
+        }
+    }
+
+    /// This core's counters.
+    #[inline]
+    pub fn stats(&self) -> &CoreStats {
+        &self.shared.stats[self.id]
+    }
+
+    /// State for a newly accepted connection in slot generation `generation`.
+    pub fn new_conn(&self, generation: u32) -> Conn {
+        let client_id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+        Conn::new(client_id, generation, self.cfg.password.is_none())
+    }
+
+    /// One atomic load; a new catalog snapshot only when it moved.
+    pub fn poll_keyspace(&mut self) {
+        let generation = self.shared.keyspace.generation();
+        if generation != self.keyspace_generation {
+            self.keyspace = self.shared.keyspace.snapshot();
+            self.keyspace_generation = generation;
+        }
+    }
+
+    /// Wakes the control plane once if this turn pushed misses.
+    pub fn end_turn(&mut self) {
+        if std::mem::take(&mut self.misses_pushed) {
+            self.shared.control_waker.wake();
+        }
+    }
+
+    /// Whether the transport should read more for `conn` now (bounded buffers, not closing).
+    #[inline]
+    pub fn wants_input(&self, conn: &Conn) -> bool {
+        !conn.closing
+            && conn.backlog() < self.cfg.max_reply_backlog
+            && conn.rbuf.len() - conn.rpos < self.cfg.max_request_bytes
+    }
+
+    /// What to do with `conn` after ingress, [`Worker::process_requests`] and egress.
+    /// `more_input`: complete requests are left; `readable`: the transport may have more bytes.
+    #[inline]
+    pub fn next_step(&self, conn: &Conn, more_input: bool, readable: bool) -> Next {
+        if (conn.closing || (conn.eof && !more_input))
+            && conn.output_done()
+            && conn.pending.is_empty()
+        {
+            Next::Close
+        } else if more_input
+            || (readable && !conn.closing && conn.backlog() < self.cfg.max_reply_backlog)
+        {
+            Next::Again
+        } else {
+            Next::Idle
+        }
+    }
+
+    /// Composes the control plane's answer into its reply slot and releases what is in order.
+    pub fn apply_reply(conn: &mut Conn, reply: &MissReply) {
+        let proto = conn.session.proto;
+        for pending in conn.pending.iter_mut() {
+            if let Pending::Waiting { seq, deferred } = pending {
+                if *seq == reply.seq {
+                    let mut bytes = Vec::new();
+                    deferred.compose(&reply.results, proto, &mut bytes);
+                    *pending = Pending::Ready(bytes);
+                    break;
+                }
+            }
+        }
+        conn.release_ready();
+    }
+
+    /// Parses and executes buffered requests; returns whether complete input is left for later.
+    /// `token` names the connection in the [`MissRequest`]s it sends (slot and generation).
+    pub fn process_requests(&mut self, conn: &mut Conn, token: u64) -> bool {
+        let serve_hits = self.shared.serve_hits.load(Ordering::Relaxed);
+        let mut executed = 0;
+        let mut more = false;
+        if serve_hits && conn.input().len() >= prefetch::MIN_INPUT {
+            prefetch::prefetch_pipeline(
+                conn.input(),
+                &self.cfg.limits,
+                &mut self.args,
+                &self.keyspace,
+                &self.shared.store,
+            );
+        }
+        while !conn.input().is_empty() {
+            if executed >= self.cfg.requests_per_turn
+                || conn.backlog() >= self.cfg.max_reply_backlog
+                || conn.pending.len() >= self.cfg.max_pending_per_conn
+            {
+                more = true;
+                break;
+            }
+            let input = &conn.rbuf[conn.rpos..];
+            let consumed = match parse_request(input, &self.cfg.limits, &mut self.args) {
+                Ok(n) => n,
+                Err(ParseError::Incomplete) => {
+                    if input.len() >= self.cfg.max_request_bytes {
+                        protocol_error(
+                            conn,
+                            b"ERR Protocol error: request exceeds the size limit",
+                            self.stats(),
+                        );
+                    }
+                    break;
+                }
+                Err(ParseError::Invalid(kind)) => {
+                    let mut message = b"ERR ".to_vec();
+                    message.extend_from_slice(kind.message().as_bytes());
+                    protocol_error(conn, &message, self.stats());
+                    break;
+                }
+            };
+            executed += 1;
+            if !self.args.is_empty() {
+                self.execute_one(conn, consumed, token, serve_hits);
+            }
+            conn.rpos += consumed;
+            if conn.closing {
+                break;
+            }
+        }
+        CoreStats::add(&self.stats().commands, executed as u64);
+        if conn.rpos > 0 && (conn.rpos == conn.rbuf.len() || conn.rpos > conn.rbuf.capacity() / 2) {
+            conn.compact_input();
+        }
+        more
+    }
+
+    /// Executes the request whose argument ranges are in `self.args`, composing into the reply
+    /// queue.
+    fn execute_one(&mut self, conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool) {
+        let Conn {
+            rbuf,
+            rpos,
+            wbuf,
+            pending,
+            session,
+            next_seq,
+            closing,
+            ..
+        } = conn;
+        let frame = &rbuf[*rpos..*rpos + consumed];
+        let args = Args::new(frame, &self.args);
+        let mut held = Vec::new();
+        let out: &mut Vec<u8> = if pending.is_empty() {
+            &mut *wbuf
+        } else {
+            &mut held
+        };
+        let stats = &self.shared.stats[self.id];
+        let outcome = match parse_command(args) {
+            Ok(cmd) => {
+                let mut exec = Exec {
+                    shared: &self.shared,
+                    keyspace: &self.keyspace,
+                    serve_hits,
+                    stats,
+                    scratch: &mut self.scratch,
+                    password: self.cfg.password.as_deref().map(str::as_bytes),
+                    max_connections: self.cfg.max_connections,
+                };
+                exec.execute(cmd, session, out)
+            }
+            Err(e) => {
+                e.compose(out);
+                Outcome::Done
+            }
+        };
+        match outcome {
+            Outcome::Done => {}
+            Outcome::Close => *closing = true,
+            Outcome::Deferred { keys, deferred } => {
+                let seq = *next_seq;
+                *next_seq += 1;
+                let request = MissRequest {
+                    core: self.id,
+                    conn: token,
+                    seq,
+                    keys,
+                    bypass: !serve_hits,
+                };
+                if self.shared.queues[self.id].misses.push(request).is_ok() {
+                    self.misses_pushed = true;
+                    pending.push_back(Pending::Waiting { seq, deferred });
+                    return;
+                }
+                CoreStats::add(&stats.miss_queue_full, 1);
+                let out = if pending.is_empty() {
+                    &mut *wbuf
+                } else {
+                    &mut held
+                };
+                compose_error(out, b"BUSY pgline: too many misses in flight, retry");
+            }
+        }
+        if !pending.is_empty() && !held.is_empty() {
+            pending.push_back(Pending::Ready(held));
+        }
+    }
+}
+
+/// Answers a request that cannot be parsed, then closes: the rest of the input is dropped.
+fn protocol_error(conn: &mut Conn, message: &[u8], stats: &CoreStats) {
+    CoreStats::add(&stats.protocol_errors, 1);
+    let mut held = Vec::new();
+    let out = if conn.pending.is_empty() {
+        &mut conn.wbuf
+    } else {
+        &mut held
+    };
+    compose_error(out, message);
+    if !held.is_empty() {
+        conn.pending.push_back(Pending::Ready(held));
+    }
+    conn.closing = true;
+    conn.rpos = conn.rbuf.len();
+}

@@ -1,0 +1,234 @@
+//! A core's connection table, the same for both transports: slots with generations, a free
+//! list, and the list of connections with work this turn.
+//!
+//! A connection is named outside the core (in [`crate::plane::MissRequest::conn`]) by a token of
+//! its slot and the slot's generation, so a reply for a connection that closed while its miss was
+//! in flight is recognised and dropped even after the slot is reused.
+//!
+//! The active list holds each slot at most once (`Entry::active`); [`Slots::poll_sessions`] swaps
+//! it with a spare list so a turn neither allocates nor visits a slot twice.
+//!
+//! Latency: a turn in which connections are active records its span once for every request it
+//! executed in [`CoreStats::service_time`]: the dataplane's service time of a request batch
+//! (parse, execute, compose, transport write), an upper bound for each request in it. The span
+//! ends after the session pass; it starts where the previous working pass ended when the core
+//! went straight on (so it also covers this turn's readiness poll, replies and keyspace check),
+//! or just before the pass after an idle turn or a possible sleep ([`Slots::may_sleep`]). It
+//! leaves out the time a request waited before the turn and, for misses, the origin round trip
+//! (their replies leave in a later turn). Cost: one clock read per turn under sustained load,
+//! two for the first working turn after an idle one, none while idle; shared by the batch.
+//!
+//! Thread model: owned by one core's thread.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::plane::CoreStats;
+
+use super::conn::Conn;
+use super::session::{Next, Worker};
+
+/// One open connection: its session state and the transport's handle and flags.
+pub(crate) struct Entry<T> {
+    pub conn: Conn,
+    pub io: T,
+    /// Already on the core's active list.
+    pub active: bool,
+}
+
+/// The token a [`crate::plane::MissRequest`] carries for `slot` at `generation`.
+#[inline]
+pub(crate) fn token(slot: usize, generation: u32) -> u64 {
+    (slot as u64) << 32 | u64::from(generation)
+}
+
+/// The transport side of a core, as the table needs it for one turn.
+pub(crate) trait Transport {
+    type Io;
+    /// Ingress, [`Worker::process_requests`] and egress for one connection, bounded.
+    fn process(&mut self, entry: &mut Entry<Self::Io>, token: u64, worker: &mut Worker) -> Next;
+    /// The session is over: release the transport's side (deregister, close, abort).
+    fn release(&mut self, entry: Entry<Self::Io>);
+}
+
+pub(crate) struct Slots<T> {
+    entries: Vec<Option<Entry<T>>>,
+    generations: Vec<u32>,
+    free: Vec<usize>,
+    active: Vec<usize>,
+    spare: Vec<usize>,
+    open: usize,
+    /// When the previous session pass ended, if the core has not been able to sleep since: the
+    /// start of the next pass's service-time span (saves a clock read per turn under load).
+    last_pass_end: Option<Instant>,
+}
+
+impl<T> Slots<T> {
+    pub fn new() -> Self {
+        Slots {
+            entries: Vec::new(),
+            generations: Vec::new(),
+            free: Vec::new(),
+            active: Vec::with_capacity(1024),
+            spare: Vec::with_capacity(1024),
+            open: 0,
+            last_pass_end: None,
+        }
+    }
+
+    /// Open connections.
+    pub fn open(&self) -> usize {
+        self.open
+    }
+
+    /// The core may sleep before its next pass: that pass's span must not start at the last one's
+    /// end.
+    pub fn may_sleep(&mut self) {
+        self.last_pass_end = None;
+    }
+
+    /// Whether any connection has work queued for the next turn.
+    pub fn has_active(&self) -> bool {
+        !self.active.is_empty()
+    }
+
+    /// The slot a new connection will take and that slot's generation.
+    pub fn vacant(&mut self) -> (usize, u32) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.entries.push(None);
+            self.generations.push(0);
+            self.entries.len() - 1
+        });
+        (slot, self.generations[slot])
+    }
+
+    /// Gives back a slot from [`Slots::vacant`] that was not filled.
+    pub fn unvacate(&mut self, slot: usize) {
+        self.free.push(slot);
+    }
+
+    /// Fills `slot` (from [`Slots::vacant`]) and puts it on the active list.
+    pub fn fill(&mut self, slot: usize, conn: Conn, io: T, stats: &CoreStats) {
+        self.entries[slot] = Some(Entry {
+            conn,
+            io,
+            active: true,
+        });
+        self.active.push(slot);
+        self.open += 1;
+        CoreStats::add(&stats.connections_accepted, 1);
+        stats
+            .connections_open
+            .store(self.open as u64, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, slot: usize) -> Option<&mut Entry<T>> {
+        self.entries.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    /// Puts `slot` on the active list if it is open and not there yet.
+    #[inline]
+    pub fn activate(&mut self, slot: usize) {
+        if let Some(Some(entry)) = self.entries.get_mut(slot) {
+            if !entry.active {
+                entry.active = true;
+                self.active.push(slot);
+            }
+        }
+    }
+
+    /// Frees `slot`; its generation moves on so late replies for it are dropped.
+    pub fn remove(&mut self, slot: usize, stats: &CoreStats) -> Option<Entry<T>> {
+        let entry = self.entries.get_mut(slot)?.take()?;
+        self.generations[slot] = self.generations[slot].wrapping_add(1);
+        self.free.push(slot);
+        self.open -= 1;
+        CoreStats::add(&stats.connections_closed, 1);
+        stats
+            .connections_open
+            .store(self.open as u64, Ordering::Relaxed);
+        Some(entry)
+    }
+
+    /// Applies the control plane's answers to the connections waiting for them.
+    pub fn poll_replies(&mut self, worker: &Worker) -> bool {
+        // Borrowed, not cloned: an Arc clone per turn is an atomic RMW on a line every core shares.
+        let queue = &worker.shared.queues[worker.id].replies;
+        let mut any = false;
+        for _ in 0..queue.capacity() {
+            let Some(reply) = queue.pop() else { break };
+            any = true;
+            let slot = (reply.conn >> 32) as usize;
+            let generation = reply.conn as u32;
+            let Some(entry) = self.get_mut(slot) else {
+                continue;
+            };
+            if entry.conn.generation != generation {
+                continue;
+            }
+            Worker::apply_reply(&mut entry.conn, &reply);
+            self.activate(slot);
+        }
+        any
+    }
+
+    /// Runs every active connection once through `transport`; closes those that are done.
+    pub fn poll_sessions<X: Transport<Io = T>>(
+        &mut self,
+        transport: &mut X,
+        worker: &mut Worker,
+    ) -> bool {
+        if self.active.is_empty() {
+            self.last_pass_end = None;
+            return false;
+        }
+        let start = match self.last_pass_end {
+            Some(t) => t,
+            None => Instant::now(),
+        };
+        let before = worker.stats().commands.load(Ordering::Relaxed);
+        let worked = self.poll_sessions_untimed(transport, worker);
+        let end = Instant::now();
+        self.last_pass_end = Some(end);
+        let stats = worker.stats();
+        let executed = stats.commands.load(Ordering::Relaxed).wrapping_sub(before);
+        if executed > 0 {
+            let ns = u64::try_from(end.duration_since(start).as_nanos()).unwrap_or(u64::MAX);
+            stats.service_time.record(ns, executed);
+        }
+        worked
+    }
+
+    fn poll_sessions_untimed<X: Transport<Io = T>>(
+        &mut self,
+        transport: &mut X,
+        worker: &mut Worker,
+    ) -> bool {
+        // Swap with the spare list (both keep their capacity: no allocation per turn).
+        let mut active = std::mem::take(&mut self.active);
+        std::mem::swap(&mut self.active, &mut self.spare);
+        for &slot in &active {
+            let Some(Some(entry)) = self.entries.get_mut(slot) else {
+                continue;
+            };
+            entry.active = false;
+            let token = token(slot, entry.conn.generation);
+            match transport.process(entry, token, worker) {
+                Next::Idle => {}
+                Next::Again => {
+                    entry.active = true;
+                    self.active.push(slot);
+                }
+                Next::Close => {
+                    if let Some(entry) = self.remove(slot, worker.stats()) {
+                        transport.release(entry);
+                    }
+                }
+            }
+        }
+        active.clear();
+        self.spare = active;
+        true
+    }
+}

@@ -1,0 +1,59 @@
+//! What a core loop needs of a userspace TCP stack, as a trait: accept connections on a port,
+//! report what happened to them, move bytes in and out, flush egress once per turn.
+//!
+//! The userspace core loop (`engine::userspace`) is written against [`StreamStack`], not against
+//! a particular stack, so the same loop runs over `net::Stack` on a DPDK or in-memory port and,
+//! in tests, over a plain in-process byte pipe. Like every transport it knows nothing of RESP.
+//!
+//! Semantics every implementation keeps (the loop relies on them):
+//! - `poll` appends [`StreamEvent::Accepted`] once per new connection (it may already hold
+//!   data), [`StreamEvent::Readable`] when bytes or the peer's FIN arrived, [`StreamEvent::Writable`]
+//!   when send space freed after a `send` took less than it was given, [`StreamEvent::Closed`]
+//!   when the connection is gone (reset, or fully closed) and its id is dead;
+//! - `recv` appends at most `max` bytes and returns how many; `Ok(0)` means nothing now;
+//!   `Err(StreamError::Closed)` means the peer finished sending and everything was read;
+//! - `send` may take fewer bytes than given (`Ok(0)` when the buffer is full);
+//! - `close` sends FIN after the queued data; `abort` resets and frees at once; after either the
+//!   id is not used again by the caller.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::time::Instant;
+
+/// Something that happened to a connection since the last `poll`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamEvent<Id> {
+    Accepted(Id),
+    Readable(Id),
+    Writable(Id),
+    Closed(Id),
+}
+
+/// Why a `recv` or `send` did not move bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamError {
+    /// The peer finished sending (recv) or the connection can no longer send.
+    Closed,
+    /// The connection is broken or unknown: abort it.
+    Failed,
+}
+
+/// A TCP stack owned by one core.
+pub trait StreamStack {
+    type Id: Copy + Eq + Hash + Debug;
+
+    /// Accepts any number of connections on `port`.
+    fn listen(&mut self, port: u16);
+    /// Receive path and timers; appends events. True if anything was done.
+    fn poll(&mut self, now: Instant, events: &mut Vec<StreamEvent<Self::Id>>) -> bool;
+    /// Appends up to `max` received bytes to `out`.
+    fn recv(&mut self, id: Self::Id, out: &mut Vec<u8>, max: usize) -> Result<usize, StreamError>;
+    /// Queues bytes to send; may take fewer than given.
+    fn send(&mut self, id: Self::Id, data: &[u8]) -> Result<usize, StreamError>;
+    /// FIN after the queued data.
+    fn close(&mut self, id: Self::Id);
+    /// Reset; state freed at once.
+    fn abort(&mut self, id: Self::Id);
+    /// Egress: transmit what connections have queued, due timers.
+    fn flush(&mut self, now: Instant);
+}

@@ -1,0 +1,4 @@
+//! Helpers shared by the dataplane's integration tests.
+pub mod pipe;
+pub mod rig;
+pub mod wire;

@@ -1,0 +1,164 @@
+//! The userspace core loop (`engine::userspace`) over an in-process byte-pipe stack, with a real
+//! store and a stand-in control plane that answers misses: hits, misses released in request
+//! order, pipelining, partial sends resumed on `Writable`, half-close, reset, a malformed request
+//! that closes only its own connection, and the connection limit.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgline_dataplane::engine::Engine;
+use support::pipe::{Client, Net, PipeStack};
+use support::rig::{self, get, mget, resp_row, ControlPlane, ORIGIN_ONLY, ROWS};
+
+struct Rig {
+    engine: Option<Engine>,
+    net: Arc<Net>,
+    _control: ControlPlane,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(e) = self.engine.take() {
+            e.stop();
+        }
+    }
+}
+
+/// One userspace core over a pipe stack that takes `send_room` bytes per connection, a store
+/// with rows `0..ROWS`, and a stand-in control plane answering misses after 5 ms.
+fn rig(send_room: usize, max_connections: usize) -> Rig {
+    let shared = rig::shared(1);
+    let (stack, net) = PipeStack::new(send_room);
+    let cfg = rig::engine_config(1, max_connections, "10.0.0.1:6380");
+    let engine = Engine::start_streams(cfg, shared.clone(), vec![stack]).expect("engine");
+    Rig {
+        engine: Some(engine),
+        net,
+        _control: ControlPlane::start(shared, Duration::from_millis(5)),
+    }
+}
+
+#[test]
+fn hits_misses_and_pipelines_answer_in_order() {
+    let rig = rig(1 << 20, 16);
+    let c = Client::connect(&rig.net);
+    c.send(&get("kv:7"));
+    assert_eq!(c.read_exact(resp_row(7).len(), usize::MAX), resp_row(7));
+
+    // A pipeline mixing hits, misses filled by the control plane, an absent row and admin
+    // commands: 30 requests, answered byte for byte in request order.
+    let mut request = Vec::new();
+    let mut expect = Vec::new();
+    for i in 0..10u32 {
+        request.extend(get(&format!("kv:{}", ORIGIN_ONLY + i)));
+        expect.extend(resp_row(ORIGIN_ONLY + i));
+        request.extend(get(&format!("kv:{}", i * 3)));
+        expect.extend(resp_row(i * 3));
+        let keys = vec![format!("kv:{i}"), format!("kv:{}", 500 + i)];
+        request.extend(mget(&keys));
+        expect.extend(b"*2\r\n");
+        expect.extend(resp_row(i));
+        expect.extend(b"$-1\r\n");
+    }
+    request.extend(b"*1\r\n$4\r\nPING\r\n");
+    expect.extend(b"+PONG\r\n");
+    c.send(&request);
+    let got = c.read_exact(expect.len(), usize::MAX);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&expect)
+    );
+    assert!(!c.server_closed());
+}
+
+#[test]
+fn partial_sends_resume_on_writable() {
+    // The stack takes at most 300 bytes per connection until the client reads.
+    let rig = rig(300, 16);
+    let c = Client::connect(&rig.net);
+    let keys: Vec<String> = (0..ROWS).map(|i| format!("kv:{i}")).collect();
+    let mut expect = format!("*{ROWS}\r\n").into_bytes();
+    for i in 0..ROWS {
+        expect.extend(resp_row(i));
+    }
+    let mut request = Vec::new();
+    for _ in 0..5 {
+        request.extend(mget(&keys));
+    }
+    c.send(&request);
+    for round in 0..5 {
+        let got = c.read_exact(expect.len(), 97);
+        assert_eq!(got, expect, "MGET reply {round}");
+    }
+}
+
+#[test]
+fn malformed_request_closes_only_its_connection() {
+    let rig = rig(1 << 20, 16);
+    let good = Client::connect(&rig.net);
+    let bad = Client::connect(&rig.net);
+    good.send(&get("kv:1"));
+    assert_eq!(good.read_exact(resp_row(1).len(), usize::MAX), resp_row(1));
+    // A good request, then garbage: the first is answered, then an error, then FIN.
+    let mut request = get("kv:2");
+    request.extend(b"*1\r\n$-5\r\n");
+    request.extend(get("kv:3"));
+    bad.send(&request);
+    let (got, fin) = bad.read_to_close();
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(fin, "closed with FIN, not reset");
+    assert!(
+        text.starts_with(&String::from_utf8_lossy(&resp_row(2)).into_owned()),
+        "{text}"
+    );
+    assert!(text.contains("-ERR Protocol error"), "{text}");
+    assert!(
+        !text.contains("row 3"),
+        "nothing after the bad frame: {text}"
+    );
+    // The other connection is untouched.
+    good.send(&get("kv:4"));
+    assert_eq!(good.read_exact(resp_row(4).len(), usize::MAX), resp_row(4));
+    assert!(!good.server_closed());
+}
+
+#[test]
+fn half_close_is_answered_then_closed_and_reset_frees() {
+    let rig = rig(1 << 20, 16);
+    let c = Client::connect(&rig.net);
+    let mut request = get(&format!("kv:{}", ORIGIN_ONLY + 1));
+    request.extend(get("kv:5"));
+    c.send(&request);
+    c.shutdown_write();
+    let (got, fin) = c.read_to_close();
+    let mut expect = resp_row(ORIGIN_ONLY + 1);
+    expect.extend(resp_row(5));
+    assert_eq!(got, expect);
+    assert!(fin);
+
+    // A reset connection with a miss in flight: its late reply is dropped, others still work.
+    let r = Client::connect(&rig.net);
+    r.send(&get(&format!("kv:{}", ORIGIN_ONLY + 2)));
+    r.reset();
+    let c2 = Client::connect(&rig.net);
+    c2.send(&get(&format!("kv:{}", ORIGIN_ONLY + 3)));
+    let want = resp_row(ORIGIN_ONLY + 3);
+    assert_eq!(c2.read_exact(want.len(), usize::MAX), want);
+}
+
+#[test]
+fn connections_over_the_limit_are_refused() {
+    let rig = rig(1 << 20, 2);
+    let a = Client::connect(&rig.net);
+    let b = Client::connect(&rig.net);
+    a.send(&get("kv:1"));
+    b.send(&get("kv:1"));
+    a.read_exact(resp_row(1).len(), usize::MAX);
+    b.read_exact(resp_row(1).len(), usize::MAX);
+    let c = Client::connect(&rig.net);
+    let (got, fin) = c.read_to_close();
+    assert_eq!(got, b"-ERR max number of clients reached\r\n");
+    assert!(fin);
+}

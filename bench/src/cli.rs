@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run one load cell and append its JSONL row.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Compare every cached key of the table with the origin.
     StaleCheck(StaleArgs),
     /// Create and fill the bench table on the origin.
@@ -137,7 +137,9 @@ pub fn parse_write_rate(s: &str) -> Result<WriteRate, String> {
     if s.eq_ignore_ascii_case("unlimited") {
         return Ok(WriteRate::Unlimited);
     }
-    let r: f64 = s.parse().map_err(|_| format!("not a rate: {s:?} (a number or 'unlimited')"))?;
+    let r: f64 = s
+        .parse()
+        .map_err(|_| format!("not a rate: {s:?} (a number or 'unlimited')"))?;
     if r == 0.0 {
         Ok(WriteRate::Off)
     } else if r > 0.0 && r.is_finite() {
@@ -153,7 +155,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         Some(i) => s.split_at(i),
         None => (s, "s"),
     };
-    let n: f64 = num.trim().parse().map_err(|_| format!("not a duration: {s:?}"))?;
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?}"))?;
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
@@ -322,25 +327,84 @@ mod tests {
         assert!(parse_duration("3 parsecs").is_err());
         assert_eq!(parse_write_rate("0").unwrap(), WriteRate::Off);
         assert_eq!(parse_write_rate("unlimited").unwrap(), WriteRate::Unlimited);
-        assert_eq!(parse_write_rate("30000").unwrap(), WriteRate::PerSecond(30000.0));
+        assert_eq!(
+            parse_write_rate("30000").unwrap(),
+            WriteRate::PerSecond(30000.0)
+        );
         assert!(parse_write_rate("-1").is_err());
-        assert_eq!(parse_server_pid("77").unwrap(), ServerPid { name: "77".into(), pid: 77 });
+        assert_eq!(
+            parse_server_pid("77").unwrap(),
+            ServerPid {
+                name: "77".into(),
+                pid: 77
+            }
+        );
         assert_eq!(parse_server_pid("valkey=9").unwrap().name, "valkey");
     }
 
     #[test]
     fn every_run_flag_parses() {
         let cli = Cli::try_parse_from([
-            "pgline-bench", "run", "--target", "cache-aside", "--op", "mget", "--mget", "16",
-            "--clients", "64", "--pipeline", "2", "--rate", "50000", "--keys", "zipf",
-            "--zipf-s", "1.1", "--write-rate", "unlimited", "--writers", "2", "--write-op",
-            "insert", "--synchronous-commit", "off", "--duration", "1s", "--warmup", "0",
-            "--threads", "2", "--server-pid", "pg=1", "--server-pid", "2", "--keyspace", "10",
-            "--origin-conns", "3", "--spin-us", "0", "--stale-check", "--settle", "10ms",
-            "--scenario", "s", "--label", "l", "--seed", "5", "--table", "t", "--resp", "x:1",
+            "pgline-bench",
+            "run",
+            "--target",
+            "cache-aside",
+            "--op",
+            "mget",
+            "--mget",
+            "16",
+            "--clients",
+            "64",
+            "--pipeline",
+            "2",
+            "--rate",
+            "50000",
+            "--keys",
+            "zipf",
+            "--zipf-s",
+            "1.1",
+            "--write-rate",
+            "unlimited",
+            "--writers",
+            "2",
+            "--write-op",
+            "insert",
+            "--synchronous-commit",
+            "off",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0",
+            "--threads",
+            "2",
+            "--server-pid",
+            "pg=1",
+            "--server-pid",
+            "2",
+            "--keyspace",
+            "10",
+            "--origin-conns",
+            "3",
+            "--spin-us",
+            "0",
+            "--stale-check",
+            "--settle",
+            "10ms",
+            "--scenario",
+            "s",
+            "--label",
+            "l",
+            "--seed",
+            "5",
+            "--table",
+            "t",
+            "--resp",
+            "x:1",
         ])
         .unwrap();
-        let Command::Run(r) = cli.command else { panic!("not run") };
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
         assert_eq!(r.target, Target::CacheAside);
         assert_eq!(r.server_pids.len(), 2);
         assert_eq!(r.write_rate, WriteRate::Unlimited);

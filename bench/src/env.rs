@@ -49,7 +49,9 @@ pub fn host_env() -> Env {
         .unwrap_or_default();
     Env {
         cpu_model,
-        cores: std::thread::available_parallelism().map(usize::from).unwrap_or(0),
+        cores: std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(0),
         kernel,
         git_rev: command_line("git", &["rev-parse", "--short", "HEAD"]),
         started_at: rfc3339_utc(SystemTime::now()),
@@ -59,8 +61,12 @@ pub fn host_env() -> Env {
 
 /// Fills the version fields from a RESP server's INFO.
 pub async fn resp_versions(env: &mut Env, addr: &str) {
-    let Ok(mut c) = RespConn::connect(addr).await else { return };
-    let Ok(Value::Bulk(info)) = c.command(&[b"INFO", b"server"]).await else { return };
+    let Ok(mut c) = RespConn::connect(addr).await else {
+        return;
+    };
+    let Ok(Value::Bulk(info)) = c.command(&[b"INFO", b"server"]).await else {
+        return;
+    };
     let info = String::from_utf8_lossy(&info);
     if let Some(v) = info_field(&info, "pgline_version") {
         env.pgline_version = Some(v);
@@ -78,7 +84,9 @@ fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
 
 /// Clock ticks per second for /proc CPU times.
 pub fn clk_tck() -> f64 {
-    command_line("getconf", &["CLK_TCK"]).and_then(|s| s.parse().ok()).unwrap_or(100.0)
+    command_line("getconf", &["CLK_TCK"])
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100.0)
 }
 
 /// `utime + stime` of `pid` in clock ticks.
@@ -100,7 +108,10 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 
 /// Formats a time as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn rfc3339_utc(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil-from-days (proleptic Gregorian), days since 1970-01-01.
     let z = days as i64 + 719_468;

@@ -59,11 +59,17 @@ impl KeySampler {
         }
         let zipf = match shape {
             KeyShape::Zipf => Some(
-                Zipf::new(keyspace, zipf_s).map_err(|e| format!("zipf({keyspace}, {zipf_s}): {e}"))?,
+                Zipf::new(keyspace, zipf_s)
+                    .map_err(|e| format!("zipf({keyspace}, {zipf_s}): {e}"))?,
             ),
             _ => None,
         };
-        Ok(KeySampler { shape, keyspace, zipf, rng: SmallRng::seed_from_u64(seed) })
+        Ok(KeySampler {
+            shape,
+            keyspace,
+            zipf,
+            rng: SmallRng::seed_from_u64(seed),
+        })
     }
 
     /// The next row id.
@@ -110,7 +116,10 @@ mod tests {
             counts[u.next_id() as usize] += 1;
         }
         // Each bucket expects 10,000; 5 sigma is ~475.
-        assert!(counts.iter().all(|&c| (9_500..10_500).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (9_500..10_500).contains(&c)),
+            "{counts:?}"
+        );
     }
 
     /// Frequencies of the top ranks match p(r) = r^-s / H(n, s) within sampling error, and the
@@ -129,13 +138,21 @@ mod tests {
             let expect = p * f64::from(draws);
             let got = f64::from(counts[rank_to_id(rank, n) as usize]);
             let sigma = (expect * (1.0 - p)).sqrt();
-            assert!((got - expect).abs() < 5.0 * sigma, "rank {rank}: got {got}, expect {expect}");
+            assert!(
+                (got - expect).abs() < 5.0 * sigma,
+                "rank {rank}: got {got}, expect {expect}"
+            );
         }
         // Share of the top 1 % of ranks.
         let top: f64 = (1..=n / 100).map(|r| (r as f64).powf(-s)).sum::<f64>() / h;
-        let got_top: u32 = (1..=n / 100).map(|r| counts[rank_to_id(r, n) as usize]).sum();
+        let got_top: u32 = (1..=n / 100)
+            .map(|r| counts[rank_to_id(r, n) as usize])
+            .sum();
         let share = f64::from(got_top) / f64::from(draws);
-        assert!((share - top).abs() < 0.01, "top 1%: got {share}, expect {top}");
+        assert!(
+            (share - top).abs() < 0.01,
+            "top 1%: got {share}, expect {top}"
+        );
         // Rank 1 is about 2^0.99 times as frequent as rank 2.
         let ratio = f64::from(counts[rank_to_id(1, n) as usize])
             / f64::from(counts[rank_to_id(2, n) as usize]);

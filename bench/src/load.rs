@@ -31,15 +31,24 @@ pub async fn load(args: &LoadArgs) -> Result<LoadReport, BenchError> {
     ensure_database(&args.data.origin).await?;
     let c = pg::connect(&args.data.origin).await?;
     let n = args.data.keyspace as i64;
-    let exists: bool = c.query_one("SELECT to_regclass($1) IS NOT NULL", &[table]).await?.get(0);
+    let exists: bool = c
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[table])
+        .await?
+        .get(0);
     let keep = exists && !args.force && {
         let r = c
-            .query_one(&format!("SELECT count(*), coalesce(min(id), 0), coalesce(max(id), -1) FROM {table}"), &[])
+            .query_one(
+                &format!(
+                    "SELECT count(*), coalesce(min(id), 0), coalesce(max(id), -1) FROM {table}"
+                ),
+                &[],
+            )
             .await?;
         (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2)) == (n, 0, n - 1)
     };
     if keep {
-        c.execute(&format!("UPDATE {table} SET rev = 0 WHERE rev <> 0"), &[]).await?;
+        c.execute(&format!("UPDATE {table} SET rev = 0 WHERE rev <> 0"), &[])
+            .await?;
     } else {
         c.batch_execute(&format!(
             "DROP TABLE IF EXISTS {table};
@@ -57,13 +66,19 @@ pub async fn load(args: &LoadArgs) -> Result<LoadReport, BenchError> {
             &[],
         )
         .await?;
-    Ok(LoadReport { rows: r.get(0), created: !keep, avg_json_bytes: r.get(1) })
+    Ok(LoadReport {
+        rows: r.get(0),
+        created: !keep,
+        avg_json_bytes: r.get(1),
+    })
 }
 
 /// Creates the origin string's database if connecting says it does not exist.
 async fn ensure_database(origin: &str) -> Result<(), BenchError> {
     let cfg: tokio_postgres::Config = origin.parse()?;
-    let Some(db) = cfg.get_dbname().map(str::to_string) else { return Ok(()) };
+    let Some(db) = cfg.get_dbname().map(str::to_string) else {
+        return Ok(());
+    };
     match tokio_postgres::connect(origin, tokio_postgres::NoTls).await {
         Ok(_) => Ok(()),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INVALID_CATALOG_NAME) => {
@@ -71,7 +86,9 @@ async fn ensure_database(origin: &str) -> Result<(), BenchError> {
             admin.dbname("postgres");
             let (client, conn) = admin.connect(tokio_postgres::NoTls).await?;
             tokio::spawn(conn);
-            client.batch_execute(&format!("CREATE DATABASE \"{}\"", db.replace('"', "\"\""))).await?;
+            client
+                .batch_execute(&format!("CREATE DATABASE \"{}\"", db.replace('"', "\"\"")))
+                .await?;
             Ok(())
         }
         Err(e) => Err(e.into()),

@@ -42,12 +42,19 @@ fn main() {
     let cli = Cli::parse();
     if let Err(e) = dispatch(cli.command) {
         eprintln!("pgline-bench: {e}");
-        std::process::exit(if matches!(e, BenchError::Stale(_)) { 2 } else { 1 });
+        std::process::exit(if matches!(e, BenchError::Stale(_)) {
+            2
+        } else {
+            1
+        });
     }
 }
 
 fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, BenchError> {
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?)
 }
 
 fn dispatch(cmd: Command) -> Result<(), BenchError> {
@@ -89,7 +96,11 @@ fn check_jsonl(args: &cli::CheckArgs) -> Result<(), BenchError> {
     let mut rows = 0u64;
     for p in &args.inputs {
         let text = std::fs::read_to_string(p)?;
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             rows += 1;
             let missing = record::missing_keys(line);
             if !missing.is_empty() {
@@ -98,10 +109,19 @@ fn check_jsonl(args: &cli::CheckArgs) -> Result<(), BenchError> {
                 continue;
             }
             let row: record::Row = serde_json::from_str(line)?;
-            let watched = args.stale_zero_for.iter().any(|t| *t == row.target || *t == row.label);
+            let watched = args
+                .stale_zero_for
+                .iter()
+                .any(|t| *t == row.target || *t == row.label);
             if watched && row.stale != Some(0) {
                 bad += 1;
-                eprintln!("{}:{}: {} stale = {:?}", p.display(), n + 1, row.target, row.stale);
+                eprintln!(
+                    "{}:{}: {} stale = {:?}",
+                    p.display(),
+                    n + 1,
+                    row.target,
+                    row.stale
+                );
             }
         }
     }

@@ -24,12 +24,19 @@ pub async fn connect(conn_str: &str) -> Result<Client, BenchError> {
 pub fn check_table(table: &str) -> Result<(), BenchError> {
     let ok = !table.is_empty()
         && table.len() <= 63
-        && table.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
-        && table.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        && table
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && table
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
     if ok {
         Ok(())
     } else {
-        Err(BenchError::Config(format!("table {table:?} must match [a-z_][a-z0-9_]*")))
+        Err(BenchError::Config(format!(
+            "table {table:?} must match [a-z_][a-z0-9_]*"
+        )))
     }
 }
 
@@ -69,7 +76,10 @@ impl OriginPool {
             let s = c.prepare(&lookup_sql(table)).await?;
             conns.push((c, s));
         }
-        Ok(OriginPool { conns, next: AtomicUsize::new(0) })
+        Ok(OriginPool {
+            conns,
+            next: AtomicUsize::new(0),
+        })
     }
 
     /// The row's JSON text, or None if there is no such row.

@@ -53,7 +53,8 @@ pub struct Row {
     pub warmup_s: f64,
     /// Client runtime threads.
     pub threads: usize,
-    /// Completed requests in the window.
+    /// Requests completed in the window (`rps = requests / duration_s`). Latencies cover the
+    /// requests that started (open loop: were due) in the window, completed or not.
     pub requests: u64,
     /// Failed requests.
     pub errors: u64,
@@ -75,7 +76,7 @@ pub struct Row {
     pub max_us: f64,
     /// Open loop: 99th percentile of how late batches left after their due time.
     pub send_lag_p99_us: Option<f64>,
-    /// Completed writer transactions in the window.
+    /// Writer transactions completed in the window.
     pub writes: u64,
     /// Failed writer transactions.
     pub write_errors: u64,
@@ -102,7 +103,10 @@ pub fn append_row(path: &Path, row: &Row) -> std::io::Result<()> {
     }
     let mut line = serde_json::to_string(row).map_err(std::io::Error::other)?;
     line.push('\n');
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
     f.write_all(line.as_bytes())?;
     f.sync_data()
 }
@@ -119,16 +123,44 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>, crate::error::BenchError> {
 
 /// Every key a complete row carries (the brief's schema plus the extras above).
 pub const REQUIRED_KEYS: &[&str] = &[
-    "scenario", "target", "op", "mget", "clients", "pipeline", "mode", "rate", "keys",
-    "keyspace", "zipf_s", "write_rate", "duration_s", "requests", "errors", "hits", "misses",
-    "rps", "p50_us", "p99_us", "p999_us", "max_us", "server_cpu_s", "rps_per_server_cpu",
-    "stale", "env",
+    "scenario",
+    "target",
+    "op",
+    "mget",
+    "clients",
+    "pipeline",
+    "mode",
+    "rate",
+    "keys",
+    "keyspace",
+    "zipf_s",
+    "write_rate",
+    "duration_s",
+    "requests",
+    "errors",
+    "hits",
+    "misses",
+    "rps",
+    "p50_us",
+    "p99_us",
+    "p999_us",
+    "max_us",
+    "server_cpu_s",
+    "rps_per_server_cpu",
+    "stale",
+    "env",
 ];
 
 /// Every key of `env`.
 pub const REQUIRED_ENV_KEYS: &[&str] = &[
-    "cpu_model", "cores", "kernel", "pgline_version", "valkey_version", "postgres_version",
-    "git_rev", "started_at",
+    "cpu_model",
+    "cores",
+    "kernel",
+    "pgline_version",
+    "valkey_version",
+    "postgres_version",
+    "git_rev",
+    "started_at",
 ];
 
 /// The keys a JSONL line lacks (empty when complete).
@@ -136,11 +168,17 @@ pub fn missing_keys(line: &str) -> Vec<String> {
     let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(line) else {
         return vec!["<not a JSON object>".into()];
     };
-    let mut missing: Vec<String> =
-        REQUIRED_KEYS.iter().filter(|k| !map.contains_key(**k)).map(|k| k.to_string()).collect();
+    let mut missing: Vec<String> = REQUIRED_KEYS
+        .iter()
+        .filter(|k| !map.contains_key(**k))
+        .map(|k| k.to_string())
+        .collect();
     match map.get("env") {
         Some(serde_json::Value::Object(env)) => missing.extend(
-            REQUIRED_ENV_KEYS.iter().filter(|k| !env.contains_key(**k)).map(|k| format!("env.{k}")),
+            REQUIRED_ENV_KEYS
+                .iter()
+                .filter(|k| !env.contains_key(**k))
+                .map(|k| format!("env.{k}")),
         ),
         _ => missing.push("env.*".into()),
     }
@@ -153,11 +191,18 @@ mod tests {
 
     #[test]
     fn a_row_serializes_every_required_key_and_round_trips() {
-        let row = Row { scenario: "s".into(), write_rate: 0.into(), ..Row::default() };
+        let row = Row {
+            scenario: "s".into(),
+            write_rate: 0.into(),
+            ..Row::default()
+        };
         let line = serde_json::to_string(&row).unwrap();
         assert_eq!(missing_keys(&line), Vec::<String>::new());
         assert_eq!(serde_json::from_str::<Row>(&line).unwrap(), row);
-        assert_eq!(missing_keys(r#"{"scenario":"x","env":{}}"#).len(), REQUIRED_KEYS.len() - 2 + 8);
+        assert_eq!(
+            missing_keys(r#"{"scenario":"x","env":{}}"#).len(),
+            REQUIRED_KEYS.len() - 2 + 8
+        );
     }
 
     #[test]
@@ -166,11 +211,18 @@ mod tests {
         let path = dir.join("r.jsonl");
         let _ = std::fs::remove_file(&path);
         for i in 0..3 {
-            let row = Row { requests: i, write_rate: "unlimited".into(), ..Row::default() };
+            let row = Row {
+                requests: i,
+                write_rate: "unlimited".into(),
+                ..Row::default()
+            };
             append_row(&path, &row).unwrap();
         }
         let rows = read_rows(&path).unwrap();
-        assert_eq!(rows.iter().map(|r| r.requests).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(
+            rows.iter().map(|r| r.requests).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -30,12 +30,39 @@ pub fn report(args: &ReportArgs) -> Result<Vec<PathBuf>, BenchError> {
         md.push_str(&scenario_table(rs));
         let labels: Vec<String> = rs.iter().map(|r| row_label(r)).collect();
         let rps_path = args.out.join(format!("{slug}-rps.svg"));
-        let rps: Vec<f64> = rs.iter().map(|r| if r.clients > 0 { r.rps } else { r.write_rps }).collect();
-        bar_chart(&rps_path, &format!("{scenario}: requests/s (writes/s without readers)"), &labels, &rps, "per second")?;
+        let rps: Vec<f64> = rs
+            .iter()
+            .map(|r| if r.clients > 0 { r.rps } else { r.write_rps })
+            .collect();
+        bar_chart(
+            &rps_path,
+            &format!("{scenario}: requests/s (writes/s without readers)"),
+            &labels,
+            &rps,
+            "per second",
+        )?;
         let p99_path = args.out.join(format!("{slug}-p99.svg"));
-        let p99: Vec<f64> = rs.iter().map(|r| if r.clients > 0 { r.p99_us } else { r.write_p99_us }).collect();
-        bar_chart(&p99_path, &format!("{scenario}: p99 latency"), &labels, &p99, "microseconds")?;
-        let _ = writeln!(md, "\n![{scenario} req/s]({slug}-rps.svg)\n![{scenario} p99]({slug}-p99.svg)\n");
+        let p99: Vec<f64> = rs
+            .iter()
+            .map(|r| {
+                if r.clients > 0 {
+                    r.p99_us
+                } else {
+                    r.write_p99_us
+                }
+            })
+            .collect();
+        bar_chart(
+            &p99_path,
+            &format!("{scenario}: p99 latency"),
+            &labels,
+            &p99,
+            "microseconds",
+        )?;
+        let _ = writeln!(
+            md,
+            "\n![{scenario} req/s]({slug}-rps.svg)\n![{scenario} p99]({slug}-p99.svg)\n"
+        );
         written.push(rps_path);
         written.push(p99_path);
     }
@@ -92,13 +119,23 @@ pub fn scenario_table(rows: &[&Row]) -> String {
     );
     for r in rows {
         let keys = r.hits + r.misses;
-        let hit = if keys > 0 { format!("{:.3}", r.hits as f64 / keys as f64) } else { "-".into() };
+        let hit = if keys > 0 {
+            format!("{:.3}", r.hits as f64 / keys as f64)
+        } else {
+            "-".into()
+        };
         let cpu = if r.server_cpu_s.is_empty() {
             "-".into()
         } else {
-            r.server_cpu_s.iter().map(|(k, v)| format!("{k} {v:.2}")).collect::<Vec<_>>().join(", ")
+            r.server_cpu_s
+                .iter()
+                .map(|(k, v)| format!("{k} {v:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         };
-        let per_cpu = r.rps_per_server_cpu.map_or("-".into(), |v| format!("{v:.0}"));
+        let per_cpu = r
+            .rps_per_server_cpu
+            .map_or("-".into(), |v| format!("{v:.0}"));
         let stale = r.stale.map_or("-".into(), |s| s.to_string());
         let mode = match r.rate {
             Some(rate) => format!("open {rate}/s"),
@@ -132,18 +169,39 @@ fn env_section(rows: &[Row]) -> String {
             seen.push(line);
         }
     }
-    let first = rows.iter().map(|r| r.env.started_at.as_str()).min().unwrap_or("-");
-    let last = rows.iter().map(|r| r.env.started_at.as_str()).max().unwrap_or("-");
-    format!("## Environment\n\nRuns from {first} to {last} (UTC).\n\n{}\n", seen.join("\n"))
+    let first = rows
+        .iter()
+        .map(|r| r.env.started_at.as_str())
+        .min()
+        .unwrap_or("-");
+    let last = rows
+        .iter()
+        .map(|r| r.env.started_at.as_str())
+        .max()
+        .unwrap_or("-");
+    format!(
+        "## Environment\n\nRuns from {first} to {last} (UTC).\n\n{}\n",
+        seen.join("\n")
+    )
 }
 
 /// A file-name-safe form of a scenario name.
 pub fn slug(s: &str) -> String {
     let out: String = s
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
-    if out.is_empty() { "scenario".into() } else { out }
+    if out.is_empty() {
+        "scenario".into()
+    } else {
+        out
+    }
 }
 
 fn plot_err<E: std::fmt::Display>(e: E) -> BenchError {
@@ -151,7 +209,13 @@ fn plot_err<E: std::fmt::Display>(e: E) -> BenchError {
 }
 
 /// A horizontal bar chart, one bar per label.
-pub fn bar_chart(path: &Path, title: &str, labels: &[String], values: &[f64], unit: &str) -> Result<(), BenchError> {
+pub fn bar_chart(
+    path: &Path,
+    title: &str,
+    labels: &[String],
+    values: &[f64],
+    unit: &str,
+) -> Result<(), BenchError> {
     let n = labels.len().max(1);
     let height = 90 + 26 * n as u32;
     let root = SVGBackend::new(path, (960, height)).into_drawing_area();
@@ -179,7 +243,10 @@ pub fn bar_chart(path: &Path, title: &str, labels: &[String], values: &[f64], un
     chart
         .draw_series(values.iter().enumerate().map(|(i, &v)| {
             let mut bar = Rectangle::new(
-                [(0.0, SegmentValue::Exact(i)), (v, SegmentValue::Exact(i + 1))],
+                [
+                    (0.0, SegmentValue::Exact(i)),
+                    (v, SegmentValue::Exact(i + 1)),
+                ],
                 BLUE.mix(0.6).filled(),
             );
             bar.set_margin(3, 3, 0, 0);

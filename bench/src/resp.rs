@@ -102,7 +102,9 @@ pub fn scan_reply(buf: &[u8]) -> Result<Option<(ReplyTally, usize)>, RespError> 
 }
 
 fn scan_into(buf: &[u8], depth: usize, t: &mut ReplyTally) -> Result<Option<usize>, RespError> {
-    let Some((line, mut used)) = parse_line(buf) else { return Ok(None) };
+    let Some((line, mut used)) = parse_line(buf) else {
+        return Ok(None);
+    };
     let (&kind, rest) = line.split_first().ok_or(RespError::Invalid("empty line"))?;
     match kind {
         b'+' | b':' => {}
@@ -147,7 +149,9 @@ pub fn parse_value(buf: &[u8]) -> Result<Option<(Value, usize)>, RespError> {
 }
 
 fn parse_value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, RespError> {
-    let Some((line, used)) = parse_line(buf) else { return Ok(None) };
+    let Some((line, used)) = parse_line(buf) else {
+        return Ok(None);
+    };
     let (&kind, rest) = line.split_first().ok_or(RespError::Invalid("empty line"))?;
     let text = || String::from_utf8_lossy(rest).into_owned();
     let v = match kind {
@@ -215,7 +219,11 @@ pub fn compose_get(out: &mut Vec<u8>, prefix: &[u8], ids: &[u64], mget: bool) {
     let argc = ids.len() + 1;
     out.push(b'*');
     out.extend_from_slice(num.format(argc).as_bytes());
-    out.extend_from_slice(if mget { b"\r\n$4\r\nMGET\r\n" } else { b"\r\n$3\r\nGET\r\n" });
+    out.extend_from_slice(if mget {
+        b"\r\n$4\r\nMGET\r\n"
+    } else {
+        b"\r\n$3\r\nGET\r\n"
+    });
     for &id in ids {
         let digits = idbuf.format(id).as_bytes();
         out.push(b'$');
@@ -333,7 +341,14 @@ mod tests {
     fn scan_counts_found_nil_and_errors() {
         let mget = b"*3\r\n$2\r\n{}\r\n$-1\r\n$5\r\nab\r\nc\r\nrest";
         let (t, n) = scan_reply(mget).unwrap().unwrap();
-        assert_eq!(t, ReplyTally { found: 2, nil: 1, error: false });
+        assert_eq!(
+            t,
+            ReplyTally {
+                found: 2,
+                nil: 1,
+                error: false
+            }
+        );
         assert_eq!(&mget[n..], b"rest");
         let (t, _) = scan_reply(b"-ERR no\r\n").unwrap().unwrap();
         assert!(t.error);
@@ -352,7 +367,10 @@ mod tests {
         }
         let (v, n) = parse_value(full).unwrap().unwrap();
         assert_eq!(n, full.len());
-        assert_eq!(v, Value::Array(vec![Value::Bulk(b"abc".to_vec()), Value::Nil]));
+        assert_eq!(
+            v,
+            Value::Array(vec![Value::Bulk(b"abc".to_vec()), Value::Nil])
+        );
     }
 
     #[test]

@@ -51,6 +51,13 @@ pub struct Window {
     pub end: Instant,
 }
 
+impl Window {
+    /// Whether `t` is inside the measured part.
+    pub fn contains(&self, t: Instant) -> bool {
+        t >= self.measure_start && t < self.end
+    }
+}
+
 /// Runs one cell and returns its row (not yet appended).
 pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     validate(args)?;
@@ -62,7 +69,9 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     env.postgres_version = Some(admin.query_one("SHOW server_version", &[]).await?.get(0));
 
     let pool = if args.target == Target::CacheAside {
-        Some(Arc::new(OriginPool::open(&args.data.origin, &args.data.table, args.origin_conns).await?))
+        Some(Arc::new(
+            OriginPool::open(&args.data.origin, &args.data.table, args.origin_conns).await?,
+        ))
     } else {
         None
     };
@@ -81,18 +90,34 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     let writers = open_writers(args, &admin).await?;
 
     let t0 = Instant::now() + Duration::from_millis(20);
-    let w = Window { t0, measure_start: t0 + args.warmup, end: t0 + args.warmup + args.duration };
+    let w = Window {
+        t0,
+        measure_start: t0 + args.warmup,
+        end: t0 + args.warmup + args.duration,
+    };
     let mut tasks = Vec::new();
     for (c, conn) in conns.into_iter().enumerate() {
         let sampler = sampler(args, args.seed.wrapping_add(c as u64))?;
-        let cfg = ClientCfg { args: args.clone(), spec: spec.clone(), c: c as u64, w };
+        let cfg = ClientCfg {
+            args: args.clone(),
+            spec: spec.clone(),
+            c: c as u64,
+            w,
+        };
         tasks.push(tokio::spawn(client_loop(cfg, conn, sampler)));
     }
     let mut wtasks = Vec::new();
     let n_writers = writers.len() as u64;
     for (i, wr) in writers.into_iter().enumerate() {
         let sampler = sampler(args, args.seed.wrapping_add(1_000_000 + i as u64))?;
-        wtasks.push(tokio::spawn(writer_loop(args.clone(), wr, sampler, i as u64, n_writers, w)));
+        wtasks.push(tokio::spawn(writer_loop(
+            args.clone(),
+            wr,
+            sampler,
+            i as u64,
+            n_writers,
+            w,
+        )));
     }
 
     tokio::time::sleep_until(w.measure_start.into()).await;
@@ -102,11 +127,17 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
 
     let mut reads = Tally::new();
     for t in tasks {
-        reads.merge(&t.await.map_err(|e| BenchError::Config(format!("client task: {e}")))?);
+        reads.merge(
+            &t.await
+                .map_err(|e| BenchError::Config(format!("client task: {e}")))?,
+        );
     }
     let mut writes = Tally::new();
     for t in wtasks {
-        writes.merge(&t.await.map_err(|e| BenchError::Config(format!("writer task: {e}")))?);
+        writes.merge(
+            &t.await
+                .map_err(|e| BenchError::Config(format!("writer task: {e}")))?,
+        );
     }
     let stale = if args.stale_check {
         let sa = crate::cli::StaleArgs {
@@ -120,7 +151,14 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     } else {
         None
     };
-    Ok(build_row(args, &reads, &writes, cpu_delta(args, &before, &after), stale, env))
+    Ok(build_row(
+        args,
+        &reads,
+        &writes,
+        cpu_delta(args, &before, &after),
+        stale,
+        env,
+    ))
 }
 
 fn validate(args: &RunArgs) -> Result<(), BenchError> {
@@ -172,7 +210,9 @@ async fn wait_until(due: Instant, spin: Duration) {
 async fn client_loop(cfg: ClientCfg, mut conn: Conn, mut keys: KeySampler) -> Tally {
     let (args, w) = (&cfg.args, cfg.w);
     let per_req = args.mget;
-    let sched = args.rate.map(|r| Schedule::new(w.t0, r, args.clients as u64, cfg.c));
+    let sched = args
+        .rate
+        .map(|r| Schedule::new(w.t0, r, args.clients as u64, cfg.c));
     let spin = Duration::from_micros(args.spin_us);
     let mut tally = Tally::new();
     let mut ids = Vec::with_capacity(args.pipeline * per_req);
@@ -198,7 +238,11 @@ async fn client_loop(cfg: ClientCfg, mut conn: Conn, mut keys: KeySampler) -> Ta
         } else if Instant::now() >= w.end {
             break;
         }
-        let n = if sched.is_some() { due.len() } else { args.pipeline };
+        let n = if sched.is_some() {
+            due.len()
+        } else {
+            args.pipeline
+        };
         ids.clear();
         ids.extend((0..n * per_req).map(|_| keys.next_id()));
         out.clear();
@@ -206,17 +250,20 @@ async fn client_loop(cfg: ClientCfg, mut conn: Conn, mut keys: KeySampler) -> Ta
         let res = conn.exec_batch(&ids, per_req, &mut out).await;
         for j in 0..n {
             let start = due.get(j).copied().unwrap_or(sent);
-            if start < w.measure_start {
-                continue;
+            let o = out.get(j).copied().unwrap_or(Outcome {
+                done: Instant::now(),
+                found: 0,
+                missing: 0,
+                error: true,
+            });
+            if w.contains(o.done) {
+                tally.requests += 1;
+                tally.errors += u64::from(o.error);
+                tally.hits += u64::from(o.found);
+                tally.misses += u64::from(o.missing);
             }
-            match out.get(j) {
-                Some(o) => {
-                    tally.record(o.done.saturating_duration_since(start));
-                    tally.errors += u64::from(o.error);
-                    tally.hits += u64::from(o.found);
-                    tally.misses += u64::from(o.missing);
-                }
-                None => tally.errors += 1,
+            if start >= w.measure_start && !o.error {
+                tally.record(o.done.saturating_duration_since(start));
             }
         }
         if let Some(&first) = due.first() {
@@ -249,7 +296,8 @@ fn count_unsent(s: &Schedule, from: u64, now: Instant, w: Window, tally: &mut Ta
         if s.due(k) >= w.measure_start {
             tally.unsent += 1;
             tally.latency.saturating_record(
-                u64::try_from(now.saturating_duration_since(s.due(k)).as_nanos()).unwrap_or(u64::MAX),
+                u64::try_from(now.saturating_duration_since(s.due(k)).as_nanos())
+                    .unwrap_or(u64::MAX),
             );
         }
     }
@@ -281,7 +329,10 @@ pub struct Writer {
     next_insert: Arc<AtomicU64>,
 }
 
-async fn open_writers(args: &RunArgs, admin: &tokio_postgres::Client) -> Result<Vec<Writer>, BenchError> {
+async fn open_writers(
+    args: &RunArgs,
+    admin: &tokio_postgres::Client,
+) -> Result<Vec<Writer>, BenchError> {
     if args.write_rate == WriteRate::Off {
         return Ok(Vec::new());
     }
@@ -294,14 +345,22 @@ async fn open_writers(args: &RunArgs, admin: &tokio_postgres::Client) -> Result<
     let sql = match args.write_op {
         WriteOp::Update => format!("UPDATE {table} SET rev = rev + 1 WHERE id = $1"),
         WriteOp::Insert => {
-            format!("INSERT INTO {table} {}", pg::row_select("(SELECT $1::int8 AS g) s"))
+            format!(
+                "INSERT INTO {table} {}",
+                pg::row_select("(SELECT $1::int8 AS g) s")
+            )
         }
     };
     let mut out = Vec::with_capacity(args.writers);
     for _ in 0..args.writers.max(1) {
         let client = pg::connect(&args.data.origin).await?;
         if let Some(sc) = &args.synchronous_commit {
-            client.simple_query(&format!("SET synchronous_commit = '{}'", sc.replace('\'', ""))).await?;
+            client
+                .simple_query(&format!(
+                    "SET synchronous_commit = '{}'",
+                    sc.replace('\'', "")
+                ))
+                .await?;
         }
         let stmt = client.prepare(&sql).await?;
         let del = if args.target == Target::CacheAside {
@@ -309,12 +368,24 @@ async fn open_writers(args: &RunArgs, admin: &tokio_postgres::Client) -> Result<
         } else {
             None
         };
-        out.push(Writer { client, stmt, del, next_insert: next_insert.clone() });
+        out.push(Writer {
+            client,
+            stmt,
+            del,
+            next_insert: next_insert.clone(),
+        });
     }
     Ok(out)
 }
 
-async fn writer_loop(args: RunArgs, mut wr: Writer, mut keys: KeySampler, i: u64, n: u64, w: Window) -> Tally {
+async fn writer_loop(
+    args: RunArgs,
+    mut wr: Writer,
+    mut keys: KeySampler,
+    i: u64,
+    n: u64,
+    w: Window,
+) -> Tally {
     let sched = match args.write_rate {
         WriteRate::PerSecond(r) => Some(Schedule::new(w.t0, r, n, i)),
         _ => None,
@@ -348,12 +419,13 @@ async fn writer_loop(args: RunArgs, mut wr: Writer, mut keys: KeySampler, i: u64
             compose_command(&mut del.wbuf, &[b"DEL", &key_bytes(&prefix, id)]);
             ok = del.flush().await.is_ok() && del.read_tally().await.is_ok_and(|t| !t.error);
         }
-        if start >= w.measure_start {
-            if ok {
-                tally.record(start.elapsed());
-            } else {
-                tally.errors += 1;
-            }
+        let done = Instant::now();
+        if w.contains(done) {
+            tally.requests += u64::from(ok);
+            tally.errors += u64::from(!ok);
+        }
+        if ok && start >= w.measure_start {
+            tally.record(done - start);
         }
         if !ok && wr.client.is_closed() {
             break;
@@ -363,10 +435,17 @@ async fn writer_loop(args: RunArgs, mut wr: Writer, mut keys: KeySampler, i: u64
 }
 
 fn cpu_snapshot(args: &RunArgs) -> Vec<Option<u64>> {
-    args.server_pids.iter().map(|p| env::cpu_ticks(p.pid).ok()).collect()
+    args.server_pids
+        .iter()
+        .map(|p| env::cpu_ticks(p.pid).ok())
+        .collect()
 }
 
-fn cpu_delta(args: &RunArgs, before: &[Option<u64>], after: &[Option<u64>]) -> BTreeMap<String, f64> {
+fn cpu_delta(
+    args: &RunArgs,
+    before: &[Option<u64>],
+    after: &[Option<u64>],
+) -> BTreeMap<String, f64> {
     let tck = env::clk_tck();
     let mut m = BTreeMap::new();
     for (p, (b, a)) in args.server_pids.iter().zip(before.iter().zip(after)) {
@@ -407,13 +486,22 @@ pub fn build_row(
         mget: args.mget,
         clients: args.clients,
         pipeline: args.pipeline,
-        mode: if args.rate.is_some() { "open" } else { "closed" }.into(),
+        mode: if args.rate.is_some() {
+            "open"
+        } else {
+            "closed"
+        }
+        .into(),
         rate: args.rate,
         keys: args.keys.name().into(),
         keyspace: args.data.keyspace,
         zipf_s: args.zipf_s,
         write_rate: args.write_rate.to_json(),
-        writers: if args.write_rate == WriteRate::Off { 0 } else { args.writers.max(1) },
+        writers: if args.write_rate == WriteRate::Off {
+            0
+        } else {
+            args.writers.max(1)
+        },
         write_op: format!("{:?}", args.write_op).to_lowercase(),
         synchronous_commit: args.synchronous_commit.clone(),
         duration_s: args.duration.as_secs_f64(),
@@ -448,7 +536,11 @@ mod tests {
 
     fn window(t0: Instant, warm_ms: u64, dur_ms: u64) -> Window {
         let measure_start = t0 + Duration::from_millis(warm_ms);
-        Window { t0, measure_start, end: measure_start + Duration::from_millis(dur_ms) }
+        Window {
+            t0,
+            measure_start,
+            end: measure_start + Duration::from_millis(dur_ms),
+        }
     }
 
     /// A client that fell behind sends the due backlog in pipeline-sized batches.
@@ -480,7 +572,10 @@ mod tests {
         assert_eq!(tally.unsent, 50);
         assert_eq!(tally.requests, 0, "unsent are not completed requests");
         let q = quantiles(&tally.latency);
-        assert!((q.max_us - 149_000.0).abs() < 200.0, "oldest waited 250-101 ms: {q:?}");
+        assert!(
+            (q.max_us - 149_000.0).abs() < 200.0,
+            "oldest waited 250-101 ms: {q:?}"
+        );
         assert!((q.p50_us - 101_000.0).abs() < 2_000.0, "{q:?}");
     }
 }

@@ -30,7 +30,12 @@ impl Schedule {
     /// Connection `conn` of `conns` sharing `rate` requests/s from `start`.
     pub fn new(start: Instant, rate: f64, conns: u64, conn: u64) -> Self {
         debug_assert!(rate > 0.0 && conn < conns);
-        Schedule { start, rate, conns, conn }
+        Schedule {
+            start,
+            rate,
+            conns,
+            conn,
+        }
     }
 
     /// Offset from `start` of this connection's `i`-th request.
@@ -72,7 +77,10 @@ mod tests {
         offsets.sort();
         for (k, off) in offsets.iter().enumerate() {
             let want = k as f64 / rate;
-            assert!((off.as_secs_f64() - want).abs() < 1e-9, "slot {k}: {off:?} vs {want}");
+            assert!(
+                (off.as_secs_f64() - want).abs() < 1e-9,
+                "slot {k}: {off:?} vs {want}"
+            );
         }
     }
 

@@ -90,7 +90,11 @@ pub async fn check(args: &StaleArgs) -> Result<StaleReport, BenchError> {
     Ok(rep)
 }
 
-async fn mget(conn: &mut RespConn, prefix: &[u8], ids: &[u64]) -> Result<Vec<Option<Vec<u8>>>, BenchError> {
+async fn mget(
+    conn: &mut RespConn,
+    prefix: &[u8],
+    ids: &[u64],
+) -> Result<Vec<Option<Vec<u8>>>, BenchError> {
     compose_get(&mut conn.wbuf, prefix, ids, true);
     conn.flush().await?;
     match conn.read_value().await? {
@@ -102,6 +106,8 @@ async fn mget(conn: &mut RespConn, prefix: &[u8], ids: &[u64]) -> Result<Vec<Opt
             })
             .collect()),
         Value::Error(e) => Err(crate::resp::RespError::Server(e).into()),
-        _ => Err(BenchError::Config("MGET reply is not an array of the keys' length".into())),
+        _ => Err(BenchError::Config(
+            "MGET reply is not an array of the keys' length".into(),
+        )),
     }
 }

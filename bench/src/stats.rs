@@ -15,7 +15,7 @@ const HIGHEST_NS: u64 = 100_000_000_000;
 
 /// Counters and histograms of one task.
 pub struct Tally {
-    /// Completed requests inside the measured window.
+    /// Requests completed inside the measured window (the throughput basis).
     pub requests: u64,
     /// Requests that failed (error reply, protocol or I/O error).
     pub errors: u64,
@@ -25,7 +25,8 @@ pub struct Tally {
     pub misses: u64,
     /// Open loop: requests due inside the window but never sent before it closed.
     pub unsent: u64,
-    /// Latency of each request (from its due time in open loop, its send time in closed loop).
+    /// Latency of each request that started (was due in open loop, was sent in closed loop)
+    /// inside the window, whenever it completed.
     pub latency: Histogram<u64>,
     /// Open loop: how late each batch left after its first request was due.
     pub send_lag: Histogram<u64>,
@@ -48,9 +49,8 @@ impl Tally {
         }
     }
 
-    /// Records one completed request's latency.
+    /// Records one request's latency.
     pub fn record(&mut self, latency: Duration) {
-        self.requests += 1;
         self.latency.saturating_record(nanos(latency));
     }
 
@@ -118,9 +118,11 @@ mod tests {
         let mut a = Tally::new();
         for us in 1..=1000u64 {
             a.record(Duration::from_micros(us));
+            a.requests += 1;
         }
         let mut b = Tally::new();
         b.record(Duration::from_millis(50));
+        b.requests += 1;
         b.errors = 2;
         a.merge(&b);
         assert_eq!(a.requests, 1001);

@@ -54,11 +54,26 @@ pub struct ConnSpec {
 /// A load connection.
 pub enum Conn {
     /// A RESP server read directly.
-    Resp { conn: RespConn, prefix: Vec<u8>, mget: bool },
+    Resp {
+        conn: RespConn,
+        prefix: Vec<u8>,
+        mget: bool,
+    },
     /// Valkey/Redis with cache-aside fills.
-    CacheAside { conn: RespConn, prefix: Vec<u8>, mget: bool, pool: Arc<OriginPool> },
+    CacheAside {
+        conn: RespConn,
+        prefix: Vec<u8>,
+        mget: bool,
+        pool: Arc<OriginPool>,
+    },
     /// PostgreSQL.
-    Pg { client: Client, one: Statement, any: Statement, simple: bool, table: String },
+    Pg {
+        client: Client,
+        one: Statement,
+        any: Statement,
+        simple: bool,
+        table: String,
+    },
 }
 
 impl Conn {
@@ -67,7 +82,11 @@ impl Conn {
         let prefix = format!("{}:", spec.table).into_bytes();
         let mget = spec.op == Op::Mget;
         Ok(match spec.target {
-            Target::Resp => Conn::Resp { conn: RespConn::connect(&spec.resp).await?, prefix, mget },
+            Target::Resp => Conn::Resp {
+                conn: RespConn::connect(&spec.resp).await?,
+                prefix,
+                mget,
+            },
             Target::CacheAside => Conn::CacheAside {
                 conn: RespConn::connect(&spec.resp).await?,
                 prefix,
@@ -82,7 +101,13 @@ impl Conn {
                 let one = client.prepare(&pg::lookup_sql(&spec.table)).await?;
                 let any = client.prepare(&pg::lookup_any_sql(&spec.table)).await?;
                 let simple = spec.target == Target::PgSimple;
-                Conn::Pg { client, one, any, simple, table: spec.table.clone() }
+                Conn::Pg {
+                    client,
+                    one,
+                    any,
+                    simple,
+                    table: spec.table.clone(),
+                }
             }
         })
     }
@@ -105,21 +130,45 @@ impl Conn {
                 for _ in ids.chunks(per_req) {
                     let t = conn.read_tally().await?;
                     let done = Instant::now();
-                    out.push(Outcome { done, found: t.found, missing: t.nil, error: t.error });
+                    out.push(Outcome {
+                        done,
+                        found: t.found,
+                        missing: t.nil,
+                        error: t.error,
+                    });
                 }
                 Ok(())
             }
-            Conn::CacheAside { conn, prefix, mget, pool } => {
-                exec_cache_aside(conn, prefix, *mget, pool, ids, per_req, out).await
-            }
-            Conn::Pg { client, one, any, simple, table } => {
-                let futs = ids.chunks(per_req).map(|req| {
-                    pg_lookup(client, one, any, *simple, table, req)
-                });
+            Conn::CacheAside {
+                conn,
+                prefix,
+                mget,
+                pool,
+            } => exec_cache_aside(conn, prefix, *mget, pool, ids, per_req, out).await,
+            Conn::Pg {
+                client,
+                one,
+                any,
+                simple,
+                table,
+            } => {
+                let futs = ids
+                    .chunks(per_req)
+                    .map(|req| pg_lookup(client, one, any, *simple, table, req));
                 for (done, r) in join_all(futs).await {
                     out.push(match r {
-                        Ok((found, missing)) => Outcome { done, found, missing, error: false },
-                        Err(_) => Outcome { done, found: 0, missing: 0, error: true },
+                        Ok((found, missing)) => Outcome {
+                            done,
+                            found,
+                            missing,
+                            error: false,
+                        },
+                        Err(_) => Outcome {
+                            done,
+                            found: 0,
+                            missing: 0,
+                            error: true,
+                        },
                     });
                 }
                 Ok(())
@@ -137,13 +186,25 @@ async fn pg_lookup(
     table: &str,
     ids: &[u64],
 ) -> (Instant, Result<(u32, u32), tokio_postgres::Error>) {
-    let n = ids.len() as u32;
+    // `IN`/`ANY` return a row once however often its id is listed: count distinct ids.
+    let distinct = {
+        let mut v = ids.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        v.len() as u32
+    };
     let r = if simple {
         let list: Vec<String> = ids.iter().map(u64::to_string).collect();
         let sql = if ids.len() == 1 {
-            format!("SELECT row_to_json(t)::text FROM {table} t WHERE id = {}", list[0])
+            format!(
+                "SELECT row_to_json(t)::text FROM {table} t WHERE id = {}",
+                list[0]
+            )
         } else {
-            format!("SELECT row_to_json(t)::text FROM {table} t WHERE id IN ({})", list.join(","))
+            format!(
+                "SELECT row_to_json(t)::text FROM {table} t WHERE id IN ({})",
+                list.join(",")
+            )
         };
         client.simple_query(&sql).await.map(|msgs| {
             msgs.iter()
@@ -151,12 +212,22 @@ async fn pg_lookup(
                 .count() as u32
         })
     } else if ids.len() == 1 {
-        client.query(one, &[&(ids[0] as i64)]).await.map(|rows| rows.len() as u32)
+        client
+            .query(one, &[&(ids[0] as i64)])
+            .await
+            .map(|rows| rows.len() as u32)
     } else {
         let v: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
         client.query(any, &[&v]).await.map(|rows| rows.len() as u32)
     };
-    (Instant::now(), r.map(|found| (found, n.saturating_sub(found))))
+    let n = ids.len() as u32;
+    (
+        Instant::now(),
+        r.map(|rows| {
+            let missing = distinct.saturating_sub(rows);
+            (n - missing.min(n), missing)
+        }),
+    )
 }
 
 /// Cache-aside reads: pipelined GET/MGET, then a fill (SELECT, SET) for each nil.
@@ -181,12 +252,22 @@ async fn exec_cache_aside(
         let values = match reply {
             Value::Array(items) => items,
             Value::Error(_) => {
-                out.push(Outcome { done: read_at, found: 0, missing: 0, error: true });
+                out.push(Outcome {
+                    done: read_at,
+                    found: 0,
+                    missing: 0,
+                    error: true,
+                });
                 continue;
             }
             v => vec![v],
         };
-        let mut o = Outcome { done: read_at, found: 0, missing: 0, error: false };
+        let mut o = Outcome {
+            done: read_at,
+            found: 0,
+            missing: 0,
+            error: false,
+        };
         for (&id, v) in req.iter().zip(&values) {
             if *v != Value::Nil {
                 o.found += 1;
@@ -221,6 +302,8 @@ pub fn key_bytes(prefix: &[u8], id: u64) -> Vec<u8> {
 
 /// Whether an error is a broken connection (reconnect) rather than a failed request.
 pub fn is_broken(e: &BenchError) -> bool {
-    matches!(e, BenchError::Resp(RespError::Io(_) | RespError::Closed | RespError::Invalid(_)))
-        || matches!(e, BenchError::Pg(p) if p.is_closed())
+    matches!(
+        e,
+        BenchError::Resp(RespError::Io(_) | RespError::Closed | RespError::Invalid(_))
+    ) || matches!(e, BenchError::Pg(p) if p.is_closed())
 }

@@ -90,6 +90,14 @@ pub struct Row {
     pub server_cpu_s: BTreeMap<String, f64>,
     /// Requests (or, with no readers, writes) per second per server CPU-second summed.
     pub rps_per_server_cpu: Option<f64>,
+    /// CPU seconds of this load generator in the window (all its threads): near
+    /// `threads * duration_s` means the client, not the server, bounded the run.
+    pub client_cpu_s: Option<f64>,
+    /// RESP targets: `keyspace_hits` the server's INFO counted in the window (pgline answers a
+    /// miss by filling from the origin, so its hit ratio is here, not in `hits`/`misses`).
+    pub server_keyspace_hits: Option<u64>,
+    /// RESP targets: `keyspace_misses` from INFO in the window.
+    pub server_keyspace_misses: Option<u64>,
     /// Stale entries found by the end-of-run check (null if not checked).
     pub stale: Option<u64>,
     /// Where and when it ran.

@@ -118,12 +118,7 @@ pub fn scenario_table(rows: &[&Row]) -> String {
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
-        let keys = r.hits + r.misses;
-        let hit = if keys > 0 {
-            format!("{:.3}", r.hits as f64 / keys as f64)
-        } else {
-            "-".into()
-        };
+        let hit = hit_ratio(r).map_or("-".into(), |h| format!("{h:.3}"));
         let cpu = if r.server_cpu_s.is_empty() {
             "-".into()
         } else {
@@ -149,6 +144,16 @@ pub fn scenario_table(rows: &[&Row]) -> String {
         );
     }
     t
+}
+
+/// The cache hit ratio of a row: the server's own counters when it reported them (pgline
+/// fills misses itself, so its replies are never nil), else found / (found + missing).
+pub fn hit_ratio(r: &Row) -> Option<f64> {
+    let (h, m) = match (r.server_keyspace_hits, r.server_keyspace_misses) {
+        (Some(h), Some(m)) if r.target == "resp" && h + m > 0 => (h, m),
+        _ => (r.hits, r.misses),
+    };
+    (h + m > 0).then(|| h as f64 / (h + m) as f64)
 }
 
 fn env_section(rows: &[Row]) -> String {

@@ -120,10 +120,23 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
         )));
     }
 
+    let mut info_conn = if args.target.is_resp() {
+        RespConn::connect(&args.resp).await.ok()
+    } else {
+        None
+    };
     tokio::time::sleep_until(w.measure_start.into()).await;
     let before = cpu_snapshot(args);
+    let ks_before = keyspace_stats(info_conn.as_mut()).await;
+    let me_before = env::cpu_ticks(std::process::id()).ok();
     tokio::time::sleep_until(w.end.into()).await;
     let after = cpu_snapshot(args);
+    let me_after = env::cpu_ticks(std::process::id()).ok();
+    let ks_after = keyspace_stats(info_conn.as_mut()).await;
+    let client_cpu_s = match (me_before, me_after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / env::clk_tck()),
+        _ => None,
+    };
 
     let mut reads = Tally::new();
     for t in tasks {
@@ -151,14 +164,14 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     } else {
         None
     };
-    Ok(build_row(
-        args,
-        &reads,
-        &writes,
-        cpu_delta(args, &before, &after),
-        stale,
-        env,
-    ))
+    let server_cpu = cpu_delta(args, &before, &after);
+    let mut row = build_row(args, &reads, &writes, server_cpu, stale, env);
+    row.client_cpu_s = client_cpu_s;
+    if let (Some(b), Some(a)) = (ks_before, ks_after) {
+        row.server_keyspace_hits = Some(a.0.saturating_sub(b.0));
+        row.server_keyspace_misses = Some(a.1.saturating_sub(b.1));
+    }
+    Ok(row)
 }
 
 fn validate(args: &RunArgs) -> Result<(), BenchError> {
@@ -434,6 +447,17 @@ async fn writer_loop(
     tally
 }
 
+/// `keyspace_hits` and `keyspace_misses` from the server's INFO stats.
+async fn keyspace_stats(conn: Option<&mut RespConn>) -> Option<(u64, u64)> {
+    let conn = conn?;
+    let Ok(crate::resp::Value::Bulk(info)) = conn.command(&[b"INFO", b"stats"]).await else {
+        return None;
+    };
+    let info = String::from_utf8_lossy(&info);
+    let field = |f: &str| crate::resp::info_field(&info, f).and_then(|v| v.parse().ok());
+    Some((field("keyspace_hits")?, field("keyspace_misses")?))
+}
+
 fn cpu_snapshot(args: &RunArgs) -> Vec<Option<u64>> {
     args.server_pids
         .iter()
@@ -524,6 +548,9 @@ pub fn build_row(
         write_p50_us: wq.p50_us,
         write_p99_us: wq.p99_us,
         rps_per_server_cpu: (cpu > 0.0).then(|| work * secs / cpu),
+        client_cpu_s: None,
+        server_keyspace_hits: None,
+        server_keyspace_misses: None,
         server_cpu_s,
         stale,
         env,

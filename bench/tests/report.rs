@@ -23,7 +23,7 @@ fn row(
         "unsent": 0, "rps": rps, "p50_us": 50.0, "p99_us": p99, "p999_us": 300.0,
         "max_us": 900.0, "send_lag_p99_us": null, "writes": 5000, "write_errors": 0,
         "write_rps": 500.0, "write_p50_us": 700.0, "write_p99_us": 2000.0,
-        "server_cpu_s": {"pgline": 9.5}, "rps_per_server_cpu": rps / 0.95, "stale": stale,
+        "server_cpu_s": {"pgline": 9.5}, "rps_per_server_cpu": rps / 0.95, "client_cpu_s": 9.9, "server_keyspace_hits": null, "server_keyspace_misses": null, "stale": stale,
         "env": {"cpu_model": "Test CPU", "cores": 2, "kernel": "6.1", "pgline_version": "0.1.0",
                 "valkey_version": null, "postgres_version": "15.18", "git_rev": "abc1234",
                 "started_at": "2026-11-30T22:00:00Z"}

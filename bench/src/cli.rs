@@ -101,6 +101,15 @@ pub enum Op {
     Mget,
 }
 
+/// Which RESP client the load connections use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RespClient {
+    /// This crate's minimal RESP2 writer/reader (the default).
+    Own,
+    /// The `redis` crate's multiplexed async connection (for comparing client overhead).
+    RedisRs,
+}
+
 /// What writers do to the origin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum WriteOp {
@@ -126,6 +135,7 @@ impl WriteRate {
     pub fn to_json(self) -> serde_json::Value {
         match self {
             WriteRate::Off => 0.into(),
+            WriteRate::PerSecond(r) if r.fract() == 0.0 && r < 1e15 => (r as u64).into(),
             WriteRate::PerSecond(r) => serde_json::json!(r),
             WriteRate::Unlimited => "unlimited".into(),
         }
@@ -211,6 +221,9 @@ pub struct RunArgs {
     /// RESP read command.
     #[arg(long, value_enum, default_value = "get")]
     pub op: Op,
+    /// RESP client implementation for `--target resp`.
+    #[arg(long, value_enum, default_value = "own")]
+    pub resp_client: RespClient,
     /// Keys per request (MGET N; for pg targets `id = ANY($1)` with N ids).
     #[arg(long, default_value_t = 1)]
     pub mget: usize,

@@ -28,34 +28,30 @@ pub fn report(args: &ReportArgs) -> Result<Vec<PathBuf>, BenchError> {
         let slug = slug(scenario);
         let _ = writeln!(md, "## {scenario}\n");
         md.push_str(&scenario_table(rs));
-        let labels: Vec<String> = rs.iter().map(|r| row_label(r)).collect();
+        let bars = |value: fn(&Row) -> f64| -> Vec<Bar> {
+            rs.iter()
+                .map(|r| Bar {
+                    label: row_label(r),
+                    value: value(r),
+                    color: target_color(&r.target),
+                })
+                .collect()
+        };
         let rps_path = args.out.join(format!("{slug}-rps.svg"));
-        let rps: Vec<f64> = rs
-            .iter()
-            .map(|r| if r.clients > 0 { r.rps } else { r.write_rps })
-            .collect();
-        bar_chart(
-            &rps_path,
-            &format!("{scenario}: requests/s (writes/s without readers)"),
-            &labels,
-            &rps,
-            "per second",
-        )?;
+        let rps = bars(|r| if r.clients > 0 { r.rps } else { r.write_rps });
+        let title = format!("{scenario}: requests/s (writes/s without readers)");
+        bar_chart(&rps_path, &title, &rps, "per second")?;
         let p99_path = args.out.join(format!("{slug}-p99.svg"));
-        let p99: Vec<f64> = rs
-            .iter()
-            .map(|r| {
-                if r.clients > 0 {
-                    r.p99_us
-                } else {
-                    r.write_p99_us
-                }
-            })
-            .collect();
+        let p99 = bars(|r| {
+            if r.clients > 0 {
+                r.p99_us
+            } else {
+                r.write_p99_us
+            }
+        });
         bar_chart(
             &p99_path,
             &format!("{scenario}: p99 latency"),
-            &labels,
             &p99,
             "microseconds",
         )?;
@@ -213,46 +209,74 @@ fn plot_err<E: std::fmt::Display>(e: E) -> BenchError {
     BenchError::Plot(e.to_string())
 }
 
-/// A horizontal bar chart, one bar per label.
-pub fn bar_chart(
-    path: &Path,
-    title: &str,
-    labels: &[String],
-    values: &[f64],
-    unit: &str,
-) -> Result<(), BenchError> {
-    let n = labels.len().max(1);
+/// Bar colour by target: pgline/RESP blue, cache-aside orange, PostgreSQL green.
+pub fn target_color(target: &str) -> RGBColor {
+    match target {
+        "resp" => RGBColor(31, 119, 180),
+        "cache-aside" => RGBColor(255, 127, 14),
+        _ => RGBColor(44, 160, 44),
+    }
+}
+
+/// One bar of a chart.
+pub struct Bar {
+    /// Y-axis text.
+    pub label: String,
+    /// Length.
+    pub value: f64,
+    /// Fill.
+    pub color: RGBColor,
+}
+
+/// A horizontal bar chart, bars top to bottom in the given order.
+pub fn bar_chart(path: &Path, title: &str, bars: &[Bar], unit: &str) -> Result<(), BenchError> {
+    let n = bars.len().max(1);
     let height = 90 + 26 * n as u32;
     let root = SVGBackend::new(path, (960, height)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
-    let max = values.iter().copied().fold(0.0f64, f64::max).max(1e-9) * 1.1;
+    let max = bars
+        .iter()
+        .map(|b| b.value)
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    // Segment k (0 at the bottom) shows bar n-1-k, so the first bar is on top.
+    let slot = |i: usize| n - 1 - i;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(380)
-        .build_cartesian_2d(0.0..max, (0..n).into_segmented())
+        .build_cartesian_2d(0.0..max, (0..n - 1).into_segmented())
         .map_err(plot_err)?;
-    let fmt = |v: &SegmentValue<usize>| match v {
-        SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+    let ylabel = |v: &SegmentValue<usize>| match v {
+        SegmentValue::CenterOf(k) if *k < n => bars
+            .get(slot(*k))
+            .map(|b| b.label.clone())
+            .unwrap_or_default(),
         _ => String::new(),
     };
+    let xlabel = |v: &f64| format!("{v:.0}");
     chart
         .configure_mesh()
         .disable_y_mesh()
+        .x_labels(8)
+        .max_light_lines(1)
         .y_labels(n)
-        .y_label_formatter(&fmt)
+        .y_label_formatter(&ylabel)
+        .x_label_formatter(&xlabel)
         .x_desc(unit)
         .draw()
         .map_err(plot_err)?;
     chart
-        .draw_series(values.iter().enumerate().map(|(i, &v)| {
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            let k = slot(i);
             let mut bar = Rectangle::new(
                 [
-                    (0.0, SegmentValue::Exact(i)),
-                    (v, SegmentValue::Exact(i + 1)),
+                    (0.0, SegmentValue::Exact(k)),
+                    (b.value, SegmentValue::Exact(k + 1)),
                 ],
-                BLUE.mix(0.6).filled(),
+                b.color.mix(0.75).filled(),
             );
             bar.set_margin(3, 3, 0, 0);
             bar

@@ -82,6 +82,7 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
         table: args.data.table.clone(),
         op: args.op,
         pool,
+        resp_client: args.resp_client,
     };
     let mut conns = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {

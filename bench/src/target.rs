@@ -12,7 +12,7 @@
 
 #![deny(unsafe_code)]
 
-use crate::cli::{Op, Target};
+use crate::cli::{Op, RespClient, Target};
 use crate::error::BenchError;
 use crate::pg::{self, OriginPool};
 use crate::resp::{compose_command, compose_get, RespConn, RespError, Value};
@@ -49,6 +49,8 @@ pub struct ConnSpec {
     pub op: Op,
     /// Shared origin for cache-aside fills.
     pub pool: Option<Arc<OriginPool>>,
+    /// RESP client implementation (`resp` target).
+    pub resp_client: RespClient,
 }
 
 /// A load connection.
@@ -57,6 +59,12 @@ pub enum Conn {
     Resp {
         conn: RespConn,
         prefix: Vec<u8>,
+        mget: bool,
+    },
+    /// A RESP server read through the `redis` crate (a batch is one `redis::pipe()`).
+    RedisRs {
+        conn: redis::aio::MultiplexedConnection,
+        prefix: String,
         mget: bool,
     },
     /// Valkey/Redis with cache-aside fills.
@@ -82,6 +90,19 @@ impl Conn {
         let prefix = format!("{}:", spec.table).into_bytes();
         let mget = spec.op == Op::Mget;
         Ok(match spec.target {
+            Target::Resp if spec.resp_client == RespClient::RedisRs => {
+                let client = redis::Client::open(format!("redis://{}/", spec.resp))
+                    .map_err(|e| BenchError::Config(format!("redis-rs: {e}")))?;
+                let conn = client
+                    .get_multiplexed_tokio_connection()
+                    .await
+                    .map_err(|e| BenchError::Config(format!("redis-rs connect: {e}")))?;
+                Conn::RedisRs {
+                    conn,
+                    prefix: format!("{}:", spec.table),
+                    mget,
+                }
+            }
             Target::Resp => Conn::Resp {
                 conn: RespConn::connect(&spec.resp).await?,
                 prefix,
@@ -139,6 +160,9 @@ impl Conn {
                 }
                 Ok(())
             }
+            Conn::RedisRs { conn, prefix, mget } => {
+                exec_redis_rs(conn, prefix, *mget, ids, per_req, out).await
+            }
             Conn::CacheAside {
                 conn,
                 prefix,
@@ -175,6 +199,54 @@ impl Conn {
             }
         }
     }
+}
+
+/// A batch through the `redis` crate: one pipeline, every reply built as a `redis::Value`.
+async fn exec_redis_rs(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    mget: bool,
+    ids: &[u64],
+    per_req: usize,
+    out: &mut Vec<Outcome>,
+) -> Result<(), BenchError> {
+    let mut pipe = redis::pipe();
+    for req in ids.chunks(per_req) {
+        let mut cmd = redis::cmd(if mget { "MGET" } else { "GET" });
+        for &id in req {
+            cmd.arg(format!("{prefix}{id}"));
+        }
+        pipe.add_command(cmd);
+    }
+    let replies: Vec<redis::Value> = match pipe.query_async(conn).await {
+        Ok(v) => v,
+        Err(e) if e.is_io_error() || e.is_connection_dropped() => {
+            return Err(BenchError::Resp(RespError::Closed));
+        }
+        Err(_) => Vec::new(), // an error reply: the requests count as errors
+    };
+    let done = Instant::now();
+    for v in replies {
+        let mut o = Outcome {
+            done,
+            found: 0,
+            missing: 0,
+            error: false,
+        };
+        let items = match v {
+            redis::Value::Array(items) => items,
+            other => vec![other],
+        };
+        for item in items {
+            match item {
+                redis::Value::Nil => o.missing += 1,
+                redis::Value::ServerError(_) => o.error = true,
+                _ => o.found += 1,
+            }
+        }
+        out.push(o);
+    }
+    Ok(())
 }
 
 /// One PG lookup; returns its completion time and (found, missing).

@@ -53,7 +53,8 @@ pub struct Row {
     pub warmup_s: f64,
     /// Client runtime threads.
     pub threads: usize,
-    /// Requests completed in the window (`rps = requests / duration_s`). Latencies cover the
+    /// Requests completed without error in the window (`rps = requests / duration_s`;
+    /// failures are in `errors`). Latencies cover the
     /// requests that started (open loop: were due) in the window, completed or not.
     pub requests: u64,
     /// Failed requests.

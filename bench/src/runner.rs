@@ -271,7 +271,7 @@ async fn client_loop(cfg: ClientCfg, mut conn: Conn, mut keys: KeySampler) -> Ta
                 error: true,
             });
             if w.contains(o.done) {
-                tally.requests += 1;
+                tally.requests += u64::from(!o.error);
                 tally.errors += u64::from(o.error);
                 tally.hits += u64::from(o.found);
                 tally.misses += u64::from(o.missing);
@@ -287,7 +287,10 @@ async fn client_loop(cfg: ClientCfg, mut conn: Conn, mut keys: KeySampler) -> Ta
         }
         if let Err(e) = res {
             if is_broken(&e) {
-                conn = reconnect(&cfg.spec, w.end).await;
+                match reconnect(&cfg.spec, w.end).await {
+                    Some(c) => conn = c,
+                    None => break,
+                }
             }
         }
     }
@@ -317,20 +320,16 @@ fn count_unsent(s: &Schedule, from: u64, now: Instant, w: Window, tally: &mut Ta
     }
 }
 
-/// Reconnects, retrying every 100 ms until it works or the run ends.
-async fn reconnect(spec: &ConnSpec, end: Instant) -> Conn {
+/// Reconnects, retrying every 100 ms; `None` once the run has ended.
+async fn reconnect(spec: &ConnSpec, end: Instant) -> Option<Conn> {
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
+        if Instant::now() >= end {
+            return None;
+        }
         match Conn::open(spec).await {
-            Ok(c) => return c,
-            Err(e) if Instant::now() >= end => {
-                eprintln!("reconnect failed at end of run: {e}");
-                // One more try; a failure here only loses the last batch's accounting.
-                if let Ok(c) = Conn::open(spec).await {
-                    return c;
-                }
-            }
-            Err(_) => {}
+            Ok(c) => return Some(c),
+            Err(e) => eprintln!("reconnect: {e}"),
         }
     }
 }

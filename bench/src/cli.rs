@@ -270,9 +270,9 @@ pub struct RunArgs {
     /// PostgreSQL connections shared by cache-aside fills.
     #[arg(long, default_value_t = 4)]
     pub origin_conns: usize,
-    /// Open loop: spin (yielding) for the last this-many microseconds before a due time, since
-    /// tokio's timer has 1 ms granularity. 0: sleep only.
-    #[arg(long, default_value_t = 1000)]
+    /// Open loop: the pacer thread busy-waits the last this-many microseconds before each due
+    /// time (nanosleep alone is ~50 µs late; spinning costs a core). 0: sleep only.
+    #[arg(long, default_value_t = 0)]
     pub spin_us: u64,
     /// After the run (writers stopped), run the stale check and record its count.
     #[arg(long)]

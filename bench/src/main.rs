@@ -24,6 +24,7 @@ mod env;
 mod error;
 mod keys;
 mod load;
+mod pacer;
 mod pg;
 mod record;
 mod report;

@@ -10,9 +10,8 @@
 //! repeats; latency is reply time minus batch send time.
 //!
 //! Open loop: client `c` of `C` follows [`Schedule`] (`rate / C` requests/s, interleaved with
-//! the others). It sleeps until its next due time (tokio's 1 ms timer, then yield-spinning for
-//! the last `--spin-us`), then sends that request plus any later ones already due (up to
-//! `pipeline`) as one batch. Latency is reply time minus *due* time, so a connection that fell
+//! the others). The pacer thread (`pacer`) wakes it at its next due time; it then sends that
+//! request plus any later ones already due (up to `pipeline`) as one batch. Latency is reply time minus *due* time, so a connection that fell
 //! behind charges the wait to every request it delayed. When the window closes, requests still
 //! due but unsent are counted in `unsent` and recorded with their wait so far (a lower bound).
 //!
@@ -39,6 +38,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// The run's clock.
 #[derive(Clone, Copy, Debug)]
@@ -96,6 +96,20 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
         measure_start: t0 + args.warmup,
         end: t0 + args.warmup + args.duration,
     };
+    let notifies: Vec<Arc<Notify>> = (0..conns.len()).map(|_| Arc::new(Notify::new())).collect();
+    let pacer = match args.rate {
+        Some(rate) if !conns.is_empty() => {
+            let spin = Duration::from_micros(args.spin_us);
+            Some(crate::pacer::spawn(
+                w.t0,
+                w.end,
+                rate,
+                notifies.clone(),
+                spin,
+            )?)
+        }
+        _ => None,
+    };
     let mut tasks = Vec::new();
     for (c, conn) in conns.into_iter().enumerate() {
         let sampler = sampler(args, args.seed.wrapping_add(c as u64))?;
@@ -104,6 +118,7 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
             spec: spec.clone(),
             c: c as u64,
             w,
+            notify: notifies[c].clone(),
         };
         tasks.push(tokio::spawn(client_loop(cfg, conn, sampler)));
     }
@@ -145,6 +160,9 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
             &t.await
                 .map_err(|e| BenchError::Config(format!("client task: {e}")))?,
         );
+    }
+    if let Some(p) = pacer {
+        let _ = p.join();
     }
     let mut writes = Tally::new();
     for t in wtasks {
@@ -205,20 +223,14 @@ struct ClientCfg {
     spec: ConnSpec,
     c: u64,
     w: Window,
+    /// Open loop: woken by the pacer at this connection's due times.
+    notify: Arc<Notify>,
 }
 
-/// Sleeps until `due`: tokio's timer to within `spin` of it, then yields until it passes.
-async fn wait_until(due: Instant, spin: Duration) {
-    if due > Instant::now() + spin {
-        tokio::time::sleep_until((due - spin).into()).await;
-    }
-    while Instant::now() < due {
-        if spin.is_zero() {
-            tokio::time::sleep_until(due.into()).await;
-        } else {
-            tokio::task::yield_now().await;
-        }
-    }
+/// Sleeps until `due` on tokio's timer (1 ms resolution: used for t0 and rate-limited
+/// writers only; open-loop readers are woken by the pacer).
+async fn wait_until(due: Instant) {
+    tokio::time::sleep_until(due.into()).await;
 }
 
 async fn client_loop(cfg: ClientCfg, mut conn: Conn, mut keys: KeySampler) -> Tally {
@@ -227,20 +239,21 @@ async fn client_loop(cfg: ClientCfg, mut conn: Conn, mut keys: KeySampler) -> Ta
     let sched = args
         .rate
         .map(|r| Schedule::new(w.t0, r, args.clients as u64, cfg.c));
-    let spin = Duration::from_micros(args.spin_us);
     let mut tally = Tally::new();
     let mut ids = Vec::with_capacity(args.pipeline * per_req);
     let mut out: Vec<Outcome> = Vec::with_capacity(args.pipeline);
     let mut due = Vec::with_capacity(args.pipeline);
     let mut i = 0u64; // open loop: index of the next request in this client's schedule
-    wait_until(w.t0, Duration::ZERO).await;
+    wait_until(w.t0).await;
     loop {
         due.clear();
         if let Some(s) = &sched {
             if s.due(i) >= w.end {
                 break;
             }
-            wait_until(s.due(i), spin).await;
+            while s.due(i) > Instant::now() {
+                cfg.notify.notified().await;
+            }
             let now = Instant::now();
             if now >= w.end {
                 count_unsent(s, i, now, w, &mut tally);
@@ -406,7 +419,7 @@ async fn writer_loop(
     let prefix = format!("{}:", args.data.table).into_bytes();
     let mut tally = Tally::new();
     let mut k = 0u64;
-    wait_until(w.t0, Duration::ZERO).await;
+    wait_until(w.t0).await;
     loop {
         let start = match &sched {
             Some(s) => {
@@ -415,7 +428,7 @@ async fn writer_loop(
                 if due >= w.end {
                     break;
                 }
-                wait_until(due, Duration::ZERO).await;
+                wait_until(due).await;
                 due
             }
             None => Instant::now(),

@@ -226,8 +226,8 @@ fn resp_set(port: u16, key: &str, value: &str) {
     assert_eq!(&buf, b"+OK\r\n");
 }
 
-/// Cache-aside against a real Valkey with writers (UPDATE then DEL): the end-of-run check
-/// finds 0 stale entries; then one planted stale entry is found and fails `--expect-zero`.
+/// Cache-aside against a real Valkey with writers (UPDATE then DEL) and the end-of-run check;
+/// then a planted stale entry is found and fails `--expect-zero`.
 #[test]
 fn cache_aside_with_writers_and_stale_check() {
     let Some(bin) = valkey_binary() else {
@@ -275,7 +275,9 @@ fn cache_aside_with_writers_and_stale_check() {
     assert!(u(&row, "hits") > 0, "{row}");
     assert!(u(&row, "writes") > 0, "{row}");
     assert_eq!(u(&row, "errors"), 0);
-    assert_eq!(row["stale"], 0, "{row}");
+    // Cache-aside has a real race (a fill reads the old row, the writer's UPDATE + DEL land,
+    // then the fill's SET): stale entries can remain, so only require the check to have run.
+    let stale_after_run = row["stale"].as_u64().expect("stale checked");
     assert!(row["env"]["valkey_version"].is_string());
     assert!(row["server_cpu_s"]["valkey"].is_number());
 
@@ -294,6 +296,15 @@ fn cache_aside_with_writers_and_stale_check() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rep["stale"], 1);
-    assert_eq!(rep["sample"][0], "bench_rows:7");
+    let stale = rep["stale"].as_u64().unwrap();
+    assert!(stale >= 1 && stale <= stale_after_run + 1, "{rep}");
+    if stale <= 10 {
+        let sample: Vec<&str> = rep["sample"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert!(sample.contains(&"bench_rows:7"), "{rep}");
+    }
 }

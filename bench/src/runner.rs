@@ -67,23 +67,7 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     }
     let admin = pg::connect(&args.data.origin).await?;
     env.postgres_version = Some(admin.query_one("SHOW server_version", &[]).await?.get(0));
-
-    let pool = if args.target == Target::CacheAside {
-        Some(Arc::new(
-            OriginPool::open(&args.data.origin, &args.data.table, args.origin_conns).await?,
-        ))
-    } else {
-        None
-    };
-    let spec = ConnSpec {
-        target: args.target,
-        resp: args.resp.clone(),
-        origin: args.data.origin.clone(),
-        table: args.data.table.clone(),
-        op: args.op,
-        pool,
-        resp_client: args.resp_client,
-    };
+    let spec = conn_spec(args).await?;
     let mut conns = Vec::with_capacity(args.clients);
     for _ in 0..args.clients {
         conns.push(Conn::open(&spec).await?);
@@ -91,11 +75,96 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     let writers = open_writers(args, &admin).await?;
 
     let t0 = Instant::now() + Duration::from_millis(20);
+    let measure_start = t0 + args.warmup;
     let w = Window {
         t0,
-        measure_start: t0 + args.warmup,
-        end: t0 + args.warmup + args.duration,
+        measure_start,
+        end: measure_start + args.duration,
     };
+    let load = start_load(args, &spec, conns, writers, w)?;
+    let m = measure(args, w).await;
+    let (reads, writes) = load.join().await?;
+    let stale = if args.stale_check {
+        let sa = crate::cli::StaleArgs {
+            data: args.data.clone(),
+            resp: args.resp.clone(),
+            batch: 500,
+            settle: args.settle,
+            expect_zero: false,
+        };
+        Some(crate::stale::check(&sa).await?.stale)
+    } else {
+        None
+    };
+    let server_cpu = cpu_delta(args, &m.cpu_before, &m.cpu_after);
+    let mut row = build_row(args, &reads, &writes, server_cpu, stale, env);
+    row.client_cpu_s = m.client_cpu_s;
+    if let (Some(b), Some(a)) = (m.ks_before, m.ks_after) {
+        row.server_keyspace_hits = Some(a.0.saturating_sub(b.0));
+        row.server_keyspace_misses = Some(a.1.saturating_sub(b.1));
+    }
+    Ok(row)
+}
+
+async fn conn_spec(args: &RunArgs) -> Result<ConnSpec, BenchError> {
+    let pool = if args.target == Target::CacheAside {
+        let (origin, table) = (&args.data.origin, &args.data.table);
+        Some(Arc::new(
+            OriginPool::open(origin, table, args.origin_conns).await?,
+        ))
+    } else {
+        None
+    };
+    Ok(ConnSpec {
+        target: args.target,
+        resp: args.resp.clone(),
+        origin: args.data.origin.clone(),
+        table: args.data.table.clone(),
+        op: args.op,
+        pool,
+        resp_client: args.resp_client,
+    })
+}
+
+/// The running load: client and writer tasks, and the open-loop pacer.
+struct Load {
+    clients: Vec<tokio::task::JoinHandle<Tally>>,
+    writers: Vec<tokio::task::JoinHandle<Tally>>,
+    pacer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Waits for every task (they stop at the window's end) and merges their tallies.
+    async fn join(self) -> Result<(Tally, Tally), BenchError> {
+        let mut reads = Tally::new();
+        for t in self.clients {
+            let t = t
+                .await
+                .map_err(|e| BenchError::Config(format!("client task: {e}")))?;
+            reads.merge(&t);
+        }
+        if let Some(p) = self.pacer {
+            // The pacer stops at the window's end, which has passed.
+            let _ = p.join();
+        }
+        let mut writes = Tally::new();
+        for t in self.writers {
+            let t = t
+                .await
+                .map_err(|e| BenchError::Config(format!("writer task: {e}")))?;
+            writes.merge(&t);
+        }
+        Ok((reads, writes))
+    }
+}
+
+fn start_load(
+    args: &RunArgs,
+    spec: &ConnSpec,
+    conns: Vec<Conn>,
+    writers: Vec<Writer>,
+    w: Window,
+) -> Result<Load, BenchError> {
     let notifies: Vec<Arc<Notify>> = (0..conns.len()).map(|_| Arc::new(Notify::new())).collect();
     let pacer = match args.rate {
         Some(rate) if !conns.is_empty() => {
@@ -110,87 +179,69 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
         }
         _ => None,
     };
-    let mut tasks = Vec::new();
+    let mut clients = Vec::new();
     for (c, conn) in conns.into_iter().enumerate() {
         let sampler = sampler(args, args.seed.wrapping_add(c as u64))?;
+        let notify = notifies[c].clone();
         let cfg = ClientCfg {
             args: args.clone(),
             spec: spec.clone(),
             c: c as u64,
             w,
-            notify: notifies[c].clone(),
+            notify,
         };
-        tasks.push(tokio::spawn(client_loop(cfg, conn, sampler)));
+        clients.push(tokio::spawn(client_loop(cfg, conn, sampler)));
     }
     let mut wtasks = Vec::new();
-    let n_writers = writers.len() as u64;
+    let n = writers.len() as u64;
     for (i, wr) in writers.into_iter().enumerate() {
         let sampler = sampler(args, args.seed.wrapping_add(1_000_000 + i as u64))?;
-        wtasks.push(tokio::spawn(writer_loop(
-            args.clone(),
-            wr,
-            sampler,
-            i as u64,
-            n_writers,
-            w,
-        )));
+        let task = writer_loop(args.clone(), wr, sampler, i as u64, n, w);
+        wtasks.push(tokio::spawn(task));
     }
+    Ok(Load {
+        clients,
+        writers: wtasks,
+        pacer,
+    })
+}
 
-    let mut info_conn = if args.target.is_resp() {
+/// What is read at the window's start and end.
+struct Measured {
+    cpu_before: Vec<Option<u64>>,
+    cpu_after: Vec<Option<u64>>,
+    client_cpu_s: Option<f64>,
+    ks_before: Option<(u64, u64)>,
+    ks_after: Option<(u64, u64)>,
+}
+
+/// Sleeps through the window, reading server and client CPU and the server's INFO counters
+/// at its start and end.
+async fn measure(args: &RunArgs, w: Window) -> Measured {
+    let mut info = if args.target.is_resp() {
         RespConn::connect(&args.resp).await.ok()
     } else {
         None
     };
     tokio::time::sleep_until(w.measure_start.into()).await;
-    let before = cpu_snapshot(args);
-    let ks_before = keyspace_stats(info_conn.as_mut()).await;
+    let cpu_before = cpu_snapshot(args);
+    let ks_before = keyspace_stats(info.as_mut()).await;
     let me_before = env::cpu_ticks(std::process::id()).ok();
     tokio::time::sleep_until(w.end.into()).await;
-    let after = cpu_snapshot(args);
+    let cpu_after = cpu_snapshot(args);
     let me_after = env::cpu_ticks(std::process::id()).ok();
-    let ks_after = keyspace_stats(info_conn.as_mut()).await;
+    let ks_after = keyspace_stats(info.as_mut()).await;
     let client_cpu_s = match (me_before, me_after) {
         (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / env::clk_tck()),
         _ => None,
     };
-
-    let mut reads = Tally::new();
-    for t in tasks {
-        reads.merge(
-            &t.await
-                .map_err(|e| BenchError::Config(format!("client task: {e}")))?,
-        );
+    Measured {
+        cpu_before,
+        cpu_after,
+        client_cpu_s,
+        ks_before,
+        ks_after,
     }
-    if let Some(p) = pacer {
-        let _ = p.join();
-    }
-    let mut writes = Tally::new();
-    for t in wtasks {
-        writes.merge(
-            &t.await
-                .map_err(|e| BenchError::Config(format!("writer task: {e}")))?,
-        );
-    }
-    let stale = if args.stale_check {
-        let sa = crate::cli::StaleArgs {
-            data: args.data.clone(),
-            resp: args.resp.clone(),
-            batch: 500,
-            settle: args.settle,
-            expect_zero: false,
-        };
-        Some(crate::stale::check(&sa).await?.stale)
-    } else {
-        None
-    };
-    let server_cpu = cpu_delta(args, &before, &after);
-    let mut row = build_row(args, &reads, &writes, server_cpu, stale, env);
-    row.client_cpu_s = client_cpu_s;
-    if let (Some(b), Some(a)) = (ks_before, ks_after) {
-        row.server_keyspace_hits = Some(a.0.saturating_sub(b.0));
-        row.server_keyspace_misses = Some(a.1.saturating_sub(b.1));
-    }
-    Ok(row)
 }
 
 fn validate(args: &RunArgs) -> Result<(), BenchError> {

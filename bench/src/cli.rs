@@ -40,7 +40,8 @@ pub enum Command {
 /// `check-jsonl` flags.
 #[derive(Args, Debug, Clone)]
 pub struct CheckArgs {
-    /// Also fail when a row of this target has a stale count other than 0 (repeatable).
+    /// Also fail when a row of this target (or label) ran a stale check and found stale
+    /// entries (repeatable; rows without a check pass).
     #[arg(long = "stale-zero-for")]
     pub stale_zero_for: Vec<String>,
     /// JSONL files.
@@ -267,6 +268,9 @@ pub struct RunArgs {
     /// Server process to charge CPU to: `PID` or `NAME=PID` (repeatable).
     #[arg(long = "server-pid", value_parser = parse_server_pid)]
     pub server_pids: Vec<ServerPid>,
+    /// Sample each server's RSS this often during the window (soak runs); absent: only at the end.
+    #[arg(long, value_parser = parse_duration)]
+    pub rss_every: Option<Duration>,
     /// PostgreSQL connections shared by cache-aside fills.
     #[arg(long, default_value_t = 4)]
     pub origin_conns: usize,

@@ -106,6 +106,13 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// Resident set size of `pid` in KiB (`VmRSS` of /proc/PID/status).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Formats a time as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn rfc3339_utc(t: SystemTime) -> String {
     let secs = t
@@ -151,6 +158,8 @@ mod tests {
         assert_eq!(parse_cpu_ticks(stat), Some(267));
         let me = cpu_ticks(std::process::id()).unwrap();
         assert!(me < 1_000_000_000);
+        let rss = rss_kib(std::process::id()).unwrap();
+        assert!(rss > 100, "a test binary holds more than 100 KiB: {rss}");
     }
 
     #[test]

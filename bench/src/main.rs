@@ -91,7 +91,8 @@ fn dispatch(cmd: Command) -> Result<(), BenchError> {
     }
 }
 
-/// `check-jsonl`: every line complete; optional stale == 0 for the named targets/labels.
+/// `check-jsonl`: every line complete; rows of the named targets/labels that ran a stale check
+/// found 0.
 fn check_jsonl(args: &cli::CheckArgs) -> Result<(), BenchError> {
     let mut bad = 0u64;
     let mut rows = 0u64;
@@ -114,7 +115,7 @@ fn check_jsonl(args: &cli::CheckArgs) -> Result<(), BenchError> {
                 .stale_zero_for
                 .iter()
                 .any(|t| *t == row.target || *t == row.label);
-            if watched && row.stale != Some(0) {
+            if watched && row.stale.is_some_and(|n| n > 0) {
                 bad += 1;
                 eprintln!(
                     "{}:{}: {} stale = {:?}",

@@ -99,10 +99,27 @@ pub struct Row {
     pub server_keyspace_hits: Option<u64>,
     /// RESP targets: `keyspace_misses` from INFO in the window.
     pub server_keyspace_misses: Option<u64>,
+    /// Resident set size of each `--server-pid` at the end of the window, KiB.
+    #[serde(default)]
+    pub server_rss_kib: BTreeMap<String, u64>,
+    /// With `--rss-every`: samples taken during the window.
+    #[serde(default)]
+    pub rss_samples: Vec<RssSample>,
     /// Stale entries found by the end-of-run check (null if not checked).
     pub stale: Option<u64>,
     /// Where and when it ran.
     pub env: Env,
+}
+
+/// One RSS sample of one server.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RssSample {
+    /// Seconds since the measured window started.
+    pub t_s: f64,
+    /// Server name (or pid).
+    pub server: String,
+    /// Resident set size, KiB.
+    pub rss_kib: u64,
 }
 
 /// Appends `row` as one line to `path` and syncs it to disk.

@@ -110,8 +110,8 @@ fn json_plain(v: &serde_json::Value) -> String {
 /// The Markdown table of one scenario.
 pub fn scenario_table(rows: &[&Row]) -> String {
     let mut t = String::from(
-        "| cell | mode | req/s | p50 µs | p99 µs | p99.9 µs | max µs | hit ratio | server CPU s | req per CPU-s | writes/s | write p99 µs | stale | errors |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| cell | mode | req/s | p50 µs | p99 µs | p99.9 µs | max µs | hit ratio | server CPU s | req per CPU-s | server RSS MiB | writes/s | write p99 µs | stale | errors |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let hit = hit_ratio(r).map_or("-".into(), |h| format!("{h:.3}"));
@@ -128,13 +128,22 @@ pub fn scenario_table(rows: &[&Row]) -> String {
             .rps_per_server_cpu
             .map_or("-".into(), |v| format!("{v:.0}"));
         let stale = r.stale.map_or("-".into(), |s| s.to_string());
+        let rss = if r.server_rss_kib.is_empty() {
+            "-".into()
+        } else {
+            let each = r
+                .server_rss_kib
+                .iter()
+                .map(|(k, v)| format!("{k} {:.0}", *v as f64 / 1024.0));
+            each.collect::<Vec<_>>().join(", ")
+        };
         let mode = match r.rate {
             Some(rate) => format!("open {rate}/s"),
             None => "closed".into(),
         };
         let _ = writeln!(
             t,
-            "| {} | {mode} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {hit} | {cpu} | {per_cpu} | {:.0} | {:.1} | {stale} | {} |",
+            "| {} | {mode} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {hit} | {cpu} | {per_cpu} | {rss} | {:.0} | {:.1} | {stale} | {} |",
             row_label(r), r.rps, r.p50_us, r.p99_us, r.p999_us, r.max_us, r.write_rps, r.write_p99_us,
             r.errors + r.write_errors + r.unsent,
         );

@@ -29,7 +29,7 @@ use crate::env::{self, Env};
 use crate::error::BenchError;
 use crate::keys::KeySampler;
 use crate::pg::{self, OriginPool};
-use crate::record::Row;
+use crate::record::{Row, RssSample};
 use crate::resp::{compose_command, RespConn};
 use crate::schedule::Schedule;
 use crate::stats::{quantiles, Tally};
@@ -99,6 +99,12 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
     let server_cpu = cpu_delta(args, &m.cpu_before, &m.cpu_after);
     let mut row = build_row(args, &reads, &writes, server_cpu, stale, env);
     row.client_cpu_s = m.client_cpu_s;
+    row.rss_samples = m.rss_samples;
+    row.server_rss_kib = args
+        .server_pids
+        .iter()
+        .filter_map(|p| Some((p.name.clone(), env::rss_kib(p.pid)?)))
+        .collect();
     if let (Some(b), Some(a)) = (m.ks_before, m.ks_after) {
         row.server_keyspace_hits = Some(a.0.saturating_sub(b.0));
         row.server_keyspace_misses = Some(a.1.saturating_sub(b.1));
@@ -213,6 +219,7 @@ struct Measured {
     client_cpu_s: Option<f64>,
     ks_before: Option<(u64, u64)>,
     ks_after: Option<(u64, u64)>,
+    rss_samples: Vec<RssSample>,
 }
 
 /// Sleeps through the window, reading server and client CPU and the server's INFO counters
@@ -227,6 +234,23 @@ async fn measure(args: &RunArgs, w: Window) -> Measured {
     let cpu_before = cpu_snapshot(args);
     let ks_before = keyspace_stats(info.as_mut()).await;
     let me_before = env::cpu_ticks(std::process::id()).ok();
+    let mut rss_samples = Vec::new();
+    if let Some(every) = args.rss_every.filter(|d| !d.is_zero()) {
+        let mut next = w.measure_start + every;
+        while next < w.end {
+            tokio::time::sleep_until(next.into()).await;
+            let t_s = (next - w.measure_start).as_secs_f64();
+            rss_samples.extend(args.server_pids.iter().filter_map(|p| {
+                let rss_kib = env::rss_kib(p.pid)?;
+                Some(RssSample {
+                    t_s,
+                    server: p.name.clone(),
+                    rss_kib,
+                })
+            }));
+            next += every;
+        }
+    }
     tokio::time::sleep_until(w.end.into()).await;
     let cpu_after = cpu_snapshot(args);
     let me_after = env::cpu_ticks(std::process::id()).ok();
@@ -241,6 +265,7 @@ async fn measure(args: &RunArgs, w: Window) -> Measured {
         client_cpu_s,
         ks_before,
         ks_after,
+        rss_samples,
     }
 }
 
@@ -615,6 +640,8 @@ pub fn build_row(
         client_cpu_s: None,
         server_keyspace_hits: None,
         server_keyspace_misses: None,
+        server_rss_kib: BTreeMap::new(),
+        rss_samples: Vec::new(),
         server_cpu_s,
         stale,
         env,

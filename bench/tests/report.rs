@@ -91,3 +91,38 @@ fn report_writes_markdown_tables_and_svg_charts() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn check_jsonl_flags_stale_rows_of_watched_targets_only() {
+    let dir = std::env::temp_dir().join(format!("pgline-bench-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let jsonl = dir.join("runs.jsonl");
+    let lines = [
+        row("s", "resp", 64, 1.0, 1.0, Some(0)),
+        row("s", "resp", 64, 1.0, 1.0, None),
+        row("s", "cache-aside", 64, 1.0, 1.0, Some(2)),
+    ];
+    std::fs::write(&jsonl, lines.join("\n") + "\n").unwrap();
+    let check = |watch: &str| {
+        Command::new(BIN)
+            .args([
+                "check-jsonl",
+                "--stale-zero-for",
+                watch,
+                jsonl.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap()
+    };
+    let ok = check("resp");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("3 rows, 0 bad"));
+    let bad = check("cache-aside");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains(":3: cache-aside stale = Some(2)"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

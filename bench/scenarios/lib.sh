@@ -15,13 +15,19 @@ PGLINE_PID="" VALKEY_PID=""
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 [ "${SMOKE:-0}" = 1 ] && STAMP="smoke-$STAMP"
 JSONL="$OUT_DIR/scenarios-$STAMP.jsonl"
+REMOTE_JSONL="pgline-bench-scenarios-$STAMP.jsonl"
+REMOTE_ORIGIN="host=$SERVER_ADDR port=${PGLINE_PG_PORT:-54329} user=postgres password=${PGLINE_PG_PASSWORD:-pgline} dbname=pgline_bench"
 
 # Runs (or, with --dry-run, prints) a command; over ssh in two-machine mode.
 loadgen() {
     local cmd=("$@")
     if [ -n "$LOADGEN" ]; then
-        # The remote has pgline-bench on its PATH (bench/README.md: two machines).
-        cmd=(ssh -o BatchMode=yes "$LOADGEN" "pgline-bench $(printf '%q ' "${cmd[@]:1}")")
+        # The remote has pgline-bench on its PATH (bench/README.md: two machines); it reaches the
+        # origin on SERVER_ADDR and appends its rows to a file of its own, fetched at the end.
+        local remote=() a
+        for a in "${cmd[@]:1}"; do remote+=("${a/#$JSONL/$REMOTE_JSONL}"); done
+        cmd=(ssh -o BatchMode=yes "$LOADGEN"
+            "PGLINE_BENCH_ORIGIN=$(printf '%q' "$REMOTE_ORIGIN") pgline-bench $(printf '%q ' "${remote[@]}")")
     else
         cmd=(taskset -c "$CLIENT_CPUS" "${cmd[@]}")
     fi
@@ -44,7 +50,15 @@ lab_prepare() {
     export PGLINE_BENCH_ORIGIN="$ORIGIN"
     valkey_binary
     cargo build --release -q -p pgline-controlplane -p pgline-bench
-    "$BENCH" load --keyspace "$ROWS"
+}
+
+# Every scenario starts from the same table: ROWS rows (re-created when a previous scenario's
+# INSERTs grew it), vacuumed. Called with no server running: re-creating the table under a
+# running pgline is a DDL change the scenarios do not measure.
+data_reset() {
+    [ "$DRY" = 1 ] && return
+    servers_stop
+    "$BENCH" load --keyspace "$ROWS" >/dev/null
     psql -q -d pgline_bench -c "VACUUM ANALYZE bench_rows"
 }
 
@@ -97,7 +111,7 @@ start_pgline() {
     taskset -c "$SERVER_CPUS" "$PGLINE_BIN" serve --origin "$ORIGIN" --listen "$PGLINE" \
         --cores "$(cpus_in_set "$SERVER_CPUS")" --memory 1GiB \
         --set replication.slot='"pgline_scenarios"' --set replication.publication='"pgline_scenarios"' \
-        --set 'catalog.tables=["public.bench_rows"]' --set api.enabled=false \
+        --set 'catalog.tables=["public.bench_rows"]' \
         --set log.level='"warn"' >"$CACHE/pgline.log" 2>&1 &
     PGLINE_PID=$!
     wait_port "$PGLINE_PORT" pgline "$PGLINE_PID"
@@ -138,9 +152,7 @@ servers_stop() { stop_pgline; stop_valkey; }
 # The application's cache-aside state at the start: every row SET, as the reads would leave it.
 valkey_prefill() {
     [ "$DRY" = 1 ] && return
-    psql -q -d pgline_bench -tA -c \
-        "SELECT 'SET bench_rows:' || id || ' ' || quote_literal(row_to_json(t)::text) FROM bench_rows t" \
-        | redis-cli -h "$SERVER_ADDR" -p "$VALKEY_PORT" >/dev/null
+    "$BENCH" load --keyspace "$ROWS" --preload "$VALKEY" >/dev/null
 }
 
 op_args() { # mget -> --op get|mget --mget N
@@ -149,25 +161,24 @@ op_args() { # mget -> --op get|mget --mget N
 
 bench_run() { # scenario label args...
     local scenario=$1 label=$2; shift 2
-    loadgen "$BENCH" run --scenario "$scenario" --label "$label" --keyspace "$ROWS" \
-        --duration "$DURATION" --warmup "$WARMUP" --out "$JSONL" "$@" >/dev/null
-    [ "$DRY" = 1 ] || tail -1 "$JSONL" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("%-8s %-24s mget=%-3s clients=%-4s keys=%-8s writes=%-9s %10.0f req/s p99=%6sus stale=%s" % (r["scenario"], r["label"], r["mget"], r["clients"], r["keys"], r["write_rate"], r["rps"], r["p99_us"], r.get("stale")))'
-}
-
-# The server's resident memory every $2 seconds, one JSON line each, next to the run rows.
-rss_sampler() { # pid seconds
-    [ "$DRY" = 1 ] && return
-    local out="$OUT_DIR/soak-rss-$STAMP.jsonl" t0
-    t0=$(date +%s)
-    while kill -0 "$1" 2>/dev/null; do
-        printf '{"at_s":%s,"rss_kib":%s}\n' "$(( $(date +%s) - t0 ))" \
-            "$(awk '/^VmRSS/ {print $2}' "/proc/$1/status")" >>"$out"
-        sleep "$2"
+    local args=()
+    while [ $# -gt 0 ]; do
+        # A remote load generator cannot read the servers' /proc: their CPU is not charged.
+        if [ -n "$LOADGEN" ] && [ "$1" = --server-pid ]; then shift 2; continue; fi
+        args+=("$1"); shift
     done
+    local out=/dev/null
+    [ "$DRY" = 1 ] && out=/dev/stdout
+    loadgen "$BENCH" run --scenario "$scenario" --label "$label" --keyspace "$ROWS" \
+        --duration "$DURATION" --warmup "$WARMUP" --out "$JSONL" "${args[@]}" >"$out"
+    [ "$DRY" = 1 ] || tail -1 "$JSONL" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("%-8s %-24s mget=%-3s clients=%-4s keys=%-8s writes=%-9s %10.0f req/s p99=%8.0fus %8.0f writes/s stale=%s" % (r["scenario"], r["label"], r["mget"], r["clients"], r["keys"], r["write_rate"], r["rps"], r["p99_us"], r.get("write_rps") or 0, r.get("stale")))'
 }
 
 # Every row complete, and no stale entry served by pgline.
 check_rows() {
+    if [ -n "$LOADGEN" ]; then
+        scp -q -o BatchMode=yes "$LOADGEN:$REMOTE_JSONL" "$JSONL"
+    fi
     "$BENCH" check-jsonl --stale-zero-for resp "$JSONL"
     echo "rows: $(wc -l <"$JSONL") in $JSONL"
 }

@@ -120,17 +120,15 @@ scenario_stale() {
 
 scenario_soak() {
     start_pgline
-    rss_sampler "$PGLINE_PID" "$RSS_EVERY" &
-    local sampler=$!
     DURATION=$SOAK bench_run soak "pgline" --target resp --resp "$PGLINE" --server-pid "pgline=$PGLINE_PID" \
-        --op mget --mget 16 --clients 64 --keys zipf --write-rate 20000 --stale-check
-    kill "$sampler" 2>/dev/null || true
-    wait "$sampler" 2>/dev/null || true
+        --rss-every "${RSS_EVERY}s" --op mget --mget 16 --clients 64 --keys zipf --write-rate 20000 \
+        --stale-check
 }
 
 if [ "$SCENARIO" = all ]; then
-    for s in reads writes mixed stale soak; do "scenario_$s"; servers_stop; done
+    for s in reads writes mixed stale soak; do data_reset; "scenario_$s"; servers_stop; done
 else
+    data_reset
     "scenario_$SCENARIO"
 fi
 servers_stop

@@ -79,7 +79,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     if let Command::Config(_) = cli.command {
-        print!("{}", toml::to_string(&cfg).unwrap_or_default());
+        print!("{}", toml::to_string(&cfg.redacted()).unwrap_or_default());
         return std::process::ExitCode::SUCCESS;
     }
     init_logging(&cfg);
@@ -114,6 +114,9 @@ fn main() -> std::process::ExitCode {
             "  e.g. redis-cli -p {} GET <table>:<primary key>",
             addr.port()
         );
+        if let Some(api) = pgline.api_addr() {
+            println!("  HTTP API: http://{api}/v1/status (GET /v1/openapi.json describes it)");
+        }
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
         pgline.shutdown().await;

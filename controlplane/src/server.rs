@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgline_dataplane::engine::Engine;
@@ -28,6 +28,11 @@ pub enum StartError {
     Catalog(#[from] CatalogError),
     #[error("store: {0}")]
     Store(String),
+    #[error("cannot listen on {addr} (api.listen): {source}")]
+    ApiListen {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -43,21 +48,22 @@ impl Wake for NotifyWake {
     }
 }
 
-/// A running pgline.
+/// A running pgline, shared (`Arc`) between its owner and the HTTP API.
 pub struct Pgline {
     pub shared: Arc<Shared>,
     pub repl: Arc<ReplicationState>,
     pub catalog: Catalog,
     admin: mpsc::Sender<AdminCmd>,
     shutdown: watch::Sender<bool>,
-    engine: Option<Engine>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    engine: Mutex<Option<Engine>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     local_addr: SocketAddr,
+    api_addr: Option<SocketAddr>,
 }
 
 impl Pgline {
-    /// Starts everything; returns once the RESP listeners are bound.
-    pub async fn start(cfg: Config) -> Result<Pgline, StartError> {
+    /// Starts everything; returns once the RESP listeners and the API listener are bound.
+    pub async fn start(cfg: Config) -> Result<Arc<Pgline>, StartError> {
         let pg = cfg.origin.pg_config()?;
         let mgr = deadpool_postgres::Manager::from_config(
             pg.clone(),
@@ -154,20 +160,58 @@ impl Pgline {
             })?;
         let local_addr = engine.local_addr();
         tracing::info!(%local_addr, cores = cfg.resp.cores, "RESP listening (kernel sockets)");
-        Ok(Pgline {
+        let api_listener = if cfg.api.enabled {
+            let l = crate::api::bind(&cfg.api)
+                .await
+                .map_err(|source| StartError::ApiListen {
+                    addr: cfg.api.listen.clone(),
+                    source,
+                })?;
+            Some(l)
+        } else {
+            None
+        };
+        let api_addr = api_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let pgline = Arc::new(Pgline {
             shared,
             repl,
             catalog,
             admin: admin_tx,
             shutdown,
-            engine: Some(engine),
-            tasks,
+            engine: Mutex::new(Some(engine)),
+            tasks: Mutex::new(tasks),
             local_addr,
-        })
+            api_addr,
+        });
+        if let Some(listener) = api_listener {
+            tracing::info!(
+                addr = ?api_addr,
+                token = cfg.api.token().is_some(),
+                open_reads = cfg.api.open_reads,
+                "HTTP API listening"
+            );
+            let task = tokio::spawn(crate::api::serve(
+                listener,
+                Arc::downgrade(&pgline),
+                cfg.api.clone(),
+                pgline.shutdown.subscribe(),
+            ));
+            pgline.lock_tasks().push(task);
+        }
+        Ok(pgline)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The HTTP API's address; None with `api.enabled = false`.
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api_addr
+    }
+
+    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The LSN up to which WAL changes are applied to the store.
@@ -212,15 +256,18 @@ impl Pgline {
         rx.await.unwrap_or_default()
     }
 
-    /// Stops the cores and the control-plane tasks.
-    pub async fn shutdown(mut self) {
-        if let Some(engine) = self.engine.take() {
+    /// Stops the cores and the control-plane tasks (the API among them). A second call, or one
+    /// racing the first, finds nothing left to stop.
+    pub async fn shutdown(&self) {
+        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(engine) = engine {
             tokio::task::spawn_blocking(move || engine.stop())
                 .await
                 .ok();
         }
         let _ = self.shutdown.send(true);
-        for t in self.tasks.drain(..) {
+        let tasks: Vec<_> = self.lock_tasks().drain(..).collect();
+        for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
     }

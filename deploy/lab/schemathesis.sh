@@ -43,7 +43,7 @@ SQL
 }
 drop_db
 psql -q -d postgres -c "CREATE DATABASE $DB"
-psql -q -d "$DB" -f deploy/lab/demo.sql >/dev/null
+PGOPTIONS="--client-min-messages=warning" psql -q -d "$DB" -f deploy/lab/demo.sql >/dev/null
 psql -q -d "$DB" -c "CREATE TABLE extra (id int4 PRIMARY KEY, v text); CREATE TABLE nokey (v text);"
 
 free_port() {

@@ -3,9 +3,14 @@
 //! A table's id in the store is its relation OID, the same id pgoutput's Relation messages
 //! carry, so WAL changes map to store entries without a name lookup. The catalog is read from the
 //! origin at start-up and re-read for a table when the WAL reports that its definition changed.
+//!
+//! The store writer owns the catalog and is its only mutator; it publishes every new version to a
+//! [`CatalogCell`] (readers: the admin API, tests), the same way it publishes the key space to the
+//! cores. Tables can be added and removed at run time (`add_table`/`remove_table` in
+//! `crate::admin`); [`publication_add`]/[`publication_drop`] keep a table-list publication in step.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use pgline_dataplane::keyspace::KeySpace;
 
@@ -182,6 +187,34 @@ impl Catalog {
         }
     }
 
+    /// Adds (or replaces) a table loaded with [`load_named_table`].
+    pub fn insert(&mut self, table: TableInfo, cfg: &CatalogConfig) {
+        self.tables.insert(table.id, Arc::new(table));
+        self.assign_prefixes(cfg);
+    }
+
+    /// Removes a table; true if it was there.
+    pub fn remove(&mut self, id: u32, cfg: &CatalogConfig) -> bool {
+        let was = self.tables.remove(&id).is_some();
+        self.assign_prefixes(cfg);
+        was
+    }
+
+    /// Re-derives every table's prefixes (after `catalog.prefixes` changed).
+    pub fn reassign_prefixes(&mut self, cfg: &CatalogConfig) {
+        self.assign_prefixes(cfg);
+    }
+
+    /// The table called `name`: `schema.name`, or any of its key prefixes (`users`, `u`).
+    pub fn find(&self, name: &str) -> Option<&Arc<TableInfo>> {
+        let mut ids: Vec<&u32> = self.tables.keys().collect();
+        ids.sort();
+        let by =
+            |f: &dyn Fn(&TableInfo) -> bool| ids.iter().map(|id| &self.tables[id]).find(|t| f(t));
+        by(&|t| format!("{}.{}", t.schema, t.name) == name)
+            .or_else(|| by(&|t| t.prefixes.iter().any(|p| p == name)))
+    }
+
     /// Every table answers to `schema.name`; to `name` alone when that is unambiguous; and to
     /// any prefix configured for it.
     fn assign_prefixes(&mut self, cfg: &CatalogConfig) {
@@ -227,6 +260,120 @@ impl Catalog {
     pub fn get(&self, id: u32) -> Option<&Arc<TableInfo>> {
         self.tables.get(&id)
     }
+}
+
+/// The shared, swappable catalog snapshot the writer publishes (see the module doc).
+#[derive(Debug, Default)]
+pub struct CatalogCell {
+    current: RwLock<Arc<Catalog>>,
+}
+
+impl CatalogCell {
+    pub fn new(catalog: Catalog) -> Self {
+        CatalogCell {
+            current: RwLock::new(Arc::new(catalog)),
+        }
+    }
+
+    /// Publishes a new version (store writer only).
+    pub fn publish(&self, catalog: Catalog) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(catalog);
+    }
+
+    pub fn snapshot(&self) -> Arc<Catalog> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn get(&self, id: u32) -> Option<Arc<TableInfo>> {
+        self.snapshot().get(id).cloned()
+    }
+}
+
+/// Resolves `name` (`users`, `public.users`, `"Mixed Case"`) on the origin and reads its
+/// definition.
+pub async fn load_named_table(
+    client: &tokio_postgres::Client,
+    name: &str,
+) -> Result<TableInfo, CatalogError> {
+    let row = client
+        .query_opt(RESOLVE_SQL, &[&name])
+        .await?
+        .ok_or_else(|| CatalogError::NoSuchTable(name.to_string()))?;
+    load_table(client, row.get(0), row.get(1), row.get(2)).await
+}
+
+/// Whether publication `publication` exists and is `FOR ALL TABLES`.
+async fn publication_all_tables(
+    client: &tokio_postgres::Client,
+    publication: &str,
+) -> Result<Option<bool>, CatalogError> {
+    let row = client
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// Whether `table` is listed in `publication` (by relation, not through `FOR ALL TABLES`).
+async fn publication_lists(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    table: u32,
+) -> Result<bool, CatalogError> {
+    let row = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+             WHERE p.pubname = $1 AND pr.prrelid = $2",
+            &[&publication, &table],
+        )
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Adds `table` to a table-list publication (nothing to do for `FOR ALL TABLES` or a
+/// publication that does not exist yet: the WAL consumer creates it with its start-up list).
+pub async fn publication_add(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    table: &TableInfo,
+) -> Result<(), CatalogError> {
+    if publication_all_tables(client, publication).await? != Some(false)
+        || publication_lists(client, publication, table.id).await?
+    {
+        return Ok(());
+    }
+    let sql = format!(
+        "ALTER PUBLICATION {} ADD TABLE {}",
+        quote_ident(publication),
+        table.qualified()
+    );
+    client.batch_execute(&sql).await?;
+    Ok(())
+}
+
+/// Drops `table` from a table-list publication, if it is listed there.
+pub async fn publication_drop(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    table: &TableInfo,
+) -> Result<(), CatalogError> {
+    if publication_all_tables(client, publication).await? != Some(false)
+        || !publication_lists(client, publication, table.id).await?
+    {
+        return Ok(());
+    }
+    let sql = format!(
+        "ALTER PUBLICATION {} DROP TABLE {}",
+        quote_ident(publication),
+        table.qualified()
+    );
+    client.batch_execute(&sql).await?;
+    Ok(())
 }
 
 async fn load_table(

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use pgline_dataplane::engine::{self, EngineConfig};
@@ -536,6 +537,7 @@ impl Config {
     /// A copy fit for output (API, `pgline config`, logs): secrets replaced by [`REDACTED`].
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
+        c.origin.url = crate::admin::patch::redact_conn_string(&c.origin.url);
         if c.api.token.is_some() {
             c.api.token = Some(REDACTED.into());
         }
@@ -587,6 +589,56 @@ fn set_string(
 ) -> Result<(), ConfigError> {
     let quoted = toml::Value::String(raw.to_string()).to_string();
     set_path(table, path, &quoted, origin)
+}
+
+/// Settings that change at run time without a restart, as atomics read where they are used
+/// (the store writer reads them per fill and per gauge tick). Everything else in [`Config`] is
+/// read once at start-up. The admin API writes them after a validated config patch; the list of
+/// keys they cover is [`crate::admin::LIVE_KEYS`].
+#[derive(Debug)]
+pub struct Runtime {
+    pub max_lag_ms: AtomicU64,
+    pub fill_batch: AtomicUsize,
+    pub query_timeout_ms: AtomicU64,
+    pub fill_delay_ms: AtomicU64,
+}
+
+impl Runtime {
+    pub fn new(cfg: &Config) -> Runtime {
+        let rt = Runtime {
+            max_lag_ms: AtomicU64::new(0),
+            fill_batch: AtomicUsize::new(0),
+            query_timeout_ms: AtomicU64::new(0),
+            fill_delay_ms: AtomicU64::new(0),
+        };
+        rt.apply(cfg);
+        rt
+    }
+
+    /// Takes the live values of a (validated) config.
+    pub fn apply(&self, cfg: &Config) {
+        let r = Ordering::Relaxed;
+        self.max_lag_ms.store(cfg.replication.max_lag_ms, r);
+        self.fill_batch.store(cfg.origin.fill_batch, r);
+        self.query_timeout_ms.store(cfg.origin.query_timeout_ms, r);
+        self.fill_delay_ms.store(cfg.origin.fill_delay_ms, r);
+    }
+
+    pub fn max_lag_ms(&self) -> u64 {
+        self.max_lag_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn fill_batch(&self) -> usize {
+        self.fill_batch.load(Ordering::Relaxed)
+    }
+
+    pub fn query_timeout_ms(&self) -> u64 {
+        self.query_timeout_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn fill_delay_ms(&self) -> u64 {
+        self.fill_delay_ms.load(Ordering::Relaxed)
+    }
 }
 
 /// Sets `section.key` in `table` from a string: TOML syntax if it parses as a value, else a string.

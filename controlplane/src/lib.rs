@@ -7,6 +7,7 @@
 //! plain threads that reach this crate only through `pgline_dataplane::plane`.
 #![deny(unsafe_code)]
 
+pub mod admin;
 pub mod api;
 pub mod catalog;
 pub mod config;

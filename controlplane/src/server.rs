@@ -1,9 +1,14 @@
 //! Starting and stopping a whole pgline: origin pool and catalog, store, WAL consumer, writer,
 //! dataplane cores. Used by the `pgline serve` binary and, in-process, by the integration tests.
+//!
+//! A running [`Pgline`] is shareable (`Arc<Pgline>`): every method takes `&self`, including
+//! [`Pgline::shutdown`]. Its admin operations (tables, flushes, key info, config) live in
+//! `crate::admin::ops`.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use pgline_dataplane::engine::Engine;
@@ -11,10 +16,11 @@ use pgline_dataplane::keyspace::KeySpaceCell;
 use pgline_dataplane::plane::{Shared, Wake};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::catalog::{Catalog, CatalogError};
-use crate::config::{Config, ConfigError};
+use crate::admin::TableState;
+use crate::catalog::{Catalog, CatalogCell, CatalogError};
+use crate::config::{Config, ConfigError, Runtime};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
-use crate::writer::{AdminCmd, Writer};
+use crate::writer::{AdminCmd, Writer, WriterParts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -48,16 +54,31 @@ impl Wake for NotifyWake {
     }
 }
 
+/// Replaces the process's log filter (installed by whoever set up `tracing`).
+pub type LogReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
 /// A running pgline, shared (`Arc`) between its owner and the HTTP API.
 pub struct Pgline {
     pub shared: Arc<Shared>,
     pub repl: Arc<ReplicationState>,
-    pub catalog: Catalog,
-    admin: mpsc::Sender<AdminCmd>,
-    shutdown: watch::Sender<bool>,
+    /// The catalog as the store writer last published it (tables added or removed at run time
+    /// included).
+    pub catalog: Arc<CatalogCell>,
+    pub(crate) admin: mpsc::Sender<AdminCmd>,
+    pub(crate) pool: deadpool_postgres::Pool,
+    /// The effective config, secrets included (redacted only on the way out).
+    pub(crate) cfg: RwLock<Config>,
+    pub(crate) runtime: Arc<Runtime>,
+    /// States other than `Active` of tables added at run time, by table id.
+    pub(crate) states: Arc<Mutex<HashMap<u32, TableState>>>,
+    pub(crate) log_reload: RwLock<Option<LogReload>>,
+    /// Serializes add/remove/config changes (each is a read-check-write over several parts).
+    pub(crate) admin_lock: tokio::sync::Mutex<()>,
+    pub(crate) shutdown: watch::Sender<bool>,
     engine: Mutex<Option<Engine>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     local_addr: SocketAddr,
+    started_at: Instant,
     api_addr: Option<SocketAddr>,
 }
 
@@ -138,13 +159,19 @@ impl Pgline {
             wal_tx,
             shutdown_rx.clone(),
         )));
+        let runtime = Arc::new(Runtime::new(&cfg));
+        let catalog_cell = Arc::new(CatalogCell::new(catalog.clone()));
         let writer = Writer::new(
-            cfg.clone(),
             store,
-            shared.clone(),
-            catalog.clone(),
-            pool,
-            repl.clone(),
+            catalog,
+            WriterParts {
+                cfg: cfg.clone(),
+                shared: shared.clone(),
+                pool: pool.clone(),
+                repl: repl.clone(),
+                runtime: runtime.clone(),
+                catalog_cell: catalog_cell.clone(),
+            },
         );
         tasks.push(tokio::spawn(writer.run(
             wake,
@@ -172,28 +199,36 @@ impl Pgline {
             None
         };
         let api_addr = api_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let api_cfg = cfg.api.clone();
         let pgline = Arc::new(Pgline {
             shared,
             repl,
-            catalog,
+            catalog: catalog_cell,
             admin: admin_tx,
+            pool,
+            cfg: RwLock::new(cfg),
+            runtime,
+            states: Arc::default(),
+            log_reload: RwLock::new(None),
+            admin_lock: tokio::sync::Mutex::new(()),
             shutdown,
             engine: Mutex::new(Some(engine)),
             tasks: Mutex::new(tasks),
             local_addr,
+            started_at: Instant::now(),
             api_addr,
         });
         if let Some(listener) = api_listener {
             tracing::info!(
                 addr = ?api_addr,
-                token = cfg.api.token().is_some(),
-                open_reads = cfg.api.open_reads,
+                token = api_cfg.token().is_some(),
+                open_reads = api_cfg.open_reads,
                 "HTTP API listening"
             );
             let task = tokio::spawn(crate::api::serve(
                 listener,
                 Arc::downgrade(&pgline),
-                cfg.api.clone(),
+                api_cfg,
                 pgline.shutdown.subscribe(),
             ));
             pgline.lock_tasks().push(task);
@@ -212,6 +247,11 @@ impl Pgline {
 
     fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Time since [`Pgline::start`] returned.
+    pub fn uptime(&self) -> Duration {
+        self.started_at.elapsed()
     }
 
     /// The LSN up to which WAL changes are applied to the store.

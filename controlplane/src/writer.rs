@@ -19,32 +19,32 @@
 //! Hits of cached keys are refreshed in place from the WAL tuple (so hit ratio survives writes);
 //! an UPDATE whose new tuple lacks an unchanged TOASTed column evicts instead; DELETE turns a
 //! cached row into a negative entry; INSERT refreshes a negative entry.
+//!
+//! Admin commands (flushes, key metadata, adding/removing/warming tables) are handled in
+//! [`admin`]; warming goes through the same leases as misses, so it cannot install a stale row.
+//! Besides the store, the writer keeps each live key's install time (`installed`, for the API's
+//! "age"); it is pruned of evicted keys when it grows past twice the store's entry count.
 
-use std::collections::{HashMap, VecDeque};
+mod admin;
+
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgline_dataplane::plane::{FillResult, MissReply, Shared};
 use pgline_dataplane::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use pgline_dataplane::store::{EntryData, Lookup, StoreWriter};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::catalog::{Catalog, TableInfo};
-use crate::config::Config;
+use crate::catalog::{Catalog, CatalogCell, TableInfo};
+use crate::config::{Config, Runtime};
 use crate::fill::{self, encode_row, Fetched, FillError};
 use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
 
 type Key = (u32, Box<[u8]>);
 
-/// Requests from the API and tests to the writer.
-pub enum AdminCmd {
-    FlushAll(oneshot::Sender<u64>),
-    FlushTable(u32, oneshot::Sender<u64>),
-    FlushKey(u32, Box<[u8]>, oneshot::Sender<bool>),
-    /// Every cached entry.
-    Dump(oneshot::Sender<Vec<DumpedEntry>>),
-}
+pub use admin::{AdminCmd, KeyMeta};
 
 /// One cached entry, as the stale probe and the API see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +65,8 @@ struct FillKey {
 struct Fill {
     table: Arc<TableInfo>,
     keys: Vec<FillKey>,
+    /// A warming batch: told how many entries the fill installed (or the origin's error).
+    on_done: Option<oneshot::Sender<Result<u64, String>>>,
 }
 
 struct FillDone {
@@ -96,17 +98,34 @@ pub struct Writer {
     fill_rx: mpsc::UnboundedReceiver<FillDone>,
     /// Whether the catalog caches every table with a primary key (new tables join on sight).
     all_tables: bool,
+    runtime: Arc<Runtime>,
+    catalog_cell: Arc<CatalogCell>,
+    /// Install time of each key the writer put in the store (see the module doc).
+    installed: HashMap<Key, Instant>,
+    /// Tables removed by the API: they do not rejoin on sight in every-table mode.
+    excluded: HashSet<u32>,
+}
+
+/// What the writer needs besides the store and the catalog.
+pub struct WriterParts {
+    pub cfg: Config,
+    pub shared: Arc<Shared>,
+    pub pool: deadpool_postgres::Pool,
+    pub repl: Arc<ReplicationState>,
+    pub runtime: Arc<Runtime>,
+    pub catalog_cell: Arc<CatalogCell>,
 }
 
 impl Writer {
-    pub fn new(
-        cfg: Config,
-        store: StoreWriter,
-        shared: Arc<Shared>,
-        catalog: Catalog,
-        pool: deadpool_postgres::Pool,
-        repl: Arc<ReplicationState>,
-    ) -> Writer {
+    pub fn new(store: StoreWriter, catalog: Catalog, parts: WriterParts) -> Writer {
+        let WriterParts {
+            cfg,
+            shared,
+            pool,
+            repl,
+            runtime,
+            catalog_cell,
+        } = parts;
         let (fill_tx, fill_rx) = mpsc::unbounded_channel();
         let all_tables = cfg.catalog.tables.is_empty();
         Writer {
@@ -116,6 +135,10 @@ impl Writer {
             catalog,
             pool,
             repl,
+            runtime,
+            catalog_cell,
+            installed: HashMap::new(),
+            excluded: HashSet::new(),
             inflight: HashMap::new(),
             fills: HashMap::new(),
             waiting: HashMap::new(),
@@ -150,6 +173,7 @@ impl Writer {
                     self.take_misses();
                     self.publish_gauges();
                     self.retry_unsent();
+                    self.prune_installed();
                 }
             }
         }
@@ -172,7 +196,7 @@ impl Writer {
         // `lag_ms` keeps growing from the last moment the cache was known current while the
         // stream is down, so hits flow through a short origin outage and stop once the bound is
         // passed; before the first catch-up it is unbounded, so nothing is served stale at start.
-        let serve = lag_ms <= self.cfg.replication.max_lag_ms;
+        let serve = lag_ms <= self.runtime.max_lag_ms();
         self.shared.serve_hits.store(serve, Ordering::Release);
     }
 
@@ -218,7 +242,7 @@ impl Writer {
                     }
                     let batch_key = (key.table, install);
                     let fid = match new_fills.get(&batch_key) {
-                        Some(&fid) if self.fills[&fid].keys.len() < self.cfg.origin.fill_batch => {
+                        Some(&fid) if self.fills[&fid].keys.len() < self.runtime.fill_batch() => {
                             fid
                         }
                         _ => {
@@ -229,6 +253,7 @@ impl Writer {
                                 Fill {
                                     table: table.clone(),
                                     keys: Vec::new(),
+                                    on_done: None,
                                 },
                             );
                             new_fills.insert(batch_key, fid);
@@ -283,8 +308,8 @@ impl Writer {
         let pks: Vec<Box<[u8]>> = fill.keys.iter().map(|k| k.pk.clone()).collect();
         let pool = self.pool.clone();
         let tx = self.fill_tx.clone();
-        let timeout_ms = self.cfg.origin.query_timeout_ms;
-        let delay = Duration::from_millis(self.cfg.origin.fill_delay_ms);
+        let timeout_ms = self.runtime.query_timeout_ms();
+        let delay = Duration::from_millis(self.runtime.fill_delay_ms());
         tokio::spawn(async move {
             let result = match pool.get().await {
                 Ok(client) => fill::fetch(&client, &table, &pks, timeout_ms).await,
@@ -302,6 +327,7 @@ impl Writer {
             return;
         };
         let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
+        let mut installed = 0;
         for (slot, key) in fill.keys.into_iter().enumerate() {
             let map_key = (fill.table.id, key.pk);
             let leased = key.install && self.inflight.get(&map_key) == Some(&(done.fill, slot));
@@ -319,7 +345,7 @@ impl Writer {
                                 negative: false,
                                 lsn,
                             };
-                            let _ = self.store.insert(map_key.0, &map_key.1, &entry);
+                            installed += u64::from(self.install(map_key.0, &map_key.1, &entry));
                         }
                         FillResult::Row(row.clone())
                     }
@@ -330,7 +356,7 @@ impl Writer {
                                 negative: true,
                                 lsn,
                             };
-                            let _ = self.store.insert(map_key.0, &map_key.1, &entry);
+                            installed += u64::from(self.install(map_key.0, &map_key.1, &entry));
                         }
                         FillResult::Absent
                     }
@@ -341,6 +367,41 @@ impl Writer {
                 self.resolve(rid, idx, result.clone());
             }
         }
+        if let Some(tx) = fill.on_done {
+            let _ = tx.send(done.result.map(|_| installed).map_err(|e| e.to_string()));
+        }
+    }
+
+    /// Inserts into the store and records the install time; false if the store refused it.
+    fn install(&mut self, table: u32, pk: &[u8], entry: &EntryData<'_>) -> bool {
+        let ok = self.store.insert(table, pk, entry).is_ok();
+        if ok {
+            self.installed.insert((table, pk.into()), Instant::now());
+        }
+        ok
+    }
+
+    /// Removes one key from the store (and its install time).
+    fn uninstall(&mut self, table: u32, pk: &[u8]) -> bool {
+        self.installed.remove(&(table, Box::<[u8]>::from(pk)));
+        self.store.remove(table, pk)
+    }
+
+    /// Drops install times of keys the store evicted, once they outnumber the live entries.
+    fn prune_installed(&mut self) {
+        let live = self.store.stats().entries as usize;
+        if self.installed.len() <= 2 * live + 4096 {
+            return;
+        }
+        let store = &self.store;
+        self.installed
+            .retain(|(t, pk), _| store.meta(*t, pk).is_some());
+    }
+
+    /// Publishes the catalog (to the API) and its key space (to the cores).
+    fn publish_catalog(&self) {
+        self.shared.keyspace.publish(self.catalog.keyspace());
+        self.catalog_cell.publish(self.catalog.clone());
     }
 
     fn resolve(&mut self, rid: u64, idx: usize, result: FillResult) {
@@ -397,6 +458,7 @@ impl Writer {
                 tracing::warn!(%reason, "replication slot was re-created: flushing the cache");
                 self.store.clear();
                 self.inflight.clear();
+                self.installed.clear();
             }
         }
         self.publish_gauges();
@@ -428,9 +490,11 @@ impl Writer {
             .fetch_max(txn.end_lsn, Ordering::AcqRel);
     }
 
-    fn drop_table(&mut self, rel: u32) {
+    /// Drops a table's entries and voids its leases; returns how many entries were dropped.
+    fn drop_table(&mut self, rel: u32) -> u64 {
         self.inflight.retain(|(t, _), _| *t != rel);
-        self.store.remove_table(rel);
+        self.installed.retain(|(t, _), _| *t != rel);
+        self.store.remove_table(rel)
     }
 
     /// A relation message: if the table's shape changed, drop its entries and re-read it.
@@ -446,7 +510,7 @@ impl Writer {
         if same {
             return;
         }
-        if known.is_none() && !self.all_tables {
+        if known.is_none() && (!self.all_tables || self.excluded.contains(&rel.id)) {
             return;
         }
         self.drop_table(rel.id);
@@ -469,7 +533,7 @@ impl Writer {
         if let Err(e) = result {
             tracing::warn!(table = rel.id, "catalog refresh failed: {e}");
         }
-        self.shared.keyspace.publish(self.catalog.keyspace());
+        self.publish_catalog();
         tracing::info!(table = %format!("{}.{}", rel.namespace, rel.name), "relation changed: entries dropped, catalog refreshed");
     }
 
@@ -497,7 +561,9 @@ impl Writer {
                             negative: true,
                             lsn,
                         };
-                        let _ = self.store.insert(rel, &old_pk, &entry);
+                        if !self.install(rel, &old_pk, &entry) {
+                            self.uninstall(rel, &old_pk);
+                        }
                     }
                 }
             }
@@ -509,25 +575,18 @@ impl Writer {
         }
         if new_values.iter().any(Option::is_none) {
             // An unchanged TOASTed value is not in the WAL: the row cannot be rebuilt here.
-            self.store.remove(rel, &pk);
+            self.uninstall(rel, &pk);
             return;
         }
         let row = encode_row(&table, &flatten(&new_values));
         let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
-        if self
-            .store
-            .insert(
-                rel,
-                &pk,
-                &EntryData {
-                    sections: &sections,
-                    negative: false,
-                    lsn,
-                },
-            )
-            .is_err()
-        {
-            self.store.remove(rel, &pk);
+        let entry = EntryData {
+            sections: &sections,
+            negative: false,
+            lsn,
+        };
+        if !self.install(rel, &pk, &entry) {
+            self.uninstall(rel, &pk);
         }
     }
 
@@ -545,8 +604,8 @@ impl Writer {
                 negative: true,
                 lsn,
             };
-            if self.store.insert(rel, &pk, &entry).is_err() {
-                self.store.remove(rel, &pk);
+            if !self.install(rel, &pk, &entry) {
+                self.uninstall(rel, &pk);
             }
         }
     }
@@ -554,50 +613,6 @@ impl Writer {
     /// Voids the lease on a key, if a fill holds one.
     fn void(&mut self, rel: u32, pk: &[u8]) {
         self.inflight.remove(&(rel, Box::<[u8]>::from(pk)));
-    }
-
-    // ---- admin --------------------------------------------------------------------------
-
-    fn admin(&mut self, cmd: AdminCmd) {
-        match cmd {
-            AdminCmd::FlushAll(tx) => {
-                let n = self.store.stats().entries;
-                self.store.clear();
-                self.inflight.clear();
-                let _ = tx.send(n);
-            }
-            AdminCmd::FlushTable(t, tx) => {
-                self.inflight.retain(|(tt, _), _| *tt != t);
-                let _ = tx.send(self.store.remove_table(t));
-            }
-            AdminCmd::FlushKey(t, pk, tx) => {
-                self.void(t, &pk);
-                let _ = tx.send(self.store.remove(t, &pk));
-            }
-            AdminCmd::Dump(tx) => {
-                let mut keys = Vec::new();
-                self.store
-                    .for_each_key(|t, pk, meta| keys.push((t, pk.to_vec(), meta.negative)));
-                let reader = self.store.reader();
-                let mut out = Vec::with_capacity(keys.len());
-                for (t, pk, negative) in keys {
-                    if negative {
-                        out.push(DumpedEntry {
-                            table: t,
-                            pk,
-                            json: None,
-                        });
-                        continue;
-                    }
-                    let mut bulk = Vec::new();
-                    if reader.read(t, &pk, SECTION_RESP_JSON, &mut bulk) == Lookup::Hit {
-                        let json = Some(bulk_payload(&bulk).to_vec());
-                        out.push(DumpedEntry { table: t, pk, json });
-                    }
-                }
-                let _ = tx.send(out);
-            }
-        }
     }
 }
 

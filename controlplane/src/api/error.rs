@@ -14,6 +14,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::admin::AdminError;
+
 /// The body of every error response.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
 pub struct ErrorBody {
@@ -70,6 +72,23 @@ impl ApiError {
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             s if s.is_server_error() => "internal",
             _ => "error",
+        }
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(e: AdminError) -> ApiError {
+        let detail = e.to_string();
+        match e {
+            AdminError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", detail),
+            AdminError::BadRequest(_) => ApiError::bad_request(detail),
+            AdminError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", detail),
+            AdminError::RestartRequired(_) => {
+                ApiError::new(StatusCode::CONFLICT, "restart_required", detail)
+            }
+            AdminError::Origin(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "origin_unavailable", detail)
+            }
         }
     }
 }

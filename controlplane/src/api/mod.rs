@@ -23,8 +23,12 @@
 //! added by the metrics work (`crate::metrics::render`) as a plain route in [`router`].
 
 pub mod auth;
+mod cache;
 pub mod error;
+mod settings;
+mod status;
 mod system;
+mod tables;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock, Weak};
@@ -122,8 +126,14 @@ fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(system::health))
         .routes(routes!(system::ready))
-        .routes(routes!(system::openapi_json))
+        .routes(routes!(status::status))
+        .routes(routes!(settings::get_config, settings::patch_config))
+        .routes(routes!(tables::list_tables, tables::add_table))
+        .routes(routes!(tables::get_table, tables::remove_table))
+        .routes(routes!(cache::flush))
+        .routes(routes!(cache::key_info))
         .routes(routes!(system::queries))
+        .routes(routes!(system::openapi_json))
 }
 
 /// The OpenAPI document of this API.

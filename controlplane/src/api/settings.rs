@@ -16,8 +16,8 @@ use crate::config::Config;
 /// `{"replication": {"max_lag_ms": 500}, "log": {"level": "debug"}}`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(transparent)]
-#[schema(example = json!({"replication": {"max_lag_ms": 500}, "log": {"level": "debug"}}))]
-pub struct ConfigPatch(#[schema(value_type = Object)] pub serde_json::Value);
+#[schema(value_type = Object, example = json!({"replication": {"max_lag_ms": 500}, "log": {"level": "debug"}}))]
+pub struct ConfigPatch(pub serde_json::Value);
 
 /// The effective configuration (live values; secrets as `"***"`).
 #[utoipa::path(get, path = "/v1/config", tag = "config", security(("bearer" = [])),

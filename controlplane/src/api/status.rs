@@ -114,7 +114,8 @@ fn compose_status(node: &Pgline) -> Status {
             transport: "kernel".into(),
             connections_open: s.connections_open.load(Ordering::Relaxed),
             commands: s.commands.load(Ordering::Relaxed),
-            keys_hit: s.keys_hit.load(Ordering::Relaxed) + s.keys_negative_hit.load(Ordering::Relaxed),
+            keys_hit: s.keys_hit.load(Ordering::Relaxed)
+                + s.keys_negative_hit.load(Ordering::Relaxed),
             keys_miss: s.keys_miss.load(Ordering::Relaxed),
         })
         .collect();
@@ -125,7 +126,7 @@ fn compose_status(node: &Pgline) -> Status {
     let pool = node.pool_status();
     Status {
         version: env!("CARGO_PKG_VERSION").into(),
-        uptime_s: shared.started_at.elapsed().as_secs(),
+        uptime_s: node.uptime().as_secs(),
         cores,
         memory: MemoryStatus {
             budget_bytes: st.budget_bytes,

@@ -113,7 +113,10 @@ pub async fn remove_table(
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Removed>, ApiError> {
     let name = path_param(name)?;
-    let qualified = node.table(&name).map(|t| t.name).unwrap_or_else(|| name.clone());
+    let qualified = node
+        .table(&name)
+        .map(|t| t.name)
+        .unwrap_or_else(|| name.clone());
     let flushed = node.remove_table(&name).await?;
     Ok(Json(Removed {
         removed: qualified,

@@ -1,0 +1,441 @@
+//! The admin operations as `impl Pgline` methods (see the module doc of [`crate::admin`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use pgline_dataplane::store::StoreStats;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use super::patch::{self, restart_hint, LIVE_KEYS};
+use super::{AdminError, KeyInfo, TableState, TableStatus};
+use crate::catalog::{self, CatalogError, TableInfo};
+use crate::config::Config;
+use crate::keytext::{check_key_text, KeyCheck};
+use crate::server::{LogReload, Pgline};
+use crate::wal::conn::format_lsn;
+use crate::writer::AdminCmd;
+
+mod warm;
+
+/// A key split into its table and pk text.
+type ParsedKey = (Arc<TableInfo>, Box<[u8]>);
+
+impl Pgline {
+    /// Every cached table, by name.
+    pub fn tables(&self) -> Vec<TableStatus> {
+        let catalog = self.catalog.snapshot();
+        let mut out: Vec<TableStatus> = catalog
+            .tables
+            .values()
+            .map(|t| self.table_status(t))
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// One cached table, by `schema.table` or any of its key prefixes.
+    pub fn table(&self, name: &str) -> Option<TableStatus> {
+        let catalog = self.catalog.snapshot();
+        catalog.find(name).map(|t| self.table_status(t))
+    }
+
+    fn table_status(&self, t: &TableInfo) -> TableStatus {
+        let state = self
+            .states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&t.id)
+            .cloned()
+            .unwrap_or(TableState::Active);
+        let primary_key: Vec<String> = t
+            .key_columns
+            .iter()
+            .map(|&c| t.columns[c].name.clone())
+            .collect();
+        let prefix = t
+            .prefixes
+            .iter()
+            .find(|p| **p == t.name)
+            .or(t.prefixes.first())
+            .cloned()
+            .unwrap_or_else(|| format!("{}.{}", t.schema, t.name));
+        let holes: Vec<String> = primary_key.iter().map(|c| format!("{{{c}}}")).collect();
+        TableStatus {
+            name: format!("{}.{}", t.schema, t.name),
+            key_template: format!("{prefix}:{}", holes.join(":")),
+            prefixes: t.prefixes.clone(),
+            primary_key,
+            columns: t.columns.len(),
+            enabled: true,
+            state,
+            entries: None,
+        }
+    }
+
+    /// Starts caching origin table `name`; with `warm`, fills all its rows in the background
+    /// (progress in the table's [`TableState::Warming`]).
+    pub async fn add_table(&self, name: &str, warm: bool) -> Result<TableStatus, AdminError> {
+        let _serial = self.admin_lock.lock().await;
+        let client = self.origin_client().await?;
+        let table = catalog::load_named_table(&client, name)
+            .await
+            .map_err(|e| catalog_error(name, e))?;
+        let id = table.id;
+        let qualified = format!("{}.{}", table.schema, table.name);
+        if self.catalog.get(id).is_some() {
+            return Err(AdminError::Conflict(format!(
+                "{qualified} is cached already"
+            )));
+        }
+        let publication = self.config_read().replication.publication.clone();
+        catalog::publication_add(&client, &publication, &table)
+            .await
+            .map_err(|e| {
+                AdminError::Origin(format!(
+                    "adding {qualified} to publication {publication}: {e}"
+                ))
+            })?;
+        drop(client);
+        if warm {
+            self.set_state(id, Some(TableState::Warming { done: 0, total: 0 }));
+        }
+        let added = self
+            .ask(|tx| AdminCmd::AddTable(Box::new(table), tx))
+            .await?;
+        if let Err(e) = added {
+            self.set_state(id, None);
+            return Err(AdminError::Conflict(e));
+        }
+        {
+            let mut cfg = self.config_write();
+            if !cfg.catalog.tables.is_empty() {
+                let t = self.catalog.get(id);
+                if let Some(t) = t {
+                    cfg.catalog.tables.push(config_name(&t));
+                }
+            }
+        }
+        tracing::info!(table = %qualified, warm, "table added");
+        if warm {
+            warm::spawn(self, id);
+        }
+        let t = self
+            .catalog
+            .get(id)
+            .ok_or_else(|| AdminError::Conflict(format!("{qualified} was removed meanwhile")))?;
+        Ok(self.table_status(&t))
+    }
+
+    /// Stops caching table `name` (by `schema.table` or key prefix); returns the entries flushed.
+    pub async fn remove_table(&self, name: &str) -> Result<u64, AdminError> {
+        let _serial = self.admin_lock.lock().await;
+        let t = self.find_table(name)?;
+        let flushed = self
+            .ask(|tx| AdminCmd::RemoveTable(t.id, tx))
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("table {name:?} is not cached")))?;
+        self.set_state(t.id, None);
+        {
+            let mut cfg = self.config_write();
+            let (plain, quoted) = (format!("{}.{}", t.schema, t.name), config_name(&t));
+            cfg.catalog
+                .tables
+                .retain(|n| *n != plain && *n != quoted && *n != t.name && *n != t.qualified());
+        }
+        let publication = self.config_read().replication.publication.clone();
+        match self.origin_client().await {
+            Ok(client) => {
+                if let Err(e) = catalog::publication_drop(&client, &publication, &t).await {
+                    tracing::warn!(table = %t.name, "leaving it in publication {publication}: {e}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(table = %t.name, "leaving it in publication {publication}: {e}")
+            }
+        }
+        tracing::info!(table = %format!("{}.{}", t.schema, t.name), flushed, "table removed");
+        Ok(flushed)
+    }
+
+    /// Drops every cached entry of table `name`; returns how many.
+    pub async fn flush_table(&self, name: &str) -> Result<u64, AdminError> {
+        let t = self.find_table(name)?;
+        self.ask(|tx| AdminCmd::FlushTable(t.id, tx)).await
+    }
+
+    /// Drops one key's entry; returns 1 if it was cached, else 0.
+    pub async fn flush_key(&self, key: &str) -> Result<u64, AdminError> {
+        let Some((t, pk)) = self.parse_key(key)? else {
+            return Err(AdminError::NotFound(format!(
+                "{key:?}: unknown table prefix"
+            )));
+        };
+        let removed = self.ask(|tx| AdminCmd::FlushKey(t.id, pk, tx)).await?;
+        Ok(u64::from(removed))
+    }
+
+    /// Is `key` cached, since which LSN, how big and how old; if not, why not.
+    pub async fn key_info(&self, key: &str) -> Result<KeyInfo, AdminError> {
+        let mut info = KeyInfo {
+            key: key.to_string(),
+            table: None,
+            cached: false,
+            negative: false,
+            lsn: None,
+            size_bytes: None,
+            age_ms: None,
+            reason: None,
+        };
+        let Some((t, pk)) = self.parse_key(key)? else {
+            info.reason = Some("unknown table prefix".into());
+            return Ok(info);
+        };
+        info.table = Some(format!("{}.{}", t.schema, t.name));
+        let meta = self
+            .ask(|tx| AdminCmd::KeyMeta(t.id, pk.clone(), tx))
+            .await?;
+        if let Some(entry) = meta.entry {
+            info.cached = true;
+            info.negative = entry.negative;
+            info.lsn = Some(format_lsn(entry.lsn));
+            info.size_bytes = Some(entry.bytes as u64);
+            info.age_ms = meta.age.map(|a| a.as_millis() as u64);
+            if !self.shared.serve_hits.load(Ordering::Acquire) {
+                info.reason = Some(
+                    "cached, but hits are paused: replication is down or lags past \
+                     replication.max_lag_ms, so reads go to the origin"
+                        .into(),
+                );
+            }
+            return Ok(info);
+        }
+        info.reason = Some(self.uncached_reason(&t, &pk, meta.filling));
+        Ok(info)
+    }
+
+    fn uncached_reason(&self, t: &TableInfo, pk: &[u8], filling: bool) -> String {
+        let Some(parts) = t.split_pk(pk) else {
+            return format!(
+                "the primary key of {} has {} columns: spell the key as {}",
+                t.name,
+                t.key_columns.len(),
+                self.table_status(t).key_template
+            );
+        };
+        let canonical = parts.iter().zip(&t.key_columns).all(|(part, &c)| {
+            check_key_text(t.columns[c].type_oid, part) != KeyCheck::NotCanonical
+        });
+        if !canonical {
+            return "not the origin's own spelling of the key value (e.g. 042 for 42): \
+                    answered as absent and never cached"
+                .into();
+        }
+        if filling {
+            return "a fill from the origin is in flight".into();
+        }
+        let warming = matches!(
+            self.states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&t.id),
+            Some(TableState::Warming { .. })
+        );
+        if warming {
+            return "not cached yet (the table is warming)".into();
+        }
+        "evicted or never read".into()
+    }
+
+    /// The effective config: live values, secrets redacted.
+    pub fn effective_config(&self) -> Config {
+        redacted(&self.config_read())
+    }
+
+    /// Merges `patch` (a partial config, same nested shape) over the effective config, validates
+    /// it and applies the live settings ([`LIVE_KEYS`]); any other changed setting answers
+    /// [`AdminError::RestartRequired`] and nothing is applied. Returns the new effective config.
+    pub fn patch_config(&self, patch: &Value) -> Result<Config, AdminError> {
+        let mut cfg = self.config_write();
+        let old = serde_json::to_value(&*cfg)
+            .map_err(|e| AdminError::BadRequest(format!("config: {e}")))?;
+        let mut merged = old.clone();
+        patch::merge(&mut merged, patch, "").map_err(AdminError::BadRequest)?;
+        let new: Config = serde_json::from_value(merged)
+            .map_err(|e| AdminError::BadRequest(format!("config: {e}")))?;
+        new.validate()
+            .map_err(|e| AdminError::BadRequest(e.to_string()))?;
+        let new_value = serde_json::to_value(&new)
+            .map_err(|e| AdminError::BadRequest(format!("config: {e}")))?;
+        let changed = patch::changed_keys(&old, &new_value);
+        let restart: Vec<&String> = changed
+            .iter()
+            .filter(|k| !LIVE_KEYS.contains(&k.as_str()))
+            .collect();
+        if let Some(first) = restart.first() {
+            let keys: Vec<&str> = restart.iter().map(|k| k.as_str()).collect();
+            let verb = if keys.len() == 1 { "needs" } else { "need" };
+            return Err(AdminError::RestartRequired(format!(
+                "{} {verb} a restart ({})",
+                keys.join(", "),
+                restart_hint(first)
+            )));
+        }
+        if changed.iter().any(|k| k == "log.level") {
+            let reload = self.log_reload.read().unwrap_or_else(|e| e.into_inner());
+            let Some(reload) = reload.as_ref() else {
+                return Err(AdminError::RestartRequired(
+                    "log.level needs a restart (this process has no live log filter)".into(),
+                ));
+            };
+            reload(&new.log.level)
+                .map_err(|e| AdminError::BadRequest(format!("log.level: {e}")))?;
+        }
+        if changed.iter().any(|k| k == "catalog.prefixes") {
+            self.admin
+                .try_send(AdminCmd::SetPrefixes(new.catalog.prefixes.clone()))
+                .map_err(|_| AdminError::Conflict("the store writer is busy; retry".into()))?;
+        }
+        if new.origin.pool_size != cfg.origin.pool_size {
+            self.pool.resize(new.origin.pool_size);
+        }
+        self.runtime.apply(&new);
+        if !changed.is_empty() {
+            tracing::info!(keys = %changed.join(","), "config changed at run time");
+        }
+        *cfg = new;
+        Ok(redacted(&cfg))
+    }
+
+    /// Installs the function that replaces the log filter (`log.level` then changes live).
+    pub fn set_log_reload(&self, f: LogReload) {
+        *self.log_reload.write().unwrap_or_else(|e| e.into_inner()) = Some(f);
+    }
+
+    /// The store's counters (each read atomically; not one consistent snapshot).
+    pub fn store_stats(&self) -> StoreStats {
+        self.shared.store.stats()
+    }
+
+    /// The origin pool's size and use.
+    pub fn pool_status(&self) -> deadpool_postgres::Status {
+        self.pool.status()
+    }
+
+    // ---- helpers ------------------------------------------------------------------------
+
+    /// Sends a command to the store writer and waits for its answer.
+    pub(crate) async fn ask<T>(
+        &self,
+        cmd: impl FnOnce(oneshot::Sender<T>) -> AdminCmd,
+    ) -> Result<T, AdminError> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || AdminError::Conflict("pgline is shutting down".into());
+        self.admin.send(cmd(tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+
+    async fn origin_client(&self) -> Result<deadpool_postgres::Client, AdminError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| AdminError::Origin(e.to_string()))
+    }
+
+    fn find_table(&self, name: &str) -> Result<Arc<TableInfo>, AdminError> {
+        self.catalog
+            .snapshot()
+            .find(name)
+            .cloned()
+            .ok_or_else(|| AdminError::NotFound(format!("table {name:?} is not cached")))
+    }
+
+    /// Splits a key with the cores' own key space; `None` for an unknown prefix.
+    fn parse_key(&self, key: &str) -> Result<Option<ParsedKey>, AdminError> {
+        if !key.contains(':') {
+            return Err(AdminError::BadRequest(format!(
+                "{key:?} is not a key: keys are <table>:<primary key>, e.g. users:42"
+            )));
+        }
+        let space = self.shared.keyspace.snapshot();
+        let Some((id, pk)) = space.resolve(key.as_bytes()) else {
+            return Ok(None);
+        };
+        Ok(self.catalog.get(id).map(|t| (t, pk.into())))
+    }
+
+    pub(crate) fn set_state(&self, id: u32, state: Option<TableState>) {
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        match state {
+            Some(s) => states.insert(id, s),
+            None => states.remove(&id),
+        };
+    }
+
+    fn config_read(&self) -> std::sync::RwLockReadGuard<'_, Config> {
+        self.cfg.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn config_write(&self) -> std::sync::RwLockWriteGuard<'_, Config> {
+        self.cfg.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A copy of `cfg` with every secret replaced (see [`patch::redact`]).
+fn redacted(cfg: &Config) -> Config {
+    let mut safe = cfg.clone();
+    safe.origin.url = patch::redact_conn_string(&safe.origin.url);
+    if !safe.resp.password.is_empty() {
+        safe.resp.password = patch::REDACTED.into();
+    }
+    // Through JSON as well, so secrets of sections this function does not name are caught.
+    serde_json::to_value(&safe)
+        .ok()
+        .and_then(|mut v| {
+            patch::redact(&mut v);
+            serde_json::from_value(v).ok()
+        })
+        .unwrap_or(safe)
+}
+
+/// How `catalog.tables` spells a table: `schema.name`, quoting only names that need it.
+fn config_name(t: &TableInfo) -> String {
+    let plain = |s: &str| {
+        s.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let part = |s: &str| {
+        if plain(s) {
+            s.to_string()
+        } else {
+            catalog::quote_ident(s)
+        }
+    };
+    format!("{}.{}", part(&t.schema), part(&t.name))
+}
+
+fn catalog_error(name: &str, e: CatalogError) -> AdminError {
+    match e {
+        CatalogError::NoSuchTable(_) => {
+            AdminError::NotFound(format!("no table {name:?} on the origin"))
+        }
+        CatalogError::NoPrimaryKey(t) => {
+            AdminError::BadRequest(format!("{t} has no primary key, so its rows have no key"))
+        }
+        CatalogError::Origin(e) => match e.as_db_error() {
+            // A name the origin cannot parse (`a.b.c.d`, bad quoting): the caller's mistake.
+            Some(db) if db.code().code().starts_with("3F") => {
+                AdminError::NotFound(format!("table {name:?}: {}", db.message()))
+            }
+            Some(db)
+                if db.code().code().starts_with("42") || db.code().code().starts_with("0A") =>
+            {
+                AdminError::BadRequest(format!("table name {name:?}: {}", db.message()))
+            }
+            _ => AdminError::Origin(e.to_string()),
+        },
+    }
+}

@@ -170,7 +170,8 @@ impl Answer {
 async fn start(db: &TestDb, sets: &[&str]) -> Arc<Pgline> {
     log_buffer();
     let mut cfg = support::config(db, 1);
-    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    sets.insert(0, "api.listen=\"127.0.0.1:0\"".into());
     let layered =
         pgline_controlplane::config::Config::load(None, Vec::<(String, String)>::new(), &sets)
             .expect("test overrides");

@@ -319,7 +319,14 @@ async fn auth_and_error_shapes() {
         .await
         .expect(StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"));
 
-    // Unknown tables.
+    // Unknown tables, and names no table can have (they must not reach the origin as a
+    // failing query: that would be a 502).
+    api.json(Method::POST, "/v1/tables", json!({"name": "a\0b"}))
+        .await
+        .expect(StatusCode::BAD_REQUEST, Some("bad_request"));
+    api.json(Method::POST, "/v1/tables", json!({"name": "x".repeat(300)}))
+        .await
+        .expect(StatusCode::BAD_REQUEST, Some("bad_request"));
     api.get("/v1/tables/no_such_table")
         .await
         .expect(StatusCode::NOT_FOUND, Some("not_found"));

@@ -5,7 +5,7 @@
 #
 #   deploy/lab/schemathesis.sh                # uses target/release/pgline, builds it if needed
 #   PGLINE_BIN=target/debug/pgline deploy/lab/schemathesis.sh
-#   ST_MAX_EXAMPLES=200 deploy/lab/schemathesis.sh
+#   ST_MAX_EXAMPLES=200 ST_SEED=7 deploy/lab/schemathesis.sh   # more cases, another seed
 #
 # It starts the lab origin (deploy/lab/pg.sh), loads the demo data into a database of its own,
 # runs a pgline from deploy/lab/demo.toml on free ports (slot and publication of its own), then
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 
 ST_VERSION=${ST_VERSION:-4.32.5}
 VENV=${ST_VENV:-/var/tmp/pgline-schemathesis}
-MAX_EXAMPLES=${ST_MAX_EXAMPLES:-50}
+MAX_EXAMPLES=${ST_MAX_EXAMPLES:-100}
 DB=pgline_schemathesis
 SLOT=pgline_schemathesis
 WORK=$(mktemp -d /var/tmp/pgline-st.XXXXXX)
@@ -92,12 +92,13 @@ curl -fsS "$API/v1/ready" >/dev/null || {
 }
 
 set +e
+cd "$WORK"   # schemathesis writes a .schemathesis/ folder into the working directory
 "$VENV/bin/schemathesis" run "$API/v1/openapi.json" \
     --url "$API" \
     --header "Authorization: Bearer $TOKEN" \
     --checks not_a_server_error,response_schema_conformance \
     --max-examples "$MAX_EXAMPLES" \
-    --seed 5 \
+    --seed "${ST_SEED:-5}" \
     --no-color
 rc=$?
 set -e

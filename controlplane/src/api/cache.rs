@@ -15,6 +15,7 @@ use crate::admin::KeyInfo;
 /// `{"key": "users:42"}` one key.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(max_properties = 1)]
 pub struct FlushRequest {
     #[schema(example = "users")]
     pub table: Option<String>,
@@ -46,7 +47,10 @@ pub async fn flush(
 ) -> Result<Json<Flushed>, ApiError> {
     let flushed = match (req.table, req.key) {
         (None, None) => node.flush_all().await,
-        (Some(t), None) => node.flush_table(&t).await?,
+        (Some(t), None) => {
+            super::tables::check_table_name(&t)?;
+            node.flush_table(&t).await?
+        }
         (None, Some(k)) => node.flush_key(&k).await?,
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request("give table or key, not both"));
@@ -58,7 +62,8 @@ pub async fn flush(
 /// Whether a key is cached, and its LSN, size and age. An uncached key answers 200 with
 /// `cached: false` and the reason.
 #[utoipa::path(get, path = "/v1/keys/{key}", tag = "cache", security(("bearer" = [])),
-    params(("key" = String, Path, description = "A RESP key, e.g. `users:42`")),
+    params(("key" = String, Path, pattern = "^[^:]+:.+$",
+        description = "A RESP key, `<table or prefix>:<primary key>`, e.g. `users:42`")),
     responses(
         (status = 200, description = "What the cache holds for the key", body = KeyInfo),
         (status = 400, description = "Not a key pgline understands", body = ErrorBody),

@@ -19,7 +19,7 @@ use crate::admin::TableStatus;
 #[serde(deny_unknown_fields)]
 pub struct AddTable {
     /// `table` or `schema.table` of an origin table with a primary key.
-    #[schema(example = "public.users")]
+    #[schema(example = "public.users", min_length = 1, max_length = 255)]
     pub name: String,
 }
 
@@ -37,6 +37,25 @@ pub struct Removed {
     pub removed: String,
     /// Entries dropped from the store.
     pub flushed: u64,
+}
+
+/// Longest table name accepted (two 63-byte identifiers, quoted, and a dot fit easily).
+pub const MAX_TABLE_NAME: usize = 255;
+
+/// Refuses names no PostgreSQL table can have (empty, too long, control characters such as
+/// NUL), so they answer 400 here instead of reaching the origin as a failing query.
+pub fn check_table_name(name: &str) -> Result<(), ApiError> {
+    if name.is_empty() || name.len() > MAX_TABLE_NAME {
+        return Err(ApiError::bad_request(format!(
+            "a table name is 1..={MAX_TABLE_NAME} bytes"
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "a table name cannot contain control characters",
+        ));
+    }
+    Ok(())
 }
 
 /// A path parameter, with our error body when it cannot be decoded.
@@ -81,7 +100,7 @@ pub async fn get_table(
     request_body(content = AddTable),
     responses(
         (status = 201, description = "Cached from now on", body = TableStatus),
-        (status = 400, description = "No primary key, or a bad body", body = ErrorBody),
+        (status = 400, description = "No primary key, a malformed name, or a bad body", body = ErrorBody),
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "No token configured", body = ErrorBody),
         (status = 404, description = "No such origin table", body = ErrorBody),
@@ -95,6 +114,7 @@ pub async fn add_table(
     JsonBody(body): JsonBody<AddTable>,
 ) -> Result<(StatusCode, Json<TableStatus>), ApiError> {
     let Query(q) = query.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    check_table_name(&body.name)?;
     let t = node.add_table(&body.name, q.warm.unwrap_or(false)).await?;
     Ok((StatusCode::CREATED, Json(t)))
 }
@@ -104,6 +124,7 @@ pub async fn add_table(
     params(("name" = String, Path, description = "`table` or `schema.table`")),
     responses(
         (status = 200, description = "Removed", body = Removed),
+        (status = 400, description = "A malformed name", body = ErrorBody),
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "No token configured", body = ErrorBody),
         (status = 404, description = "Not a cached table", body = ErrorBody),
@@ -113,6 +134,7 @@ pub async fn remove_table(
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Removed>, ApiError> {
     let name = path_param(name)?;
+    check_table_name(&name)?;
     let qualified = node
         .table(&name)
         .map(|t| t.name)

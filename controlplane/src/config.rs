@@ -726,6 +726,33 @@ mod tests {
     }
 
     #[test]
+    fn api_token_from_env_is_literal_and_never_printed() {
+        let cfg = load(
+            "[api]\nopen_reads = true\n",
+            &[
+                ("PGLINE_API_TOKEN", "12345678"),
+                ("PGLINE_RESP_PASSWORD", "true"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(cfg.api.token(), Some("12345678"));
+        assert_eq!(cfg.resp.password, "true");
+        assert!(cfg.api.open_reads);
+        assert!(!format!("{cfg:?}").contains("12345678"));
+        let shown = cfg.redacted();
+        assert_eq!(shown.api.token.as_deref(), Some(REDACTED));
+        assert_eq!(shown.resp.password, REDACTED);
+        assert!(!toml::to_string(&shown).unwrap().contains("12345678"));
+        let err = load("[api]\nlisten = \"nowhere\"\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("api.listen"), "{err}");
+        let err = load("[api]\nmax_body_bytes = 10\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("api.max_body_bytes"), "{err}");
+        let empty = load("", &[("PGLINE_API_TOKEN", "")], &[]).unwrap();
+        assert_eq!(empty.api.token(), None);
+    }
+
+    #[test]
     fn sizes_parse() {
         assert_eq!(parse_size("1024").unwrap(), 1024);
         assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);

@@ -599,3 +599,11 @@ async fn status_config_tables_flush_keys() {
         .await
         .is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_can_be_disabled() {
+    let db = TestDb::create("api_off").await;
+    let p = start(&db, &["api.enabled=false"]).await;
+    assert_eq!(p.api_addr(), None);
+    p.shutdown().await;
+}

@@ -144,6 +144,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// The full service: routes, fallback, auth, limits, error shaping.
 pub fn router(state: ApiState, cfg: &ApiConfig) -> Router {
     let (router, doc) = routes().split_for_parts();
+    // `GET /metrics` (Prometheus text, `crate::metrics::render`) is added here as a plain
+    // `.route(...)`, outside `/v1` and the OpenAPI document; the auth layer below treats it as
+    // a read, so it follows `api.open_reads`.
     let _ = state
         .openapi
         .set(doc.to_json().unwrap_or_else(|_| "{}".into()));

@@ -337,15 +337,23 @@ async fn publication_lists(
 
 /// Adds `table` to a table-list publication (nothing to do for `FOR ALL TABLES` or a
 /// publication that does not exist yet: the WAL consumer creates it with its start-up list).
+/// Returns whether the publication is a table list (so the table joined it at some point that
+/// may be recent: now, or by an earlier attempt).
+///
+/// Then call [`wait_for_older_transactions`] before filling the table: a
+/// transaction that was already open when the table joined the publication may have its changes
+/// decoded without it (PostgreSQL before 15.13 / 16.9 / 17.5 did not pass the publication's
+/// invalidation to concurrent transactions), and such a change would never void a fill.
 pub async fn publication_add(
     client: &tokio_postgres::Client,
     publication: &str,
     table: &TableInfo,
-) -> Result<(), CatalogError> {
-    if publication_all_tables(client, publication).await? != Some(false)
-        || publication_lists(client, publication, table.id).await?
-    {
-        return Ok(());
+) -> Result<bool, CatalogError> {
+    if publication_all_tables(client, publication).await? != Some(false) {
+        return Ok(false);
+    }
+    if publication_lists(client, publication, table.id).await? {
+        return Ok(true);
     }
     let sql = format!(
         "ALTER PUBLICATION {} ADD TABLE {}",
@@ -353,7 +361,41 @@ pub async fn publication_add(
         table.qualified()
     );
     client.batch_execute(&sql).await?;
-    Ok(())
+    Ok(true)
+}
+
+/// Waits until every transaction open now has ended; false if some are still open after
+/// `timeout` (like `CREATE INDEX CONCURRENTLY` waiting for older snapshots).
+pub async fn wait_for_older_transactions(
+    client: &tokio_postgres::Client,
+    timeout: std::time::Duration,
+) -> Result<bool, CatalogError> {
+    let open: Vec<String> = client
+        .query(
+            "SELECT x::text FROM pg_snapshot_xip(pg_current_snapshot()) AS x",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM unnest($1::text[]) AS x \
+                 WHERE pg_xact_status(x::xid8) = 'in progress'",
+                &[&open],
+            )
+            .await?;
+        if row.get::<_, i64>(0) == 0 {
+            return Ok(true);
+        }
+        if std::time::Instant::now() >= until {
+            return Ok(false);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Drops `table` from a table-list publication, if it is listed there.

@@ -362,6 +362,9 @@ pub struct CatalogConfig {
     pub tables: Vec<String>,
     /// Extra key prefixes: `prefixes = { users = "u" }` makes `u:42` name `users` row 42.
     pub prefixes: std::collections::BTreeMap<String, String>,
+    /// Cached tables (`name`, `schema.name` or a prefix) switched off: their reads pass through
+    /// to the origin and nothing of them is kept. Changes at run time.
+    pub disabled: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]

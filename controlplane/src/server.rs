@@ -5,7 +5,6 @@
 //! [`Pgline::shutdown`]. Its admin operations (tables, flushes, key info, config) live in
 //! `crate::admin::ops`.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
@@ -16,11 +15,11 @@ use pgline_dataplane::keyspace::KeySpaceCell;
 use pgline_dataplane::plane::{Shared, Wake};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::admin::TableState;
+use crate::admin::TableStates;
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
 use crate::config::{Config, ConfigError, Runtime};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
-use crate::writer::{AdminCmd, Writer, WriterParts};
+use crate::writer::{AdminCmd, EntryCounts, Writer, WriterParts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -69,8 +68,13 @@ pub struct Pgline {
     /// The effective config, secrets included (redacted only on the way out).
     pub(crate) cfg: RwLock<Config>,
     pub(crate) runtime: Arc<Runtime>,
-    /// States other than `Active` of tables added at run time, by table id.
-    pub(crate) states: Arc<Mutex<HashMap<u32, TableState>>>,
+    /// States of tables added at run time (warming progress).
+    pub(crate) states: Arc<TableStates>,
+    /// Whether the catalog is the configured table list (not every table with a key): tables
+    /// added or removed at run time are then added to or removed from `catalog.tables`.
+    pub(crate) table_list: bool,
+    /// Entries per table, as the writer last counted them.
+    pub(crate) entry_counts: Arc<EntryCounts>,
     pub(crate) log_reload: RwLock<Option<LogReload>>,
     /// Serializes add/remove/config changes (each is a read-check-write over several parts).
     pub(crate) admin_lock: tokio::sync::Mutex<()>,
@@ -138,6 +142,7 @@ impl Pgline {
         let (wal_tx, wal_rx) = mpsc::channel(1024);
         let (admin_tx, admin_rx) = mpsc::channel(64);
 
+        let table_list = !cfg.catalog.tables.is_empty();
         let scope = if cfg.catalog.tables.is_empty() {
             PublicationScope::AllTables
         } else {
@@ -161,6 +166,7 @@ impl Pgline {
         )));
         let runtime = Arc::new(Runtime::new(&cfg));
         let catalog_cell = Arc::new(CatalogCell::new(catalog.clone()));
+        let entry_counts = Arc::new(EntryCounts::default());
         let writer = Writer::new(
             store,
             catalog,
@@ -171,6 +177,7 @@ impl Pgline {
                 repl: repl.clone(),
                 runtime: runtime.clone(),
                 catalog_cell: catalog_cell.clone(),
+                entry_counts: entry_counts.clone(),
             },
         );
         tasks.push(tokio::spawn(writer.run(
@@ -204,6 +211,8 @@ impl Pgline {
             shared,
             repl,
             catalog: catalog_cell,
+            entry_counts,
+            table_list,
             admin: admin_tx,
             pool,
             cfg: RwLock::new(cfg),

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use pgline_dataplane::plane::{FillResult, MissReply, Shared};
 use pgline_dataplane::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use pgline_dataplane::store::{EntryData, Lookup, StoreWriter};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 
 use crate::catalog::{Catalog, CatalogCell, TableInfo};
 use crate::config::{Config, Runtime};
@@ -44,7 +44,7 @@ use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
 
 type Key = (u32, Box<[u8]>);
 
-pub use admin::{AdminCmd, KeyMeta};
+pub use admin::{AdminCmd, EntryCounts, KeyMeta, WarmDone};
 
 /// One cached entry, as the stale probe and the API see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +65,9 @@ struct FillKey {
 struct Fill {
     table: Arc<TableInfo>,
     keys: Vec<FillKey>,
-    /// A warming batch: told how many entries the fill installed (or the origin's error).
-    on_done: Option<oneshot::Sender<Result<u64, String>>>,
+    /// A warming batch: told which keys lost their lease to a WAL change (so were not
+    /// installed), or the origin's error.
+    on_done: Option<admin::WarmDone>,
 }
 
 struct FillDone {
@@ -104,6 +105,10 @@ pub struct Writer {
     installed: HashMap<Key, Instant>,
     /// Tables removed by the API: they do not rejoin on sight in every-table mode.
     excluded: HashSet<u32>,
+    /// Tables named in `catalog.disabled`: misses read the origin and install nothing.
+    disabled: HashSet<u32>,
+    entry_counts: Arc<EntryCounts>,
+    counted_at: Instant,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -114,6 +119,7 @@ pub struct WriterParts {
     pub repl: Arc<ReplicationState>,
     pub runtime: Arc<Runtime>,
     pub catalog_cell: Arc<CatalogCell>,
+    pub entry_counts: Arc<EntryCounts>,
 }
 
 impl Writer {
@@ -125,6 +131,7 @@ impl Writer {
             repl,
             runtime,
             catalog_cell,
+            entry_counts,
         } = parts;
         let (fill_tx, fill_rx) = mpsc::unbounded_channel();
         let all_tables = cfg.catalog.tables.is_empty();
@@ -139,6 +146,9 @@ impl Writer {
             catalog_cell,
             installed: HashMap::new(),
             excluded: HashSet::new(),
+            disabled: HashSet::new(),
+            entry_counts,
+            counted_at: Instant::now(),
             inflight: HashMap::new(),
             fills: HashMap::new(),
             waiting: HashMap::new(),
@@ -158,6 +168,8 @@ impl Writer {
         mut admin: mpsc::Receiver<AdminCmd>,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
+        // Resolves `catalog.disabled` against the catalog (nothing is cached yet).
+        self.publish_catalog();
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -174,6 +186,7 @@ impl Writer {
                     self.publish_gauges();
                     self.retry_unsent();
                     self.prune_installed();
+                    self.count_entries(Instant::now());
                 }
             }
         }
@@ -226,7 +239,7 @@ impl Writer {
                         self.resolve(rid, idx, FillResult::Absent);
                         continue;
                     };
-                    let install = !req.bypass;
+                    let install = !req.bypass && !self.disabled.contains(&key.table);
                     if install {
                         if let Some(found) = self.lookup(key.table, &key.pk) {
                             self.resolve(rid, idx, found);
@@ -327,12 +340,14 @@ impl Writer {
             return;
         };
         let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
-        let mut installed = 0;
+        let mut voided = Vec::new();
         for (slot, key) in fill.keys.into_iter().enumerate() {
             let map_key = (fill.table.id, key.pk);
             let leased = key.install && self.inflight.get(&map_key) == Some(&(done.fill, slot));
             if leased {
                 self.inflight.remove(&map_key);
+            } else if key.install && fill.on_done.is_some() {
+                voided.push(map_key.1.clone());
             }
             let result = match &done.result {
                 Err(e) => FillResult::Error(Arc::from(e.to_string())),
@@ -345,7 +360,7 @@ impl Writer {
                                 negative: false,
                                 lsn,
                             };
-                            installed += u64::from(self.install(map_key.0, &map_key.1, &entry));
+                            self.install(map_key.0, &map_key.1, &entry);
                         }
                         FillResult::Row(row.clone())
                     }
@@ -356,7 +371,7 @@ impl Writer {
                                 negative: true,
                                 lsn,
                             };
-                            installed += u64::from(self.install(map_key.0, &map_key.1, &entry));
+                            self.install(map_key.0, &map_key.1, &entry);
                         }
                         FillResult::Absent
                     }
@@ -368,7 +383,7 @@ impl Writer {
             }
         }
         if let Some(tx) = fill.on_done {
-            let _ = tx.send(done.result.map(|_| installed).map_err(|e| e.to_string()));
+            let _ = tx.send(done.result.map(|_| voided).map_err(|e| e.to_string()));
         }
     }
 
@@ -398,8 +413,26 @@ impl Writer {
             .retain(|(t, pk), _| store.meta(*t, pk).is_some());
     }
 
-    /// Publishes the catalog (to the API) and its key space (to the cores).
-    fn publish_catalog(&self) {
+    /// Publishes the catalog (to the API) and its key space (to the cores), after re-resolving
+    /// `catalog.disabled` against it (a table newly disabled loses its entries).
+    fn publish_catalog(&mut self) {
+        let disabled: HashSet<u32> = self
+            .cfg
+            .catalog
+            .disabled
+            .iter()
+            .filter_map(|name| self.catalog.find(name).map(|t| t.id))
+            .collect();
+        let newly: Vec<u32> = disabled.difference(&self.disabled).copied().collect();
+        self.disabled = disabled;
+        for id in newly {
+            let n = self.drop_table(id);
+            tracing::info!(
+                table = id,
+                flushed = n,
+                "table disabled: reads pass through"
+            );
+        }
         self.shared.keyspace.publish(self.catalog.keyspace());
         self.catalog_cell.publish(self.catalog.clone());
     }

@@ -17,17 +17,36 @@
 //! (`Pgline` sits behind an `Arc` in the HTTP server). Table states live in a mutex-guarded map
 //! written by the warming tasks; the effective config in an `RwLock`.
 //!
-//! Limitations: per-table entry counts are not tracked (`TableStatus::entries` is `None`);
-//! "evicted" and "never read" cannot be told apart for an uncached key; after a replication
+//! Limitations: per-table entry counts are recounted by the writer every 2 s (and not at all
+//! past a million entries: `TableStatus::entries` is then `None`); "evicted" and "never read" cannot be told apart for an uncached key; after a replication
 //! reconnect the WAL consumer re-adds its start-up table list to a table-list publication, so a
 //! removed table may be published again (its changes are ignored, at some decoding cost).
+//! Tables added or removed at run time show in the effective `catalog.tables` only in table-list
+//! mode (in every-table mode a removed table is not representable there; in table-list mode a
+//! list emptied by removals reads like every-table mode, which it is not until a restart), and
+//! nothing is written back to the config file.
 
 pub mod ops;
 pub mod patch;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use serde::Serialize;
 
 pub use patch::LIVE_KEYS;
+
+/// A [`crate::server::LogReload`] for a `tracing_subscriber` `EnvFilter` behind a reload
+/// layer (`tracing_subscriber::reload::Layer::new(filter)` gives the handle); hand it to
+/// `Pgline::set_log_reload` to make `log.level` live.
+pub fn env_filter_reload<S: 'static>(
+    handle: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, S>,
+) -> crate::server::LogReload {
+    Box::new(move |level| {
+        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
+}
 
 /// Why an admin operation failed; the HTTP layer maps each to a status code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
@@ -65,7 +84,8 @@ pub struct TableStatus {
     /// Its keys resolve (always true for a cached table today: removing it is the way to stop).
     pub enabled: bool,
     pub state: TableState,
-    /// Entries in the store, when known.
+    /// Entries in the store (negative ones included) at the writer's last count, taken every
+    /// 2 s; `None` when the store is too big to count or before the first count.
     pub entries: Option<u64>,
 }
 
@@ -85,6 +105,64 @@ pub enum TableState {
     },
 }
 
+/// States other than `Active` of tables added at run time. Each warming run owns an epoch; a
+/// run that was superseded (its table removed, or removed and added again) cannot overwrite
+/// the state of the next one.
+#[derive(Debug, Default)]
+pub struct TableStates {
+    inner: Mutex<Runs>,
+}
+
+#[derive(Debug, Default)]
+struct Runs {
+    last_epoch: u64,
+    /// Table id -> (epoch of its run, state).
+    by_table: HashMap<u32, (u64, TableState)>,
+}
+
+impl TableStates {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Runs> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The table's state (`Active` when none is recorded).
+    pub fn get(&self, id: u32) -> TableState {
+        self.lock()
+            .by_table
+            .get(&id)
+            .map_or(TableState::Active, |(_, s)| s.clone())
+    }
+
+    /// Starts a warming run: `Warming { 0, 0 }`; returns its epoch.
+    pub fn begin(&self, id: u32) -> u64 {
+        let mut g = self.lock();
+        g.last_epoch += 1;
+        let epoch = g.last_epoch;
+        g.by_table
+            .insert(id, (epoch, TableState::Warming { done: 0, total: 0 }));
+        epoch
+    }
+
+    /// Back to `Active`, whatever run was going on.
+    pub fn clear(&self, id: u32) {
+        self.lock().by_table.remove(&id);
+    }
+
+    /// Sets the state of run `epoch` (`Active` clears it); false if that run was superseded.
+    pub fn update(&self, id: u32, epoch: u64, state: TableState) -> bool {
+        let mut g = self.lock();
+        if g.by_table.get(&id).map(|(e, _)| *e) != Some(epoch) {
+            return false;
+        }
+        if state == TableState::Active {
+            g.by_table.remove(&id);
+        } else {
+            g.by_table.insert(id, (epoch, state));
+        }
+        true
+    }
+}
+
 /// What the cache knows about one key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct KeyInfo {
@@ -101,4 +179,38 @@ pub struct KeyInfo {
     pub age_ms: Option<u64>,
     /// Why it is not cached, or why a cached entry is not served right now.
     pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_filter_reload_checks_and_swaps_the_filter() {
+        let (layer, handle) =
+            tracing_subscriber::reload::Layer::<_, tracing_subscriber::Registry>::new(
+                tracing_subscriber::EnvFilter::new("info"),
+            );
+        let reload = env_filter_reload(handle.clone());
+        reload("pgline=debug,warn").unwrap();
+        let now = handle.with_current(|f| f.to_string()).unwrap();
+        assert!(now.contains("pgline=debug"), "{now}");
+        assert!(reload("pgline=loud").is_err());
+        drop(layer);
+        assert!(reload("info").is_err(), "no subscriber left to reload");
+    }
+
+    #[test]
+    fn errors_serialize_as_the_api_error_shape() {
+        let e = AdminError::RestartRequired("resp.listen needs a restart".into());
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"error": "restart_required", "detail": "resp.listen needs a restart"})
+        );
+        let s = TableState::Warming { done: 1, total: 2 };
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({"state": "warming", "done": 1, "total": 2})
+        );
+    }
 }

@@ -18,6 +18,9 @@ use crate::writer::AdminCmd;
 
 mod warm;
 
+/// Longest wait for transactions older than a table's joining the publication.
+const OLDER_TXN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A key split into its table and pk text.
 type ParsedKey = (Arc<TableInfo>, Box<[u8]>);
 
@@ -41,13 +44,7 @@ impl Pgline {
     }
 
     fn table_status(&self, t: &TableInfo) -> TableStatus {
-        let state = self
-            .states
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&t.id)
-            .cloned()
-            .unwrap_or(TableState::Active);
+        let state = self.states.get(t.id);
         let primary_key: Vec<String> = t
             .key_columns
             .iter()
@@ -67,9 +64,9 @@ impl Pgline {
             prefixes: t.prefixes.clone(),
             primary_key,
             columns: t.columns.len(),
-            enabled: true,
+            enabled: !self.is_disabled(t),
             state,
-            entries: None,
+            entries: self.entry_counts.get(t.id),
         }
     }
 
@@ -89,36 +86,51 @@ impl Pgline {
             )));
         }
         let publication = self.config_read().replication.publication.clone();
-        catalog::publication_add(&client, &publication, &table)
+        let origin_err = |e: CatalogError| {
+            let detail = match &e {
+                CatalogError::Origin(pe) => warm::origin_detail(pe),
+                other => other.to_string(),
+            };
+            AdminError::Origin(format!(
+                "adding {qualified} to publication {publication}: {detail}"
+            ))
+        };
+        let listed = catalog::publication_add(&client, &publication, &table)
             .await
-            .map_err(|e| {
-                AdminError::Origin(format!(
-                    "adding {qualified} to publication {publication}: {e}"
-                ))
-            })?;
-        drop(client);
-        if warm {
-            self.set_state(id, Some(TableState::Warming { done: 0, total: 0 }));
+            .map_err(origin_err)?;
+        if listed
+            && !catalog::wait_for_older_transactions(&client, OLDER_TXN_WAIT)
+                .await
+                .map_err(origin_err)?
+        {
+            return Err(AdminError::Conflict(format!(
+                "{qualified} joined publication {publication}, but transactions older than that \
+                 are still open after {} s; retry once they end",
+                OLDER_TXN_WAIT.as_secs()
+            )));
         }
+        drop(client);
+        let epoch = if warm {
+            self.states.begin(id)
+        } else {
+            self.states.clear(id);
+            0
+        };
         let added = self
             .ask(|tx| AdminCmd::AddTable(Box::new(table), tx))
             .await?;
         if let Err(e) = added {
-            self.set_state(id, None);
+            self.states.clear(id);
             return Err(AdminError::Conflict(e));
         }
-        {
-            let mut cfg = self.config_write();
-            if !cfg.catalog.tables.is_empty() {
-                let t = self.catalog.get(id);
-                if let Some(t) = t {
-                    cfg.catalog.tables.push(config_name(&t));
-                }
+        if self.table_list {
+            if let Some(t) = self.catalog.get(id) {
+                self.config_write().catalog.tables.push(config_name(&t));
             }
         }
         tracing::info!(table = %qualified, warm, "table added");
         if warm {
-            warm::spawn(self, id);
+            warm::spawn(self, id, epoch);
         }
         let t = self
             .catalog
@@ -135,7 +147,7 @@ impl Pgline {
             .ask(|tx| AdminCmd::RemoveTable(t.id, tx))
             .await?
             .ok_or_else(|| AdminError::NotFound(format!("table {name:?} is not cached")))?;
-        self.set_state(t.id, None);
+        self.states.clear(t.id);
         {
             let mut cfg = self.config_write();
             let (plain, quoted) = (format!("{}.{}", t.schema, t.name), config_name(&t));
@@ -231,16 +243,13 @@ impl Pgline {
                     answered as absent and never cached"
                 .into();
         }
+        if self.is_disabled(t) {
+            return "table disabled (catalog.disabled): reads pass through to the origin".into();
+        }
         if filling {
             return "a fill from the origin is in flight".into();
         }
-        let warming = matches!(
-            self.states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&t.id),
-            Some(TableState::Warming { .. })
-        );
+        let warming = matches!(self.states.get(t.id), TableState::Warming { .. });
         if warming {
             return "not cached yet (the table is warming)".into();
         }
@@ -257,46 +266,25 @@ impl Pgline {
     /// [`AdminError::RestartRequired`] and nothing is applied. Returns the new effective config.
     pub fn patch_config(&self, patch: &Value) -> Result<Config, AdminError> {
         let mut cfg = self.config_write();
-        let old = serde_json::to_value(&*cfg)
-            .map_err(|e| AdminError::BadRequest(format!("config: {e}")))?;
-        let mut merged = old.clone();
-        patch::merge(&mut merged, patch, "").map_err(AdminError::BadRequest)?;
-        let new: Config = serde_json::from_value(merged)
-            .map_err(|e| AdminError::BadRequest(format!("config: {e}")))?;
-        new.validate()
-            .map_err(|e| AdminError::BadRequest(e.to_string()))?;
-        let new_value = serde_json::to_value(&new)
-            .map_err(|e| AdminError::BadRequest(format!("config: {e}")))?;
-        let changed = patch::changed_keys(&old, &new_value);
-        let restart: Vec<&String> = changed
-            .iter()
-            .filter(|k| !LIVE_KEYS.contains(&k.as_str()))
-            .collect();
-        if let Some(first) = restart.first() {
-            let keys: Vec<&str> = restart.iter().map(|k| k.as_str()).collect();
-            let verb = if keys.len() == 1 { "needs" } else { "need" };
-            return Err(AdminError::RestartRequired(format!(
-                "{} {verb} a restart ({})",
-                keys.join(", "),
-                restart_hint(first)
-            )));
+        let (new, changed) = self.check_patch(&cfg, patch)?;
+        let has = |key: &str| changed.iter().any(|k| k == key);
+        if has("log.level") {
+            self.reload_log(&new.log.level)?;
         }
-        if changed.iter().any(|k| k == "log.level") {
-            let reload = self.log_reload.read().unwrap_or_else(|e| e.into_inner());
-            let Some(reload) = reload.as_ref() else {
-                return Err(AdminError::RestartRequired(
-                    "log.level needs a restart (this process has no live log filter)".into(),
+        if has("catalog.prefixes") || has("catalog.disabled") {
+            let sent = self
+                .admin
+                .try_send(AdminCmd::SetCatalog(new.catalog.clone()));
+            if sent.is_err() {
+                if has("log.level") {
+                    let _ = self.reload_log(&cfg.log.level);
+                }
+                return Err(AdminError::Conflict(
+                    "the store writer is busy; retry".into(),
                 ));
-            };
-            reload(&new.log.level)
-                .map_err(|e| AdminError::BadRequest(format!("log.level: {e}")))?;
+            }
         }
-        if changed.iter().any(|k| k == "catalog.prefixes") {
-            self.admin
-                .try_send(AdminCmd::SetPrefixes(new.catalog.prefixes.clone()))
-                .map_err(|_| AdminError::Conflict("the store writer is busy; retry".into()))?;
-        }
-        if new.origin.pool_size != cfg.origin.pool_size {
+        if has("origin.pool_size") {
             self.pool.resize(new.origin.pool_size);
         }
         self.runtime.apply(&new);
@@ -305,6 +293,70 @@ impl Pgline {
         }
         *cfg = new;
         Ok(redacted(&cfg))
+    }
+
+    /// The patched config and the settings it changes, once everything about it is checked.
+    fn check_patch(
+        &self,
+        cfg: &Config,
+        patch: &Value,
+    ) -> Result<(Config, Vec<String>), AdminError> {
+        let bad = |e: String| AdminError::BadRequest(e);
+        let old = serde_json::to_value(cfg).map_err(|e| bad(format!("config: {e}")))?;
+        let mut merged = old.clone();
+        patch::merge(&mut merged, patch, "").map_err(bad)?;
+        let new: Config =
+            serde_json::from_value(merged).map_err(|e| bad(format!("config: {e}")))?;
+        new.validate().map_err(|e| bad(e.to_string()))?;
+        let new_value = serde_json::to_value(&new).map_err(|e| bad(format!("config: {e}")))?;
+        let changed = patch::changed_keys(&old, &new_value);
+        let restart: Vec<&str> = changed
+            .iter()
+            .map(String::as_str)
+            .filter(|k| !LIVE_KEYS.contains(k))
+            .collect();
+        if let Some(first) = restart.first() {
+            let verb = if restart.len() == 1 { "needs" } else { "need" };
+            return Err(AdminError::RestartRequired(format!(
+                "{} {verb} a restart ({})",
+                restart.join(", "),
+                restart_hint(first)
+            )));
+        }
+        let catalog = self.catalog.snapshot();
+        if let Some(name) = new
+            .catalog
+            .disabled
+            .iter()
+            .find(|n| catalog.find(n).is_none())
+        {
+            return Err(bad(format!(
+                "catalog.disabled: {name:?} is not a cached table"
+            )));
+        }
+        if changed.iter().any(|k| k == "log.level") && self.log_reload_missing() {
+            return Err(AdminError::RestartRequired(
+                "log.level needs a restart (this process has no live log filter)".into(),
+            ));
+        }
+        Ok((new, changed))
+    }
+
+    fn log_reload_missing(&self) -> bool {
+        self.log_reload
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    fn reload_log(&self, level: &str) -> Result<(), AdminError> {
+        let reload = self.log_reload.read().unwrap_or_else(|e| e.into_inner());
+        match reload.as_ref() {
+            Some(f) => f(level).map_err(|e| AdminError::BadRequest(format!("log.level: {e}"))),
+            None => Err(AdminError::RestartRequired(
+                "log.level needs a restart (this process has no live log filter)".into(),
+            )),
+        }
     }
 
     /// Installs the function that replaces the log filter (`log.level` then changes live).
@@ -364,12 +416,17 @@ impl Pgline {
         Ok(self.catalog.get(id).map(|t| (t, pk.into())))
     }
 
-    pub(crate) fn set_state(&self, id: u32, state: Option<TableState>) {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        match state {
-            Some(s) => states.insert(id, s),
-            None => states.remove(&id),
-        };
+    /// Whether `catalog.disabled` names table `t` (by any of the names `find` accepts).
+    fn is_disabled(&self, t: &TableInfo) -> bool {
+        let cfg = self.config_read();
+        if cfg.catalog.disabled.is_empty() {
+            return false;
+        }
+        let qualified = format!("{}.{}", t.schema, t.name);
+        cfg.catalog
+            .disabled
+            .iter()
+            .any(|n| *n == qualified || t.prefixes.iter().any(|p| p == n))
     }
 
     fn config_read(&self) -> std::sync::RwLockReadGuard<'_, Config> {
@@ -435,7 +492,7 @@ fn catalog_error(name: &str, e: CatalogError) -> AdminError {
             {
                 AdminError::BadRequest(format!("table name {name:?}: {}", db.message()))
             }
-            _ => AdminError::Origin(e.to_string()),
+            _ => AdminError::Origin(warm::origin_detail(&e)),
         },
     }
 }

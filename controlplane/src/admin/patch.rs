@@ -12,6 +12,8 @@
 use serde_json::{Map, Value};
 
 /// Settings that change at run time (see `config::Runtime` and `Pgline::patch_config`).
+/// `origin.query_timeout_ms` bounds each fill query from the next fill on; the pool's wait for
+/// a free connection keeps the start-up value (deadpool fixes it at build time).
 pub const LIVE_KEYS: &[&str] = &[
     "log.level",
     "replication.max_lag_ms",
@@ -20,6 +22,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "origin.fill_delay_ms",
     "origin.pool_size",
     "catalog.prefixes",
+    "catalog.disabled",
 ];
 
 /// Why some settings cannot change live, for the `RestartRequired` detail.
@@ -60,13 +63,22 @@ pub fn merge(base: &mut Value, patch: &Value, path: &str) -> Result<(), String> 
         match b.get_mut(k) {
             Some(slot) if slot.is_object() && v.is_object() => merge(slot, v, &sub)?,
             _ if v.is_null() => return Err(format!("{sub}: null is not a value")),
-            Some(_) if v.as_str() == Some(REDACTED) => {}
+            Some(slot) if is_redacted_echo(slot, v) => {}
             _ => {
                 b.insert(k.clone(), v.clone());
             }
         }
     }
     Ok(())
+}
+
+/// Whether `patch` is what [`redact`] made of `base` (a client sending back what it read).
+fn is_redacted_echo(base: &Value, patch: &Value) -> bool {
+    match (base.as_str(), patch.as_str()) {
+        (_, Some(REDACTED)) => true,
+        (Some(b), Some(p)) => b != p && redact_conn_string(b) == p,
+        _ => false,
+    }
 }
 
 /// `section.key` of every setting whose value differs between two serialized configs.
@@ -192,6 +204,14 @@ mod tests {
         assert!(merge(&mut base, &json!([1]), "").is_err());
         merge(&mut base, &json!({"b": {"z": REDACTED}}), "").unwrap();
         assert_eq!(base["b"]["z"], "s");
+        let mut base = json!({"o": {"url": "host=h password=pw"}});
+        merge(&mut base, &json!({"o": {"url": "host=h password=***"}}), "").unwrap();
+        assert_eq!(
+            base["o"]["url"], "host=h password=pw",
+            "a redacted echo keeps the secret"
+        );
+        merge(&mut base, &json!({"o": {"url": "host=h2"}}), "").unwrap();
+        assert_eq!(base["o"]["url"], "host=h2");
         // Unknown keys are added here and refused later by the config's deny_unknown_fields.
         merge(&mut base, &json!({"a": {"new": 1}}), "").unwrap();
         assert_eq!(base["a"]["new"], 1);

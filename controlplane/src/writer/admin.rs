@@ -7,8 +7,9 @@
 //! live lease installs (see the parent module), so a write during warming never leaves a stale
 //! entry.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use pgline_dataplane::row::SECTION_RESP_JSON;
 use pgline_dataplane::store::{EntryMeta, Lookup};
@@ -16,6 +17,7 @@ use tokio::sync::oneshot;
 
 use super::{bulk_payload, DumpedEntry, Fill, FillKey, Writer};
 use crate::catalog::TableInfo;
+use crate::config::CatalogConfig;
 
 /// Requests from the API and tests to the writer.
 pub enum AdminCmd {
@@ -31,11 +33,44 @@ pub enum AdminCmd {
     /// Stops caching a table: entries dropped, leases voided. `None` if it was not cached.
     RemoveTable(u32, oneshot::Sender<Option<u64>>),
     /// Fills these keys of a table through leases; answers once their fill has landed with the
-    /// number of entries installed, or the origin's error.
-    Warm(u32, Vec<Box<[u8]>>, oneshot::Sender<Result<u64, String>>),
-    /// New `catalog.prefixes`: prefixes re-derived, key space republished.
-    SetPrefixes(BTreeMap<String, String>),
+    /// keys whose lease a WAL change voided (not installed: worth another try), or the origin's
+    /// error.
+    Warm(
+        u32,
+        Vec<Box<[u8]>>,
+        oneshot::Sender<Result<Vec<Box<[u8]>>, String>>,
+    ),
+    /// New `catalog.prefixes` and `catalog.disabled` (its `tables` is ignored): prefixes
+    /// re-derived, newly disabled tables flushed, key space republished.
+    SetCatalog(CatalogConfig),
 }
+
+/// Entries per table, counted by the writer every [`COUNT_INTERVAL`] by walking the store, as
+/// long as the store holds at most [`COUNT_MAX_ENTRIES`] (a walk blocks the writer: about
+/// 10-20 ns per entry).
+#[derive(Debug, Default)]
+pub struct EntryCounts {
+    counts: Mutex<Option<HashMap<u32, u64>>>,
+}
+
+pub const COUNT_INTERVAL: Duration = Duration::from_secs(2);
+pub const COUNT_MAX_ENTRIES: u64 = 1_000_000;
+
+impl EntryCounts {
+    /// Entries of table `id` at the last count; `None` if the store is too big to count.
+    pub fn get(&self, id: u32) -> Option<u64> {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.as_ref().map(|c| c.get(&id).copied().unwrap_or(0))
+    }
+
+    fn set(&self, counts: Option<HashMap<u32, u64>>) {
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = counts;
+    }
+}
+
+/// The answer to a warming batch: the keys whose lease a WAL change voided, or the origin's
+/// error.
+pub type WarmDone = oneshot::Sender<Result<Vec<Box<[u8]>>, String>>;
 
 /// One key as the writer sees it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -86,12 +121,29 @@ impl Writer {
                 let _ = tx.send(self.remove_table(t));
             }
             AdminCmd::Warm(t, pks, tx) => self.warm(t, pks, tx),
-            AdminCmd::SetPrefixes(prefixes) => {
-                self.cfg.catalog.prefixes = prefixes;
+            AdminCmd::SetCatalog(cfg) => {
+                self.cfg.catalog.prefixes = cfg.prefixes;
+                self.cfg.catalog.disabled = cfg.disabled;
                 self.catalog.reassign_prefixes(&self.cfg.catalog);
                 self.publish_catalog();
             }
         }
+    }
+
+    /// Recounts entries per table if [`COUNT_INTERVAL`] has passed.
+    pub(super) fn count_entries(&mut self, now: Instant) {
+        if now.duration_since(self.counted_at) < COUNT_INTERVAL {
+            return;
+        }
+        self.counted_at = now;
+        if self.store.stats().entries > COUNT_MAX_ENTRIES {
+            self.entry_counts.set(None);
+            return;
+        }
+        let mut counts: HashMap<u32, u64> = HashMap::new();
+        self.store
+            .for_each_key(|t, _, _| *counts.entry(t).or_default() += 1);
+        self.entry_counts.set(Some(counts));
     }
 
     fn dump(&self) -> Vec<DumpedEntry> {
@@ -143,11 +195,15 @@ impl Writer {
     }
 
     /// Leases and fills the keys of one warming batch that are neither cached nor being filled.
-    fn warm(&mut self, t: u32, pks: Vec<Box<[u8]>>, tx: oneshot::Sender<Result<u64, String>>) {
+    fn warm(&mut self, t: u32, pks: Vec<Box<[u8]>>, tx: WarmDone) {
         let Some(table) = self.catalog.get(t).cloned() else {
             let _ = tx.send(Err("the table is no longer cached".into()));
             return;
         };
+        if self.disabled.contains(&t) {
+            let _ = tx.send(Err("the table is disabled (catalog.disabled)".into()));
+            return;
+        }
         let fid = self.next_id;
         self.next_id += 1;
         let mut keys = Vec::new();
@@ -165,7 +221,7 @@ impl Writer {
             });
         }
         if keys.is_empty() {
-            let _ = tx.send(Ok(0));
+            let _ = tx.send(Ok(Vec::new()));
             return;
         }
         self.fills.insert(

@@ -8,34 +8,39 @@
 //! warming never has more than one batch in flight. Progress goes to the table's
 //! [`TableState::Warming`]; the end to `Active`, an origin error to `Failed`.
 //!
+//! A key whose lease a concurrent write voided is filled again (up to `WARM_TRIES` times).
 //! Rows inserted after their place in key order was passed are not warmed (they fill on their
 //! first miss); rows deleted in between are cached as absent, which is what they are.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::admin::TableState;
+use crate::admin::{TableState, TableStates};
 use crate::catalog::{quote_ident, CatalogCell, TableInfo};
 use crate::config::Runtime;
 use crate::server::Pgline;
 use crate::writer::AdminCmd;
 
+/// Fills of one batch before its still-voided keys are left to their next miss.
+const WARM_TRIES: usize = 5;
+
 struct Warmer {
     id: u32,
+    epoch: u64,
     pool: deadpool_postgres::Pool,
     admin: mpsc::Sender<AdminCmd>,
-    states: Arc<Mutex<HashMap<u32, TableState>>>,
+    states: Arc<TableStates>,
     catalog: Arc<CatalogCell>,
     runtime: Arc<Runtime>,
     shutdown: watch::Receiver<bool>,
 }
 
-/// Starts warming table `id` in the background.
-pub(super) fn spawn(p: &Pgline, id: u32) {
+/// Starts warming table `id` in the background, as run `epoch` of its [`TableStates`].
+pub(super) fn spawn(p: &Pgline, id: u32, epoch: u64) {
     let w = Warmer {
         id,
+        epoch,
         pool: p.pool.clone(),
         admin: p.admin.clone(),
         states: p.states.clone(),
@@ -44,22 +49,14 @@ pub(super) fn spawn(p: &Pgline, id: u32) {
         shutdown: p.shutdown.subscribe(),
     };
     tokio::spawn(async move {
-        let outcome = w.run().await;
-        let mut states = w.states.lock().unwrap_or_else(|e| e.into_inner());
-        match outcome {
-            Ok(()) => {
-                states.remove(&w.id);
-            }
+        let state = match w.run().await {
+            Ok(()) => TableState::Active,
             Err(detail) => {
                 tracing::warn!(table = w.id, "warming stopped: {detail}");
-                // A removed table has no state to report.
-                if w.catalog.get(w.id).is_some() {
-                    states.insert(w.id, TableState::Failed { detail });
-                } else {
-                    states.remove(&w.id);
-                }
+                TableState::Failed { detail }
             }
-        }
+        };
+        w.states.update(w.id, w.epoch, state);
     });
 }
 
@@ -70,7 +67,7 @@ impl Warmer {
             .get(self.id)
             .ok_or("the table is no longer cached")?;
         let total = self.count(&table).await?;
-        self.progress(0, total);
+        self.progress(0, total)?;
         let mut done = 0u64;
         let mut after: Option<Vec<String>> = None;
         loop {
@@ -88,15 +85,9 @@ impl Warmer {
                 .map(|parts| parts.join(":").into_bytes().into_boxed_slice())
                 .collect();
             let n = pks.len();
-            let (tx, rx) = oneshot::channel();
-            self.admin
-                .send(AdminCmd::Warm(self.id, pks, tx))
-                .await
-                .map_err(|_| "pgline is shutting down".to_string())?;
-            rx.await
-                .map_err(|_| "pgline is shutting down".to_string())??;
+            self.fill(pks).await?;
             done += n as u64;
-            self.progress(done, total.max(done));
+            self.progress(done, total.max(done))?;
             if n < batch {
                 break;
             }
@@ -105,9 +96,33 @@ impl Warmer {
         Ok(())
     }
 
-    fn progress(&self, done: u64, total: u64) {
-        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.insert(self.id, TableState::Warming { done, total });
+    /// Fills one batch; keys whose lease a concurrent write voided are tried again (a few
+    /// times: a key written without pause is left to fill on its next miss).
+    async fn fill(&self, mut pks: Vec<Box<[u8]>>) -> Result<(), String> {
+        for _ in 0..WARM_TRIES {
+            if pks.is_empty() {
+                break;
+            }
+            let (tx, rx) = oneshot::channel();
+            self.admin
+                .send(AdminCmd::Warm(self.id, pks, tx))
+                .await
+                .map_err(|_| "pgline is shutting down".to_string())?;
+            pks = rx
+                .await
+                .map_err(|_| "pgline is shutting down".to_string())??;
+        }
+        Ok(())
+    }
+
+    /// Records progress; an error once this run was superseded (the table removed).
+    fn progress(&self, done: u64, total: u64) -> Result<(), String> {
+        let state = TableState::Warming { done, total };
+        if self.states.update(self.id, self.epoch, state) {
+            Ok(())
+        } else {
+            Err("superseded: the table was removed".into())
+        }
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Client, String> {
@@ -121,7 +136,7 @@ impl Warmer {
             .await?
             .query_one(&sql, &[])
             .await
-            .map_err(|e| format!("origin: {e}"))?;
+            .map_err(|e| origin_detail(&e))?;
         Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
     }
 
@@ -165,10 +180,18 @@ impl Warmer {
             .await?
             .query(&sql, &params)
             .await
-            .map_err(|e| format!("origin: {e}"))?;
+            .map_err(|e| origin_detail(&e))?;
         Ok(rows
             .iter()
             .map(|r| (0..cols.len()).map(|i| r.get::<_, String>(i)).collect())
             .collect())
+    }
+}
+
+/// An origin error with the server's message (tokio-postgres displays only "db error").
+pub(super) fn origin_detail(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("origin: {}: {}", db.code().code(), db.message()),
+        None => format!("origin: {e}"),
     }
 }

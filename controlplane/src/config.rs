@@ -398,7 +398,8 @@ pub struct ApiConfig {
     pub enabled: bool,
     pub listen: String,
     /// Bearer token for mutating calls (and reads unless `open_reads`). None or empty: mutating
-    /// calls answer 403.
+    /// calls answer 403. Left out of serialized output when unset (a patch cannot hold null).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// Let GETs through without the token.
     pub open_reads: bool,

@@ -82,7 +82,7 @@ fn main() -> std::process::ExitCode {
         print!("{}", toml::to_string(&cfg.redacted()).unwrap_or_default());
         return std::process::ExitCode::SUCCESS;
     }
-    init_logging(&cfg);
+    let log_reload = init_logging(&cfg);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("pgline-control")
@@ -104,6 +104,7 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::FAILURE;
             }
         };
+        pgline.set_log_reload(log_reload);
         let addr = pgline.local_addr();
         println!(
             "pgline is serving. Connect with: redis-cli -h {} -p {}",
@@ -124,15 +125,24 @@ fn main() -> std::process::ExitCode {
     })
 }
 
-fn init_logging(cfg: &Config) {
+/// Installs the log subscriber; returns the hook that makes `log.level` changeable at run time.
+fn init_logging(cfg: &Config) -> pgline_controlplane::server::LogReload {
+    use pgline_controlplane::admin::env_filter_reload;
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log.level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
     if cfg.log.json {
-        builder.json().init();
-    } else {
+        let builder = builder
+            .json()
+            .with_env_filter(filter)
+            .with_filter_reloading();
+        let reload = env_filter_reload(builder.reload_handle());
         builder.init();
+        reload
+    } else {
+        let builder = builder.with_env_filter(filter).with_filter_reloading();
+        let reload = env_filter_reload(builder.reload_handle());
+        builder.init();
+        reload
     }
 }

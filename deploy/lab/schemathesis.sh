@@ -91,6 +91,15 @@ curl -fsS "$API/v1/ready" >/dev/null || {
     exit 1
 }
 
+# The binary's own wiring: log.level changes live (the log reload hook is installed).
+code=$(curl -sS -o "$WORK/patch.json" -w '%{http_code}' -X PATCH "$API/v1/config" \
+    -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    -d '{"log": {"level": "debug"}}')
+if [ "$code" != 200 ]; then
+    echo "schemathesis.sh: FAIL: PATCH log.level answered $code: $(cat "$WORK/patch.json")" >&2
+    exit 1
+fi
+
 set +e
 cd "$WORK"   # schemathesis writes a .schemathesis/ folder into the working directory
 "$VENV/bin/schemathesis" run "$API/v1/openapi.json" \

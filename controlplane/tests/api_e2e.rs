@@ -192,9 +192,22 @@ async fn auth_and_error_shapes() {
     )
     .await;
     let api = Api::new(&p, Some(token));
-    let anon = api.with_token(None);
-    let wrong = api.with_token(Some("t0ken-auth-shapes-5f2c9b"));
 
+    check_open_and_auth(&api, token).await;
+    check_bad_bodies(&api, token).await;
+    check_routes_methods_and_names(&api).await;
+
+    // The token never shows: not in the config, not in the logs.
+    let c = api.get("/v1/config").await;
+    assert!(!c.text.contains(token), "GET /v1/config shows the token");
+    assert_eq!(c.expect(StatusCode::OK, None)["api"]["token"], "***");
+    assert_token_not_logged(token);
+    p.shutdown().await;
+}
+
+async fn check_open_and_auth(api: &Api, token: &str) {
+    let anon = api.with_token(None);
+    let wrong = api.with_token(Some(&format!("{token}x")));
     // Open without a token.
     let h = anon.get("/v1/health").await;
     assert_eq!(h.expect(StatusCode::OK, None), &json!({"status": "ok"}));
@@ -239,7 +252,9 @@ async fn auth_and_error_shapes() {
         .await
         .unwrap();
     assert_eq!(basic.status(), StatusCode::UNAUTHORIZED);
+}
 
+async fn check_bad_bodies(api: &Api, token: &str) {
     // Bad JSON, wrong shapes, wrong content type: 400/415 with our body, not axum's text.
     let bad = api
         .send(
@@ -304,7 +319,9 @@ async fn auth_and_error_shapes() {
     assert_eq!(streamed.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let body: Value = streamed.json().await.unwrap();
     assert_eq!(body["error"], "payload_too_large");
+}
 
+async fn check_routes_methods_and_names(api: &Api) {
     // Unknown routes and wrong methods.
     api.get("/v1/nope")
         .await
@@ -333,13 +350,6 @@ async fn auth_and_error_shapes() {
     api.send(Method::DELETE, "/v1/tables/no_such_table", None)
         .await
         .expect(StatusCode::NOT_FOUND, Some("not_found"));
-
-    // The token never shows: not in the config, not in the logs.
-    let c = api.get("/v1/config").await;
-    assert!(!c.text.contains(token), "GET /v1/config shows the token");
-    assert_eq!(c.expect(StatusCode::OK, None)["api"]["token"], "***");
-    assert_token_not_logged(token);
-    p.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,6 +441,22 @@ async fn status_config_tables_flush_keys() {
     let _: Option<String> = r.get("users:1").await.unwrap();
     let _: Option<String> = r.get("users:2").await.unwrap();
 
+    check_status(&api, &db).await;
+    check_config(&api).await;
+    check_tables(&api, &mut r).await;
+    check_keys_and_flush(&api, &mut r).await;
+    assert_token_not_logged(token);
+    p.shutdown().await;
+    // After shutdown the API is gone.
+    assert!(api
+        .http
+        .get(format!("{}/v1/health", api.base))
+        .send()
+        .await
+        .is_err());
+}
+
+async fn check_status(api: &Api, db: &TestDb) {
     // Status.
     let s = api.get("/v1/status").await;
     let s = s.expect(StatusCode::OK, None);
@@ -441,7 +467,7 @@ async fn status_config_tables_flush_keys() {
     assert_eq!(s["memory"]["budget_bytes"], 64u64 << 20);
     assert_eq!(s["memory"]["page_level"], "4KiB");
     assert!(s["store"]["entries"].as_u64().unwrap() >= 2, "{s}");
-    assert_eq!(s["replication"]["slot"], support::slot_name(&db));
+    assert_eq!(s["replication"]["slot"], support::slot_name(db));
     assert_eq!(s["replication"]["streaming"], true);
     let lsn = s["replication"]["applied_lsn"].as_str().unwrap();
     assert!(
@@ -453,7 +479,9 @@ async fn status_config_tables_flush_keys() {
     assert_eq!(s["origin_pool"]["max_size"], 4);
     api.get("/v1/queries").await;
     assert_eq!(api.get("/v1/queries").await.body, json!([]));
+}
 
+async fn check_config(api: &Api) {
     // Config: read, live change, restart-only change, bad keys.
     let c = api.get("/v1/config").await;
     assert_eq!(
@@ -489,7 +517,9 @@ async fn status_config_tables_flush_keys() {
         .await
         .expect(StatusCode::BAD_REQUEST, Some("bad_request"));
     assert_eq!(api.get("/v1/config").await.body["api"]["token"], "***");
+}
 
+async fn check_tables(api: &Api, r: &mut redis::aio::MultiplexedConnection) {
     // Tables: list, one, add (warm), conflicts, missing, no primary key, remove.
     let t = api.get("/v1/tables").await;
     let names: Vec<&str> = t
@@ -546,7 +576,9 @@ async fn status_config_tables_flush_keys() {
     api.get("/v1/tables/orders")
         .await
         .expect(StatusCode::NOT_FOUND, Some("not_found"));
+}
 
+async fn check_keys_and_flush(api: &Api, r: &mut redis::aio::MultiplexedConnection) {
     // Keys and flushes: one key, one table, everything.
     let k = api.get("/v1/keys/users:1").await;
     let k = k.expect(StatusCode::OK, None);
@@ -589,15 +621,6 @@ async fn status_config_tables_flush_keys() {
     assert!(f.expect(StatusCode::OK, None)["flushed"].as_u64().unwrap() >= 1);
     let s = api.get("/v1/status").await;
     assert_eq!(s.body["store"]["entries"], 0, "{}", s.text);
-    assert_token_not_logged(token);
-    p.shutdown().await;
-    // After shutdown the API is gone.
-    assert!(api
-        .http
-        .get(format!("{}/v1/health", api.base))
-        .send()
-        .await
-        .is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

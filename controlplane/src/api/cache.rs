@@ -38,7 +38,8 @@ pub struct Flushed {
         (status = 400, description = "Both table and key, a bad key, or a bad body", body = ErrorBody),
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "No token configured", body = ErrorBody),
-        (status = 404, description = "Not a cached table", body = ErrorBody),
+        (status = 404, description = "Not a cached table or key prefix", body = ErrorBody),
+        (status = 409, description = "pgline is shutting down", body = ErrorBody),
         (status = 413, description = "Body over api.max_body_bytes", body = ErrorBody),
     ))]
 pub async fn flush(
@@ -69,6 +70,7 @@ pub async fn flush(
         (status = 400, description = "Not a key pgline understands", body = ErrorBody),
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "No token configured", body = ErrorBody),
+        (status = 409, description = "pgline is shutting down", body = ErrorBody),
     ))]
 pub async fn key_info(
     Node(node): Node,

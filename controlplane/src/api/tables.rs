@@ -128,6 +128,7 @@ pub async fn add_table(
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "No token configured", body = ErrorBody),
         (status = 404, description = "Not a cached table", body = ErrorBody),
+        (status = 409, description = "Removed meanwhile, or pgline is shutting down", body = ErrorBody),
     ))]
 pub async fn remove_table(
     Node(node): Node,

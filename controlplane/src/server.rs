@@ -249,6 +249,22 @@ impl Pgline {
         self.local_addr
     }
 
+    /// Whether the origin answers `SELECT 1` on a pooled connection within `timeout` (the
+    /// readiness probe); the error says what failed.
+    pub async fn probe_origin(&self, timeout: Duration) -> Result<(), String> {
+        let probe = async {
+            let client = self.pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .simple_query("SELECT 1")
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(timeout, probe)
+            .await
+            .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
+    }
+
     /// The HTTP API's address; None with `api.enabled = false`.
     pub fn api_addr(&self) -> Option<SocketAddr> {
         self.api_addr

@@ -630,3 +630,45 @@ async fn api_can_be_disabled() {
     assert_eq!(p.api_addr(), None);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_fails_while_the_origin_refuses_connections() {
+    let db = TestDb::create("api_ready").await;
+    db.client().await.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let api = Api::new(&p, None);
+    api.get("/v1/ready").await.expect(StatusCode::OK, None);
+
+    let admin = common::admin_client().await;
+    let lock_out = format!(
+        "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}';",
+        db.name
+    );
+    admin.batch_execute(&lock_out).await.unwrap();
+    let r = api.get("/v1/ready").await;
+    let body = r.expect(StatusCode::SERVICE_UNAVAILABLE, None);
+    assert_eq!(body["ready"], false, "{body}");
+    assert_eq!(body["checks"]["origin"], false, "{body}");
+    assert_eq!(body["checks"]["cores"], true, "{body}");
+    let detail = body["detail"].to_string();
+    assert!(detail.contains("origin:"), "{detail}");
+
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let mut back = false;
+    for _ in 0..100 {
+        if api.get("/v1/ready").await.status == StatusCode::OK {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "never ready again after the origin came back");
+    p.shutdown().await;
+}

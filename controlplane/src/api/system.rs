@@ -32,7 +32,7 @@ pub async fn health() -> Json<Health> {
 /// The checks behind `GET /v1/ready`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 pub struct ReadyChecks {
-    /// The origin is reachable (the replication connection to it is open).
+    /// The origin answers `SELECT 1` within a second.
     pub origin: bool,
     /// The WAL stream is in streaming mode.
     pub replication: bool,
@@ -51,6 +51,9 @@ pub struct Ready {
     pub detail: Vec<String>,
 }
 
+/// How long readiness waits for the origin's answer.
+const ORIGIN_PROBE: Duration = Duration::from_secs(1);
+
 /// How long readiness waits to see every core turn its loop (an idle core turns every 100 ms).
 const CORE_PROBE: Duration = Duration::from_millis(300);
 
@@ -62,16 +65,16 @@ const CORE_PROBE: Duration = Duration::from_millis(300);
         (status = 503, description = "A check failed (see `detail`)", body = Ready),
     ))]
 pub async fn ready(Node(node): Node) -> Response {
-    let repl = &node.repl;
+    let (origin, cores) = tokio::join!(node.probe_origin(ORIGIN_PROBE), cores_turning(&node));
     let checks = ReadyChecks {
-        origin: repl.connected.load(Ordering::Acquire),
-        replication: repl.streaming.load(Ordering::Acquire),
+        origin: origin.is_ok(),
+        replication: node.repl.streaming.load(Ordering::Acquire),
         lag: node.shared.serve_hits.load(Ordering::Acquire),
-        cores: cores_turning(&node).await,
+        cores,
     };
     let mut detail = Vec::new();
-    if !checks.origin {
-        detail.push("origin: no connection to the origin (see the log for the error)".into());
+    if let Err(e) = origin {
+        detail.push(format!("origin: {e}"));
     }
     if !checks.replication {
         detail.push("replication: the WAL stream is not streaming".into());

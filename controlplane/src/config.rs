@@ -42,9 +42,14 @@ pub const SECTIONS: &[&str] = &[
     "replication",
     "catalog",
     "log",
+    "api",
 ];
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// Keys whose value is always a string when it comes from an environment variable, even if it
+/// happens to read as a TOML number or boolean (a token `12345678` stays a string).
+const STRING_KEYS: &[&str] = &["api.token", "resp.password"];
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub origin: OriginConfig,
@@ -54,6 +59,7 @@ pub struct Config {
     pub replication: ReplicationConfig,
     pub catalog: CatalogConfig,
     pub log: LogConfig,
+    pub api: ApiConfig,
 }
 
 pub const DEFAULT_ORIGIN_URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
@@ -62,7 +68,7 @@ pub const DEFAULT_FILL_BATCH: usize = 256;
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 3_000;
 pub const DEFAULT_QUERY_TIMEOUT_MS: u64 = 5_000;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OriginConfig {
     /// libpq-style `key=value` string or `postgres://` URL.
@@ -137,7 +143,7 @@ pub const SESSION_OPTIONS: &str =
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:6380";
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RespConfig {
     pub listen: String,
@@ -212,11 +218,13 @@ impl RespConfig {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreSection {
     /// Total memory of the store (index + entries), e.g. `"256MiB"` or a number of bytes.
+    #[schema(value_type = u64)]
     pub memory: ByteSize,
+    #[schema(value_type = u64)]
     pub segment: ByteSize,
     /// Largest page size to try: `1GiB`, `2MiB`, `THP` or `4KiB`.
     pub max_page: String,
@@ -298,7 +306,7 @@ pub const DEFAULT_SLOT: &str = "pgline";
 pub const DEFAULT_PUBLICATION: &str = "pgline";
 pub const DEFAULT_MAX_LAG_MS: u64 = 10_000;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicationConfig {
     pub slot: String,
@@ -352,7 +360,7 @@ impl ReplicationConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CatalogConfig {
     /// Tables to cache (`name` or `schema.name`); empty: every table with a primary key.
@@ -364,7 +372,7 @@ pub struct CatalogConfig {
     pub disabled: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// A `tracing` filter, e.g. `info` or `pgline=debug`.
@@ -378,6 +386,80 @@ impl Default for LogConfig {
             level: "info".into(),
             json: false,
         }
+    }
+}
+
+pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:6381";
+pub const DEFAULT_API_MAX_BODY_BYTES: usize = 64 * 1024;
+/// What every output shows instead of a secret.
+pub const REDACTED: &str = "***";
+
+/// The HTTP management API (`controlplane/src/api`).
+///
+/// `Debug` is written by hand so that the token never reaches a log line.
+#[derive(Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    pub enabled: bool,
+    pub listen: String,
+    /// Bearer token for mutating calls (and reads unless `open_reads`). None or empty: mutating
+    /// calls answer 403. Left out of serialized output when unset (a patch cannot hold null).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Let GETs through without the token.
+    pub open_reads: bool,
+    /// Largest request body accepted; larger ones answer 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            enabled: true,
+            listen: DEFAULT_API_LISTEN.into(),
+            token: None,
+            open_reads: false,
+            max_body_bytes: DEFAULT_API_MAX_BODY_BYTES,
+        }
+    }
+}
+
+impl std::fmt::Debug for ApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiConfig")
+            .field("enabled", &self.enabled)
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| REDACTED))
+            .field("open_reads", &self.open_reads)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish()
+    }
+}
+
+impl ApiConfig {
+    /// The configured token; an empty string counts as none.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref().filter(|t| !t.is_empty())
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Invalid {
+                key: "api.listen",
+                reason: format!("{:?} is not an ip:port address ({e})", self.listen),
+            })?;
+        check(
+            self.token()
+                .is_none_or(|t| t.bytes().all(|b| b.is_ascii_graphic())),
+            "api.token",
+            "must be printable ASCII without spaces (it travels in an HTTP header)",
+        )?;
+        check(
+            (1024..=16 << 20).contains(&self.max_body_bytes),
+            "api.max_body_bytes",
+            "must be 1024..=16777216",
+        )
     }
 }
 
@@ -421,12 +503,12 @@ impl Config {
             if !SECTIONS.contains(&section.as_str()) {
                 continue;
             }
-            set_path(
-                &mut table,
-                &format!("{section}.{}", key.to_ascii_lowercase()),
-                &value,
-                &name,
-            )?;
+            let path = format!("{section}.{}", key.to_ascii_lowercase());
+            if STRING_KEYS.contains(&path.as_str()) {
+                set_string(&mut table, &path, &value, &name)?;
+            } else {
+                set_path(&mut table, &path, &value, &name)?;
+            }
         }
         for o in overrides {
             let (key, value) = o.split_once('=').ok_or_else(|| {
@@ -446,6 +528,7 @@ impl Config {
         self.resp.validate()?;
         self.nic.validate()?;
         self.replication.validate()?;
+        self.api.validate()?;
         self.store.page_level()?;
         self.store().validate().map_err(|e| ConfigError::Invalid {
             key: "store",
@@ -459,6 +542,19 @@ impl Config {
             )?;
         }
         Ok(())
+    }
+
+    /// A copy fit for output (API, `pgline config`, logs): secrets replaced by [`REDACTED`].
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        c.origin.url = crate::admin::patch::redact_conn_string(&c.origin.url);
+        if c.api.token.is_some() {
+            c.api.token = Some(REDACTED.into());
+        }
+        if !c.resp.password.is_empty() {
+            c.resp.password = REDACTED.into();
+        }
+        c
     }
 
     pub fn store(&self) -> StoreConfig {
@@ -492,6 +588,17 @@ impl Config {
             limits,
         }
     }
+}
+
+/// Sets `section.key` in `table` to `raw` taken literally as a string.
+fn set_string(
+    table: &mut toml::Table,
+    path: &str,
+    raw: &str,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let quoted = toml::Value::String(raw.to_string()).to_string();
+    set_path(table, path, &quoted, origin)
 }
 
 /// Settings that change at run time without a restart, as atomics read where they are used
@@ -626,6 +733,33 @@ mod tests {
         assert!(err.to_string().contains("store.max_page"), "{err}");
         let err = load("[replication]\nslot = \"Bad-Slot\"\n", &[], &[]).unwrap_err();
         assert!(err.to_string().contains("replication.slot"), "{err}");
+    }
+
+    #[test]
+    fn api_token_from_env_is_literal_and_never_printed() {
+        let cfg = load(
+            "[api]\nopen_reads = true\n",
+            &[
+                ("PGLINE_API_TOKEN", "12345678"),
+                ("PGLINE_RESP_PASSWORD", "true"),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(cfg.api.token(), Some("12345678"));
+        assert_eq!(cfg.resp.password, "true");
+        assert!(cfg.api.open_reads);
+        assert!(!format!("{cfg:?}").contains("12345678"));
+        let shown = cfg.redacted();
+        assert_eq!(shown.api.token.as_deref(), Some(REDACTED));
+        assert_eq!(shown.resp.password, REDACTED);
+        assert!(!toml::to_string(&shown).unwrap().contains("12345678"));
+        let err = load("[api]\nlisten = \"nowhere\"\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("api.listen"), "{err}");
+        let err = load("[api]\nmax_body_bytes = 10\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("api.max_body_bytes"), "{err}");
+        let empty = load("", &[("PGLINE_API_TOKEN", "")], &[]).unwrap();
+        assert_eq!(empty.api.token(), None);
     }
 
     #[test]

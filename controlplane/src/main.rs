@@ -91,7 +91,7 @@ fn main() -> ExitCode {
 fn config_show(args: &ServeArgs) -> ExitCode {
     match args.load() {
         Ok(cfg) => {
-            print!("{}", toml::to_string(&cfg).unwrap_or_default());
+            print!("{}", toml::to_string(&cfg.redacted()).unwrap_or_default());
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -109,7 +109,7 @@ fn serve(cfg: Config) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    init_logging(&cfg);
+    let log_reload = init_logging(&cfg);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("pgline-control")
@@ -131,6 +131,7 @@ fn serve(cfg: Config) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        pgline.set_log_reload(log_reload);
         let addr = pgline.local_addr();
         println!(
             "pgline is serving. Connect with: redis-cli -h {} -p {}",
@@ -141,6 +142,9 @@ fn serve(cfg: Config) -> ExitCode {
             "  e.g. redis-cli -p {} GET <table>:<primary key>",
             addr.port()
         );
+        if let Some(api) = pgline.api_addr() {
+            println!("  HTTP API: http://{api}/v1/status (GET /v1/openapi.json describes it)");
+        }
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down");
         pgline.shutdown().await;
@@ -148,15 +152,24 @@ fn serve(cfg: Config) -> ExitCode {
     })
 }
 
-fn init_logging(cfg: &Config) {
+/// Installs the log subscriber; returns the hook that makes `log.level` changeable at run time.
+fn init_logging(cfg: &Config) -> pgline_controlplane::server::LogReload {
+    use pgline_controlplane::admin::env_filter_reload;
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log.level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
     if cfg.log.json {
-        builder.json().init();
-    } else {
+        let builder = builder
+            .json()
+            .with_env_filter(filter)
+            .with_filter_reloading();
+        let reload = env_filter_reload(builder.reload_handle());
         builder.init();
+        reload
+    } else {
+        let builder = builder.with_env_filter(filter).with_filter_reloading();
+        let reload = env_filter_reload(builder.reload_handle());
+        builder.init();
+        reload
     }
 }

@@ -37,6 +37,11 @@ pub enum StartError {
     Catalog(#[from] CatalogError),
     #[error("store: {0}")]
     Store(String),
+    #[error("cannot listen on {addr} (api.listen): {source}")]
+    ApiListen {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -55,7 +60,7 @@ impl Wake for NotifyWake {
 /// Replaces the process's log filter (installed by whoever set up `tracing`).
 pub type LogReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
-/// A running pgline.
+/// A running pgline, shared (`Arc`) between its owner and the HTTP API.
 pub struct Pgline {
     pub shared: Arc<Shared>,
     pub repl: Arc<ReplicationState>,
@@ -84,11 +89,12 @@ pub struct Pgline {
     started_at: Instant,
     /// `nic.mode = "mem"`: the far end of each core's in-memory port.
     mem_ports: Mutex<Vec<MemQueue>>,
+    api_addr: Option<SocketAddr>,
 }
 
 impl Pgline {
-    /// Starts everything; returns once the RESP listeners are bound.
-    pub async fn start(cfg: Config) -> Result<Pgline, StartError> {
+    /// Starts everything; returns once the RESP listeners and the API listener are bound.
+    pub async fn start(cfg: Config) -> Result<Arc<Pgline>, StartError> {
         check_transport(&cfg)?;
         let pg = cfg.origin.pg_config()?;
         let mgr = deadpool_postgres::Manager::from_config(
@@ -191,7 +197,20 @@ impl Pgline {
         let (engine, mem_ports) = start_engine(&cfg, shared.clone())?;
         let local_addr = engine.local_addr();
         tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
-        Ok(Pgline {
+        let api_listener = if cfg.api.enabled {
+            let l = crate::api::bind(&cfg.api)
+                .await
+                .map_err(|source| StartError::ApiListen {
+                    addr: cfg.api.listen.clone(),
+                    source,
+                })?;
+            Some(l)
+        } else {
+            None
+        };
+        let api_addr = api_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let api_cfg = cfg.api.clone();
+        let pgline = Arc::new(Pgline {
             shared,
             repl,
             catalog: catalog_cell,
@@ -210,7 +229,24 @@ impl Pgline {
             local_addr,
             started_at: Instant::now(),
             mem_ports: Mutex::new(mem_ports),
-        })
+            api_addr,
+        });
+        if let Some(listener) = api_listener {
+            tracing::info!(
+                addr = ?api_addr,
+                token = api_cfg.token().is_some(),
+                open_reads = api_cfg.open_reads,
+                "HTTP API listening"
+            );
+            let task = tokio::spawn(crate::api::serve(
+                listener,
+                Arc::downgrade(&pgline),
+                api_cfg,
+                pgline.shutdown.subscribe(),
+            ));
+            pgline.lock_tasks().push(task);
+        }
+        Ok(pgline)
     }
 
     /// `nic.mode = "mem"`: the far ends of the cores' in-memory ports (core `i`'s at `i`), for a
@@ -221,6 +257,31 @@ impl Pgline {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Whether the origin answers `SELECT 1` on a pooled connection within `timeout` (the
+    /// readiness probe); the error says what failed.
+    pub async fn probe_origin(&self, timeout: Duration) -> Result<(), String> {
+        let probe = async {
+            let client = self.pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .simple_query("SELECT 1")
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(timeout, probe)
+            .await
+            .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
+    }
+
+    /// The HTTP API's address; None with `api.enabled = false`.
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api_addr
+    }
+
+    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Time since [`Pgline::start`] returned.
@@ -270,21 +331,17 @@ impl Pgline {
         rx.await.unwrap_or_default()
     }
 
-    /// Stops the cores and the control-plane tasks (warming included). Idempotent.
+    /// Stops the cores and the control-plane tasks (the API among them). A second call, or one
+    /// racing the first, finds nothing left to stop.
     pub async fn shutdown(&self) {
-        let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(engine) = engine {
             tokio::task::spawn_blocking(move || engine.stop())
                 .await
                 .ok();
         }
         let _ = self.shutdown.send(true);
-        let tasks: Vec<_> = self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect();
+        let tasks: Vec<_> = self.lock_tasks().drain(..).collect();
         for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }

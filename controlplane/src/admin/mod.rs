@@ -70,7 +70,7 @@ pub enum AdminError {
 }
 
 /// One cached table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct TableStatus {
     /// `schema.table`.
     pub name: String,
@@ -90,7 +90,7 @@ pub struct TableStatus {
 }
 
 /// A table's life cycle after it was added.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum TableState {
     Active,
@@ -164,7 +164,7 @@ impl TableStates {
 }
 
 /// What the cache knows about one key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct KeyInfo {
     pub key: String,
     /// `schema.table` of the table its prefix names.

@@ -26,7 +26,7 @@ pub const DEFAULT_RX_BURST: usize = 32;
 const REJECT_SLACK: usize = 16;
 
 /// Which transport carries client connections.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum NicMode {
     #[default]
@@ -57,7 +57,7 @@ impl std::fmt::Display for NicMode {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NicConfig {
     pub mode: NicMode,
@@ -71,7 +71,9 @@ pub struct NicConfig {
     /// TCP maximum segment size announced and used.
     pub mss: u16,
     /// TCP receive and send buffer per connection.
+    #[schema(value_type = u64)]
     pub rx_buffer: ByteSize,
+    #[schema(value_type = u64)]
     pub tx_buffer: ByteSize,
     /// Frames received per burst.
     pub rx_burst: usize,

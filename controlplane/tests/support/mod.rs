@@ -19,6 +19,7 @@ pub fn config(db: &TestDb, cores: usize) -> Config {
         format!("origin.url={}", toml_str(&url)),
         format!("replication.slot={}", toml_str(&slot_name(db))),
         "resp.listen=\"127.0.0.1:0\"".to_string(),
+        "api.listen=\"127.0.0.1:0\"".to_string(),
         format!("resp.cores={cores}"),
         "resp.spin_polls=50".to_string(),
         "store.memory=\"64MiB\"".to_string(),
@@ -40,7 +41,7 @@ fn toml_str(s: &str) -> String {
 }
 
 /// Starts pgline and waits until it serves hits (replication streaming).
-pub async fn start(cfg: Config) -> Pgline {
+pub async fn start(cfg: Config) -> std::sync::Arc<Pgline> {
     let p = Pgline::start(cfg).await.expect("pgline starts");
     assert!(
         p.wait_serving(Duration::from_secs(20)).await,

@@ -1,0 +1,163 @@
+//! Liveness, readiness, the OpenAPI document and the query-cache statistics.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::error::{ApiError, ErrorBody};
+use super::{Node, St};
+use crate::server::Pgline;
+
+/// `GET /v1/health`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    #[schema(example = "ok")]
+    pub status: String,
+}
+
+/// Liveness: the control plane answers. Never needs the token.
+#[utoipa::path(get, path = "/v1/health", tag = "system", security(()),
+    responses((status = 200, description = "The control plane runs", body = Health)))]
+pub async fn health() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+/// The checks behind `GET /v1/ready`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+pub struct ReadyChecks {
+    /// The origin answers `SELECT 1` within a second.
+    pub origin: bool,
+    /// The WAL stream is in streaming mode.
+    pub replication: bool,
+    /// Replication lag is under `replication.max_lag_ms`, so hits are served.
+    pub lag: bool,
+    /// Every dataplane core is turning its loop.
+    pub cores: bool,
+}
+
+/// `GET /v1/ready`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Ready {
+    pub ready: bool,
+    pub checks: ReadyChecks,
+    /// One line per failed check.
+    pub detail: Vec<String>,
+}
+
+/// How long readiness waits for the origin's answer.
+const ORIGIN_PROBE: Duration = Duration::from_secs(1);
+
+/// How long readiness waits to see every core turn its loop (an idle core turns every 100 ms).
+const CORE_PROBE: Duration = Duration::from_millis(300);
+
+/// Readiness: origin reachable, replication streaming, lag under the bound, cores running.
+/// 503 with the same body when a check fails. Never needs the token.
+#[utoipa::path(get, path = "/v1/ready", tag = "system", security(()),
+    responses(
+        (status = 200, description = "Ready to serve hits", body = Ready),
+        (status = 503, description = "A check failed (see `detail`)", body = Ready),
+    ))]
+pub async fn ready(Node(node): Node) -> Response {
+    let (origin, cores) = tokio::join!(node.probe_origin(ORIGIN_PROBE), cores_turning(&node));
+    let checks = ReadyChecks {
+        origin: origin.is_ok(),
+        replication: node.repl.streaming.load(Ordering::Acquire),
+        lag: node.shared.serve_hits.load(Ordering::Acquire),
+        cores,
+    };
+    let mut detail = Vec::new();
+    if let Err(e) = origin {
+        detail.push(format!("origin: {e}"));
+    }
+    if !checks.replication {
+        detail.push("replication: the WAL stream is not streaming".into());
+    }
+    if !checks.lag {
+        let lag_ms = node.shared.replication.lag_ms.load(Ordering::Acquire);
+        detail.push(format!(
+            "lag: hits are off (lag {lag_ms} ms over replication.max_lag_ms, or the stream is down)"
+        ));
+    }
+    if !checks.cores {
+        detail.push("cores: a dataplane core has stopped turning its loop".into());
+    }
+    let body = Ready {
+        ready: detail.is_empty(),
+        checks,
+        detail,
+    };
+    let status = if body.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// Whether every core's poll counter moves within [`CORE_PROBE`].
+async fn cores_turning(node: &Pgline) -> bool {
+    let polls = |i: usize| node.shared.stats[i].polls.load(Ordering::Relaxed);
+    let before: Vec<u64> = (0..node.shared.cores()).map(polls).collect();
+    let until = Instant::now() + CORE_PROBE;
+    loop {
+        if before.iter().enumerate().all(|(i, b)| polls(i) != *b) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// This document: OpenAPI 3.1, generated from the handlers. Never needs the token.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "system", security(()),
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
+pub async fn openapi_json(state: St) -> Response {
+    match state.openapi.get() {
+        Some(doc) => ([(header::CONTENT_TYPE, "application/json")], doc.clone()).into_response(),
+        None => ApiError::unavailable("the document is not built yet").into_response(),
+    }
+}
+
+/// Per-query statistics of the query-result cache.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct QueryStats {
+    /// Normalized query text.
+    pub query: String,
+    pub hits: u64,
+    pub misses: u64,
+    pub invalidations: u64,
+    pub entries: u64,
+}
+
+/// The query-result cache's per-query statistics. Empty until the pgwire front exists.
+#[utoipa::path(get, path = "/v1/queries", tag = "cache", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Per-query statistics", body = [QueryStats]),
+        (status = 401, description = "Missing or wrong token", body = ErrorBody),
+        (status = 403, description = "No token configured", body = ErrorBody),
+    ))]
+pub async fn queries() -> Json<Vec<QueryStats>> {
+    Json(Vec::new())
+}
+
+/// `GET /metrics`: the Prometheus/OpenMetrics exposition (`docs/operations.md` lists every
+/// family). Outside `/v1` and the OpenAPI document; a read, so it follows `api.open_reads`.
+pub async fn metrics(Node(node): Node) -> Response {
+    let body = crate::metrics::render(&crate::metrics::MetricsSnapshot {
+        shared: &node.shared,
+        repl: &node.repl,
+        store: node.store_stats(),
+        pool: node.pool_status(),
+        now_us: crate::wal::conn::unix_now_us(),
+    });
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
+}

@@ -44,6 +44,8 @@ mod startup;
 #[cfg(test)]
 mod client_tests;
 #[cfg(test)]
+mod origin_tests;
+#[cfg(test)]
 mod proptests;
 
 pub use backend::{

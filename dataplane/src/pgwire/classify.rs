@@ -136,6 +136,8 @@ pub enum PassReason {
     UnknownTable(String),
     /// A SELECT that reads no table.
     NoTable,
+    /// A CTE named like a cached table: which one a nested reference means is not tracked.
+    ShadowedTable(String),
 }
 
 /// The result of classifying one statement text.
@@ -219,6 +221,13 @@ use predicates::{equalities, lowercase_identifiers, normalize, point_lookup, top
 
 /// Resolves the relations the checker saw (minus CTE names) against the catalog.
 fn known_tables(check: &Checker, catalog: &dyn Catalog) -> Result<Vec<TableRef>, PassReason> {
+    if let Some(cte) = check
+        .ctes
+        .iter()
+        .find(|c| catalog.primary_key(None, c).is_some())
+    {
+        return Err(PassReason::ShadowedTable(cte.clone()));
+    }
     let mut tables = Vec::new();
     for name in &check.relations {
         let t = table_ref(name).ok_or_else(|| PassReason::UnknownTable(name.to_string()))?;

@@ -147,6 +147,11 @@ const TABLE: &[(&str, &str)] = &[
     ("SELECT * FROM pg_catalog.pg_class", "pass UnknownTable(\"pg_catalog.pg_class\")"),
     ("SELECT * FROM other.users WHERE id = 1", "pass UnknownTable(\"other.users\")"),
     ("SELECT 1", "pass NoTable"),
+    ("WITH users AS (SELECT * FROM orders) SELECT * FROM users", "pass ShadowedTable(\"users\")"),
+    ("SELECT * FROM orders TABLESAMPLE SYSTEM (10)", "pass Volatile(\"tablesample\")"),
+    ("SELECT * FROM orders WHERE id = $1 FOR UPDATE SKIP LOCKED", "pass Locking"),
+    // sqlparser does not know FOR KEY SHARE: still passed through, as unparsed
+    ("SELECT * FROM users WHERE id = $1 FOR KEY SHARE", "pass Unparsed"),
     ("SELECT * FROM generate_series(1, 10)", "pass UnknownTable(\"generate_series\")"),
     // writes, DDL, transactions, session state, utilities
     ("INSERT INTO users (id, name) VALUES (1, 'a')", "pass Write"),

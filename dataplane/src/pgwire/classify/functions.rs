@@ -4,7 +4,9 @@
 //! client parameter number.
 
 use super::PassReason;
-use sqlparser::ast::{Expr, ObjectName, ObjectNamePart, Query, Select, SetExpr, Value, Visitor};
+use sqlparser::ast::{
+    Expr, ObjectName, ObjectNamePart, Query, Select, SetExpr, TableFactor, Value, Visitor,
+};
 use std::ops::ControlFlow;
 
 /// Functions known to be volatile, or whose value depends on the session or the moment.
@@ -277,6 +279,18 @@ impl Visitor for Checker {
             return ControlFlow::Break(PassReason::SelectInto);
         }
         ControlFlow::Continue(())
+    }
+
+    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<PassReason> {
+        match factor {
+            TableFactor::Table {
+                sample: Some(_), ..
+            }
+            | TableFactor::Derived {
+                sample: Some(_), ..
+            } => ControlFlow::Break(PassReason::Volatile("tablesample".to_owned())),
+            _ => ControlFlow::Continue(()),
+        }
     }
 
     fn pre_visit_relation(&mut self, relation: &ObjectName) -> ControlFlow<PassReason> {

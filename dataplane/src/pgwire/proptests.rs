@@ -128,3 +128,83 @@ proptest! {
         }
     }
 }
+
+fn decode_backend(bytes: &[u8]) -> postgres_protocol::message::backend::Message {
+    let mut buf = BytesMut::from(bytes);
+    let msg = postgres_protocol::message::backend::Message::parse(&mut buf)
+        .expect("well-formed")
+        .expect("complete");
+    assert!(buf.is_empty(), "{} bytes left over", buf.len());
+    msg
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn bind_values_round_trip(
+        params in prop::collection::vec(prop::option::of(prop::collection::vec(any::<u8>(), 0..30)), 0..10),
+        binary in any::<bool>(),
+    ) {
+        let mut b = BytesMut::new();
+        fe::bind("", "st", [i16::from(binary)], params.iter().map(|p| p.as_deref()), |v, buf| match v {
+            Some(v) => {
+                buf.extend_from_slice(v);
+                Ok(postgres_protocol::IsNull::No)
+            }
+            None => Ok(postgres_protocol::IsNull::Yes),
+        }, [], &mut b)
+        .map_err(|_| ())
+        .expect("encode");
+        let (Frontend::Bind(bind), n) = parse_frontend(&b, &Limits::default()).expect("valid") else {
+            panic!("not a bind")
+        };
+        prop_assert_eq!(n, b.len());
+        let got: Vec<Option<Vec<u8>>> = bind.params().map(|p| p.map(<[u8]>::to_vec)).collect();
+        prop_assert_eq!(got, params);
+        let want = if binary { Format::Binary } else { Format::Text };
+        prop_assert!((0..bind.param_count()).all(|i| bind.param_format(i) == want));
+    }
+
+    #[test]
+    fn data_rows_decode_to_their_values(
+        values in prop::collection::vec(prop::option::of(prop::collection::vec(any::<u8>(), 0..30)), 0..12),
+    ) {
+        use fallible_iterator::FallibleIterator;
+        let refs: Vec<Option<&[u8]>> = values.iter().map(|v| v.as_deref()).collect();
+        let mut out = Vec::new();
+        compose_data_row(&mut out, &refs);
+        let postgres_protocol::message::backend::Message::DataRow(row) = decode_backend(&out) else {
+            panic!("not a data row")
+        };
+        let got: Vec<Option<Vec<u8>>> = row
+            .ranges()
+            .map(|r| Ok(r.map(|r| row.buffer()[r].to_vec())))
+            .collect()
+            .expect("ranges");
+        prop_assert_eq!(got, values);
+    }
+
+    #[test]
+    fn error_fields_decode_whatever_the_text(
+        message in prop::collection::vec(any::<u8>(), 0..60),
+        detail in prop::option::of(prop::collection::vec(any::<u8>(), 0..20)),
+    ) {
+        use fallible_iterator::FallibleIterator;
+        let e = ErrorFields { detail: detail.as_deref(), ..ErrorFields::error(b"XX000", &message) };
+        let mut out = Vec::new();
+        compose_error_response(&mut out, &e);
+        let postgres_protocol::message::backend::Message::ErrorResponse(body) = decode_backend(&out) else {
+            panic!("not an error")
+        };
+        let mut fields = body.fields();
+        let mut got_message = None;
+        while let Some(f) = fields.next().expect("field") {
+            if f.type_() == b'M' {
+                got_message = Some(f.value_bytes().to_vec());
+            }
+        }
+        let want: Vec<u8> = message.iter().copied().filter(|&b| b != 0).collect();
+        prop_assert_eq!(got_message, Some(want));
+    }
+}

@@ -11,9 +11,14 @@
 //! Limitations: no mock exchange for unknown users (PostgreSQL runs a fake SCRAM exchange so
 //! that probing cannot tell unknown users from wrong passwords; the caller should do the same
 //! with a verifier from random bytes); no password expiry (`rolvaliduntil`).
+//!
+//! [`AuthExchange`] ties the pieces into the startup state machine a connection runs:
+//! `start` composes the first request, `process_password` takes each `p` message body and
+//! composes the next reply, until [`AuthStep::Ok`] or [`AuthStep::Failed`].
 
 use super::backend::{compose_error_response, ErrorFields};
-use super::scram::ScramVerifier;
+use super::frontend::{parse_password_message, parse_sasl_initial_response};
+use super::scram::{ScramError, ScramServer, ScramVerifier, DEFAULT_ITERATIONS, MECHANISM};
 use super::sqlstate;
 use md5::{Digest, Md5};
 
@@ -159,6 +164,172 @@ pub fn compose_auth_failed(out: &mut Vec<u8>, user: &[u8]) {
     compose_error_response(out, &ErrorFields::fatal(sqlstate::INVALID_PASSWORD, &msg));
 }
 
+/// Random bytes an exchange needs, drawn by the caller (the codec reads no entropy source).
+#[derive(Clone, Copy, Debug)]
+pub struct AuthRandom {
+    /// The md5 salt.
+    pub md5_salt: [u8; 4],
+    /// The SCRAM server nonce; also the salt when a verifier is derived from a plain password.
+    pub nonce: [u8; 18],
+}
+
+/// Where an exchange stands after a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthStep {
+    /// A request was composed; wait for the client's next `p` message.
+    Continue,
+    /// AuthenticationOk was composed; send ParameterStatus, BackendKeyData, ReadyForQuery.
+    Ok,
+    /// A FATAL ErrorResponse was composed; close the connection after sending it.
+    Failed(AuthFailure),
+}
+
+/// Why authentication failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// Wrong password (28P01).
+    WrongPassword,
+    /// A malformed or unexpected password message (08P01).
+    Protocol,
+    /// The client wants a SCRAM feature pgline does not offer (channel binding), 28000.
+    Unsupported,
+    /// The secret cannot run the method (an md5 hash under SCRAM), 28P01 as PostgreSQL.
+    NoUsableSecret,
+}
+
+enum ExchangeState {
+    Md5 { salt: [u8; 4] },
+    ScramFirst(ScramServer),
+    ScramFinal(ScramServer),
+    Done,
+}
+
+/// One connection's authentication, from the first request to AuthenticationOk or FATAL.
+pub struct AuthExchange {
+    user: Vec<u8>,
+    secret: Secret,
+    state: ExchangeState,
+}
+
+impl AuthExchange {
+    /// Starts authenticating `user` with `method` against `secret`; composes the first
+    /// request (or AuthenticationOk for trust) into `out`.
+    pub fn start(
+        method: AuthMethod,
+        user: &[u8],
+        secret: Secret,
+        random: AuthRandom,
+        out: &mut Vec<u8>,
+    ) -> (Self, AuthStep) {
+        let mut ex = AuthExchange {
+            user: user.to_vec(),
+            secret,
+            state: ExchangeState::Done,
+        };
+        let step = match effective_method(method, &ex.secret) {
+            AuthMethod::Trust => {
+                super::backend::compose_auth_ok(out);
+                AuthStep::Ok
+            }
+            AuthMethod::Md5 => {
+                super::backend::compose_auth_md5(out, random.md5_salt);
+                ex.state = ExchangeState::Md5 {
+                    salt: random.md5_salt,
+                };
+                AuthStep::Continue
+            }
+            AuthMethod::ScramSha256 => {
+                match ex
+                    .secret
+                    .scram_verifier(&random.nonce[..16], DEFAULT_ITERATIONS)
+                {
+                    Some(v) => {
+                        super::backend::compose_auth_sasl(out, &[MECHANISM]);
+                        ex.state = ExchangeState::ScramFirst(ScramServer::new(v, &random.nonce));
+                        AuthStep::Continue
+                    }
+                    None => ex.fail(AuthFailure::NoUsableSecret, out),
+                }
+            }
+        };
+        (ex, step)
+    }
+
+    /// Takes the body of the client's `p` message and composes the next reply.
+    pub fn process_password(&mut self, body: &[u8], out: &mut Vec<u8>) -> AuthStep {
+        match std::mem::replace(&mut self.state, ExchangeState::Done) {
+            ExchangeState::Md5 { salt } => match parse_password_message(body) {
+                Ok(pw) if check_md5_response(&self.secret, &self.user, salt, pw) => {
+                    super::backend::compose_auth_ok(out);
+                    AuthStep::Ok
+                }
+                Ok(_) => self.fail(AuthFailure::WrongPassword, out),
+                Err(_) => self.fail(AuthFailure::Protocol, out),
+            },
+            ExchangeState::ScramFirst(mut scram) => {
+                let first = parse_sasl_initial_response(body)
+                    .ok()
+                    .filter(|r| r.mechanism == MECHANISM)
+                    .and_then(|r| r.data);
+                let Some(first) = first else {
+                    return self.fail(AuthFailure::Protocol, out);
+                };
+                match scram.process_client_first(first) {
+                    Ok(reply) => {
+                        super::backend::compose_auth_sasl_continue(out, &reply);
+                        self.state = ExchangeState::ScramFinal(scram);
+                        AuthStep::Continue
+                    }
+                    Err(e) => self.fail(scram_failure(e), out),
+                }
+            }
+            ExchangeState::ScramFinal(mut scram) => match scram.process_client_final(body) {
+                Ok(reply) => {
+                    super::backend::compose_auth_sasl_final(out, &reply);
+                    super::backend::compose_auth_ok(out);
+                    AuthStep::Ok
+                }
+                Err(e) => self.fail(scram_failure(e), out),
+            },
+            ExchangeState::Done => self.fail(AuthFailure::Protocol, out),
+        }
+    }
+
+    fn fail(&mut self, why: AuthFailure, out: &mut Vec<u8>) -> AuthStep {
+        self.state = ExchangeState::Done;
+        match why {
+            AuthFailure::WrongPassword | AuthFailure::NoUsableSecret => {
+                compose_auth_failed(out, &self.user)
+            }
+            AuthFailure::Protocol => compose_error_response(
+                out,
+                &ErrorFields::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    b"malformed authentication message",
+                ),
+            ),
+            AuthFailure::Unsupported => compose_error_response(
+                out,
+                &ErrorFields::fatal(
+                    sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                    b"SCRAM channel binding and authorization identities are not supported",
+                ),
+            ),
+        }
+        AuthStep::Failed(why)
+    }
+}
+
+fn scram_failure(e: ScramError) -> AuthFailure {
+    match e {
+        ScramError::BadProof => AuthFailure::WrongPassword,
+        ScramError::Unsupported => AuthFailure::Unsupported,
+        ScramError::Malformed | ScramError::Mismatch | ScramError::OutOfOrder => {
+            AuthFailure::Protocol
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +400,76 @@ mod tests {
         assert!(check_cleartext(&scram, b"u", b"a"));
         assert!(!check_cleartext(&scram, b"u", b"b"));
         assert!(Secret::Md5([0; 16]).scram_verifier(b"s", 1).is_none());
+    }
+
+    fn random() -> AuthRandom {
+        AuthRandom {
+            md5_salt: [1, 2, 3, 4],
+            nonce: [5; 18],
+        }
+    }
+
+    #[test]
+    fn exchange_md5_and_failures() {
+        let secret = Secret::Plain(b"pw".to_vec());
+        let mut out = Vec::new();
+        let (mut ex, step) =
+            AuthExchange::start(AuthMethod::Md5, b"al", secret, random(), &mut out);
+        assert_eq!(
+            (step, &out[..]),
+            (
+                AuthStep::Continue,
+                &b"R\0\0\0\x0c\0\0\0\x05\x01\x02\x03\x04"[..]
+            )
+        );
+        let mut body = compose_md5_response(&md5_secret(b"pw", b"al"), [1, 2, 3, 4]).to_vec();
+        body.push(0);
+        out.clear();
+        assert_eq!(ex.process_password(&body, &mut out), AuthStep::Ok);
+        assert_eq!(out, b"R\0\0\0\x08\0\0\0\0");
+        // a second password after the end is a protocol violation
+        out.clear();
+        assert_eq!(
+            ex.process_password(&body, &mut out),
+            AuthStep::Failed(AuthFailure::Protocol)
+        );
+        assert!(out.windows(5).any(|w| w == b"08P01"));
+        // an md5 hash cannot run SCRAM: 28P01 at once, as PostgreSQL
+        out.clear();
+        let (_, step) = AuthExchange::start(
+            AuthMethod::ScramSha256,
+            b"al",
+            Secret::Md5([0; 16]),
+            random(),
+            &mut out,
+        );
+        assert_eq!(step, AuthStep::Failed(AuthFailure::NoUsableSecret));
+        assert!(out.windows(5).any(|w| w == b"28P01"));
+        // a wrong md5 answer
+        let (mut ex, _) = AuthExchange::start(
+            AuthMethod::Md5,
+            b"al",
+            Secret::Plain(b"x".to_vec()),
+            random(),
+            &mut out,
+        );
+        out.clear();
+        assert_eq!(
+            ex.process_password(&body, &mut out),
+            AuthStep::Failed(AuthFailure::WrongPassword)
+        );
+        // a SASL initial response naming another mechanism
+        let (mut ex, _) = AuthExchange::start(
+            AuthMethod::ScramSha256,
+            b"al",
+            Secret::Plain(b"x".to_vec()),
+            random(),
+            &mut out,
+        );
+        assert_eq!(
+            ex.process_password(b"SCRAM-SHA-1\0\0\0\0\x03n,,", &mut out),
+            AuthStep::Failed(AuthFailure::Protocol)
+        );
     }
 
     #[test]

@@ -5,8 +5,7 @@
 //! authenticates the users below, and serves one fixed statement, `SELECT 42 AS answer`
 //! (int4), in text or binary; anything else gets ERROR 42601.
 
-use super::auth::{check_md5_response, compose_auth_failed, Secret};
-use super::scram::{ScramServer, DEFAULT_ITERATIONS, MECHANISM};
+use super::auth::{AuthExchange, AuthMethod, AuthRandom, AuthStep, Secret};
 use super::*;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -93,42 +92,24 @@ fn startup(c: &mut Conn) -> Option<Vec<u8>> {
 }
 
 fn authenticate(c: &mut Conn, user: &[u8]) -> Option<bool> {
-    let secret = Secret::Plain(PASSWORD.to_vec());
-    let ok = match user {
-        b"trust" => true,
-        b"md5" => {
-            let salt = [9, 8, 7, 6];
-            compose_auth_md5(&mut c.out, salt);
-            c.flush();
-            let body = c.next_password()?;
-            let pw = parse_password_message(&body).expect("password message");
-            check_md5_response(&secret, user, salt, pw)
-        }
-        _ => {
-            compose_auth_sasl(&mut c.out, &[MECHANISM]);
-            c.flush();
-            let verifier = secret.scram_verifier(b"in-test salt", DEFAULT_ITERATIONS)?;
-            let mut scram = ScramServer::new(verifier, &rand::random::<[u8; 18]>());
-            let body = c.next_password()?;
-            let init = parse_sasl_initial_response(&body).expect("sasl initial response");
-            assert_eq!(init.mechanism, MECHANISM);
-            let first = scram
-                .process_client_first(init.data?)
-                .expect("client-first");
-            compose_auth_sasl_continue(&mut c.out, &first);
-            c.flush();
-            let body = c.next_password()?;
-            match scram.process_client_final(&body) {
-                Ok(fin) => {
-                    compose_auth_sasl_final(&mut c.out, &fin);
-                    true
-                }
-                Err(_) => false,
-            }
-        }
+    let method = match user {
+        b"trust" => AuthMethod::Trust,
+        b"md5" => AuthMethod::Md5,
+        _ => AuthMethod::ScramSha256,
     };
+    let random = AuthRandom {
+        md5_salt: rand::random(),
+        nonce: rand::random(),
+    };
+    let secret = Secret::Plain(PASSWORD.to_vec());
+    let (mut exchange, mut step) = AuthExchange::start(method, user, secret, random, &mut c.out);
+    while step == AuthStep::Continue {
+        c.flush();
+        let body = c.next_password()?;
+        step = exchange.process_password(&body, &mut c.out);
+    }
+    let ok = step == AuthStep::Ok;
     if ok {
-        compose_auth_ok(&mut c.out);
         for (k, v) in [
             (&b"server_version"[..], &b"15.0"[..]),
             (b"server_encoding", b"UTF8"),
@@ -141,8 +122,6 @@ fn authenticate(c: &mut Conn, user: &[u8]) -> Option<bool> {
         }
         compose_backend_key_data(&mut c.out, 4242, 0x5eed);
         compose_ready_for_query(&mut c.out, TxStatus::Idle);
-    } else {
-        compose_auth_failed(&mut c.out, user);
     }
     c.flush();
     Some(ok)

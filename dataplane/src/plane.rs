@@ -103,6 +103,12 @@ pub struct CoreStats {
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub polls: AtomicU64,
+    /// Userspace transport only: the core's stack counters, published every few hundred turns.
+    pub net_rx_frames: AtomicU64,
+    pub net_tx_frames: AtomicU64,
+    pub net_rx_dropped: AtomicU64,
+    pub net_tx_dropped: AtomicU64,
+    pub net_tcp_retransmits: AtomicU64,
 }
 
 impl CoreStats {
@@ -141,6 +147,8 @@ pub struct Shared {
     pub core_wakers: Vec<std::sync::OnceLock<Arc<dyn Wake>>>,
     pub started_at: std::time::Instant,
     pub next_client_id: AtomicU64,
+    /// Which transport the cores run (`kernel`, `userspace`), set when the engine starts.
+    pub transport: std::sync::OnceLock<&'static str>,
 }
 
 impl Shared {
@@ -164,6 +172,7 @@ impl Shared {
             core_wakers: (0..cores).map(|_| std::sync::OnceLock::new()).collect(),
             started_at: std::time::Instant::now(),
             next_client_id: AtomicU64::new(1),
+            transport: std::sync::OnceLock::new(),
         }
     }
 

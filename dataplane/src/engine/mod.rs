@@ -20,6 +20,8 @@
 //! appends the entry's pre-encoded RESP bytes to the connection's write buffer → `kernel`
 //! egress.
 
+#![deny(unsafe_code)]
+
 mod conn;
 mod deferred;
 mod execute;

@@ -45,9 +45,9 @@ for mget in $OPS; do
 done
 
 echo
-echo "| op | conns | depth | req/s | keys/s | server ns/req | server cycles/req | server capacity (M req/s) | server busy | client ns/req | client busy | server CPU share |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-jq -r '"| \(if .mget == 0 then "GET" else "MGET \(.mget)" end) | \(.conns) | \(.depth) | \(.rps) | \(.keys_per_s) | \(.server_ns_per_req) | \(.server_cycles_per_req) | \(.server_capacity_rps / 1e6 * 100 | round / 100) | \(.server_busy * 100 | round)% | \(.client_ns_per_req) | \(.client_busy * 100 | round)% | \(.server_cpu_share * 100 | round)% |"' "$ROWS"
+echo "| op | conns | depth | req/s | keys/s | server ns/req | server cycles/req | server capacity (M req/s) | server busy | req/busy turn | client ns/req | client busy | server CPU share |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+jq -r '"| \(if .mget == 0 then "GET" else "MGET \(.mget)" end) | \(.conns) | \(.depth) | \(.rps) | \(.keys_per_s) | \(.server_ns_per_req) | \(.server_cycles_per_req) | \(.server_capacity_rps / 1e6 * 100 | round / 100) | \(.server_busy * 100 | round)% | \(.reqs_per_busy_turn) | \(.client_ns_per_req) | \(.client_busy * 100 | round)% | \(.server_cpu_share * 100 | round)% |"' "$ROWS"
 echo
 jq -r 'select(.conns) | "env: \(.env.cpu_model), \(.env.cores) cores, kernel \(.env.kernel); cycles = CPU time x \(.mhz) MHz (\(.mhz_source))"' "$ROWS" | head -1
 

@@ -36,6 +36,8 @@ pub struct ServerProbe {
     pub busy_ns: AtomicU64,
     /// Wall nanoseconds in all turns.
     pub total_ns: AtomicU64,
+    /// Turns that did work.
+    pub busy_turns: AtomicU64,
 }
 
 /// The load's shape.
@@ -60,6 +62,7 @@ pub struct Snapshot {
     pub server_cpu: Duration,
     pub server_busy_ns: u64,
     pub server_total_ns: u64,
+    pub server_busy_turns: u64,
     pub client_cpu: Duration,
     pub client_busy_ns: u64,
     pub client_total_ns: u64,
@@ -219,6 +222,7 @@ impl<'a> Client<'a> {
             server_cpu: server.read(),
             server_busy_ns: probe.busy_ns.load(Ordering::Relaxed),
             server_total_ns: probe.total_ns.load(Ordering::Relaxed),
+            server_busy_turns: probe.busy_turns.load(Ordering::Relaxed),
             client_cpu: ThreadClock::current().read(),
             client_busy_ns: self.busy_ns,
             client_total_ns: self.total_ns,

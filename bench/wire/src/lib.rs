@@ -125,6 +125,8 @@ pub struct Report {
     pub server_cpu_s: f64,
     /// Fraction of the server's wall time in turns that did work.
     pub server_busy: f64,
+    /// Replies per server turn that did work (the batch the core saw).
+    pub reqs_per_busy_turn: f64,
     pub server_ns_per_req: f64,
     pub server_cycles_per_req: f64,
     /// Server CPU time / window: below 1 the thread was preempted (shared machine).
@@ -158,6 +160,7 @@ impl Report {
             "keys_per_s": self.keys_per_s.round(),
             "server_cpu_s": round(self.server_cpu_s, 4),
             "server_busy": round(self.server_busy, 4),
+            "reqs_per_busy_turn": round(self.reqs_per_busy_turn, 2),
             "server_ns_per_req": round(self.server_ns_per_req, 1),
             "server_cycles_per_req": self.server_cycles_per_req.round(),
             "server_capacity_rps": (1e9 / self.server_ns_per_req.max(1e-9)).round(),
@@ -300,7 +303,7 @@ fn serve(
     let _ = clock.send(ThreadClock::of_current().ok_or_else(|| "no thread CPU clock".to_string()));
     // The engine's own `UserCore::run`, plus the busy/idle split: a turn's wall time (from its
     // `now` to the next turn's) counts as busy when the turn did work.
-    let (mut busy, mut total) = (0u64, 0u64);
+    let (mut busy, mut total, mut turns) = (0u64, 0u64, 0u64);
     let mut now = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let worked = core.poll_once(now);
@@ -309,9 +312,11 @@ fn serve(
         total += ns;
         if worked {
             busy += ns;
+            turns += 1;
         }
         probe.busy_ns.store(busy, Ordering::Relaxed);
         probe.total_ns.store(total, Ordering::Relaxed);
+        probe.busy_turns.store(turns, Ordering::Relaxed);
         now = next;
     }
 }
@@ -368,6 +373,8 @@ fn report(cfg: &WireConfig, o: &Outcome, pinned: Option<(usize, usize)>) -> Repo
         keys_per_s: keys as f64 / window_s.max(1e-9),
         server_cpu_s,
         server_busy,
+        reqs_per_busy_turn: requests as f64
+            / (b.server_busy_turns.saturating_sub(a.server_busy_turns)).max(1) as f64,
         server_ns_per_req,
         server_cycles_per_req: server_ns_per_req * mhz / 1000.0,
         server_cpu_share: server_cpu_s / window_s.max(1e-9),

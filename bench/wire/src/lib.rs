@@ -74,6 +74,8 @@ pub struct WireConfig {
     pub sample_every: u64,
     /// Pin the threads (when two or more CPUs are available).
     pub pin: bool,
+    /// Frames the server's stack takes per poll (`None`: the stack's default).
+    pub server_rx_burst: Option<usize>,
 }
 
 impl Default for WireConfig {
@@ -88,6 +90,7 @@ impl Default for WireConfig {
             value_bytes: 166,
             sample_every: 64,
             pin: true,
+            server_rx_burst: None,
         }
     }
 }
@@ -104,7 +107,8 @@ impl WireConfig {
             && self.rows > 0
             && self.value_bytes >= rows::MIN_VALUE_BYTES
             && self.value_bytes <= 1400
-            && self.sample_every > 0;
+            && self.sample_every > 0
+            && self.server_rx_burst.is_none_or(|b| (1..=4096).contains(&b));
         if ok {
             Ok(())
         } else {
@@ -154,6 +158,7 @@ impl Report {
             "mget": self.cfg.mget,
             "value_bytes": self.cfg.value_bytes,
             "rows": self.cfg.rows,
+            "server_rx_burst": self.cfg.server_rx_burst,
             "window_s": round(self.window_s, 3),
             "requests": self.requests,
             "rps": self.rps.round(),
@@ -228,7 +233,7 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
                 serve(
                     server_q,
                     shared,
-                    cfg.conns,
+                    cfg,
                     pinned.map(|p| p.0),
                     &stop,
                     probe,
@@ -276,7 +281,7 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
 fn serve(
     queue: MemQueue,
     shared: Arc<Shared>,
-    conns: usize,
+    cfg: &WireConfig,
     cpu: Option<usize>,
     stop: &AtomicBool,
     probe: &ServerProbe,
@@ -286,7 +291,10 @@ fn serve(
         cpu::pin_current(cpu);
     }
     let mut net = NetConfig::new(SERVER_IP, 24);
-    net.max_connections = conns + 64;
+    net.max_connections = cfg.conns + 64;
+    if let Some(burst) = cfg.server_rx_burst {
+        net.rx_burst = burst;
+    }
     let stack = match Stack::new(queue, net) {
         Ok(s) => s,
         Err(e) => {
@@ -298,7 +306,7 @@ fn serve(
         0,
         NetStream::new(stack),
         shared,
-        Arc::new(engine_config(conns)),
+        Arc::new(engine_config(cfg.conns)),
     );
     let _ = clock.send(ThreadClock::of_current().ok_or_else(|| "no thread CPU clock".to_string()));
     // The engine's own `UserCore::run`, plus the busy/idle split: a turn's wall time (from its

@@ -33,6 +33,9 @@ struct Args {
     /// Compare every n-th reply in full.
     #[arg(long, default_value_t = 64)]
     sample_every: u64,
+    /// Frames the server's stack takes per poll (default: the stack's, 32).
+    #[arg(long)]
+    server_rx_burst: Option<usize>,
     /// Do not pin the server and client threads.
     #[arg(long)]
     no_pin: bool,
@@ -53,6 +56,7 @@ fn main() {
         value_bytes: a.value_bytes,
         sample_every: a.sample_every,
         pin: !a.no_pin,
+        server_rx_burst: a.server_rx_burst,
     };
     let r = match run(&cfg) {
         Ok(r) => r,

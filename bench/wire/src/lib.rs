@@ -34,7 +34,11 @@
 //! Limitations: one core, one queue; the client is the same userspace stack (not kernel TCP),
 //! a closed loop (no open-loop latency figures: that is `bench/`'s load generator).
 
+#![deny(unsafe_code)]
+
 pub mod client;
+// libc calls for thread CPU clocks and affinity; each block has its SAFETY reason.
+#[allow(unsafe_code)]
 pub mod cpu;
 pub mod rows;
 

@@ -256,4 +256,14 @@ fn drive(queue: MemQueue, want: &HashMap<i64, Vec<u8>>) {
     // ... and only that one.
     w.send(a, &encode(&["GET", "items:7"]));
     assert_eq!(show(&w.frames(a, 1)[0]), show(&want[&7]));
+    // INFO names the transport and shows the stack's counters.
+    w.send(a, &encode(&["INFO"]));
+    let info = show(&w.frames(a, 1)[0]);
+    assert!(info.contains("transport:userspace"), "{info}");
+    let rx: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("net_rx_frames:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no net_rx_frames in {info}"));
+    assert!(rx > 0, "{info}");
 }

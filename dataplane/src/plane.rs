@@ -105,6 +105,12 @@ pub struct CoreStats {
     pub polls: AtomicU64,
     /// Service time of the turns that executed requests, one observation per request.
     pub service_time: LatencyHistogram,
+    /// Userspace transport only: the core's stack counters, published every few hundred turns.
+    pub net_rx_frames: AtomicU64,
+    pub net_tx_frames: AtomicU64,
+    pub net_rx_dropped: AtomicU64,
+    pub net_tx_dropped: AtomicU64,
+    pub net_tcp_retransmits: AtomicU64,
 }
 
 impl CoreStats {
@@ -200,6 +206,8 @@ pub struct Shared {
     pub core_wakers: Vec<std::sync::OnceLock<Arc<dyn Wake>>>,
     pub started_at: std::time::Instant,
     pub next_client_id: AtomicU64,
+    /// Which transport the cores run (`kernel`, `userspace`), set when the engine starts.
+    pub transport: std::sync::OnceLock<&'static str>,
 }
 
 impl Shared {
@@ -223,6 +231,7 @@ impl Shared {
             core_wakers: (0..cores).map(|_| std::sync::OnceLock::new()).collect(),
             started_at: std::time::Instant::now(),
             next_client_id: AtomicU64::new(1),
+            transport: std::sync::OnceLock::new(),
         }
     }
 

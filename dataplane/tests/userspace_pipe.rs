@@ -162,3 +162,31 @@ fn connections_over_the_limit_are_refused() {
     assert_eq!(got, b"-ERR max number of clients reached\r\n");
     assert!(fin);
 }
+
+static STARTED: std::sync::Mutex<Vec<(usize, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn note_start(core: usize) {
+    let name = std::thread::current().name().unwrap_or("").to_string();
+    STARTED.lock().unwrap().push((core, name));
+}
+
+#[test]
+fn on_start_runs_on_each_core_thread() {
+    let shared = rig::shared(2);
+    let (s0, _n0) = PipeStack::new(1024);
+    let (s1, _n1) = PipeStack::new(1024);
+    let cfg = rig::engine_config(2, 16, "10.0.0.1:6380");
+    let engine = Engine::start_streams_with(cfg, shared, vec![s0, s1], note_start).unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while STARTED.lock().unwrap().len() < 2 {
+        assert!(std::time::Instant::now() < until);
+        std::thread::yield_now();
+    }
+    engine.stop();
+    let mut started = STARTED.lock().unwrap().clone();
+    started.sort();
+    assert_eq!(
+        started,
+        vec![(0, "pgline-ucore-0".into()), (1, "pgline-ucore-1".into())]
+    );
+}

@@ -72,16 +72,21 @@ pub(crate) fn compose_info(
     let mut t = Vec::with_capacity(2048);
     let store = shared.store.stats();
     let total = |f: fn(&crate::plane::CoreStats) -> &std::sync::atomic::AtomicU64| shared.total(f);
+    let transport = shared.transport.get().copied().unwrap_or("kernel");
     if want("server") {
         let _ = write!(
             t,
-            "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\npgline_version:{}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\nuptime_in_seconds:{}\r\ndataplane_cores:{}\r\ntransport:kernel\r\n\r\n",
+            "# Server\r\nredis_version:{REDIS_COMPAT_VERSION}\r\npgline_version:{}\r\nredis_mode:standalone\r\nos:{}\r\narch_bits:64\r\nprocess_id:{}\r\nuptime_in_seconds:{}\r\ndataplane_cores:{}\r\ntransport:{}\r\n\r\n",
             env!("CARGO_PKG_VERSION"),
             std::env::consts::OS,
             std::process::id(),
             shared.started_at.elapsed().as_secs(),
             shared.cores(),
+            transport,
         );
+    }
+    if want("nic") && transport == "userspace" {
+        write_nic_section(&mut t, shared);
     }
     if want("clients") {
         let _ = write!(
@@ -153,4 +158,18 @@ pub(crate) fn compose_info(
         t.truncate(t.len() - 2);
     }
     compose_verbatim(out, b"txt", &t, proto);
+}
+
+/// `# Nic`: the userspace stacks' counters, as the cores last published them.
+fn write_nic_section(t: &mut Vec<u8>, shared: &Shared) {
+    let total = |f: fn(&crate::plane::CoreStats) -> &std::sync::atomic::AtomicU64| shared.total(f);
+    let _ = write!(
+        t,
+        "# Nic\r\nnet_rx_frames:{}\r\nnet_tx_frames:{}\r\nnet_rx_dropped:{}\r\nnet_tx_dropped:{}\r\nnet_tcp_retransmits:{}\r\n\r\n",
+        total(|s| &s.net_rx_frames),
+        total(|s| &s.net_tx_frames),
+        total(|s| &s.net_rx_dropped),
+        total(|s| &s.net_tx_dropped),
+        total(|s| &s.net_tcp_retransmits),
+    );
 }

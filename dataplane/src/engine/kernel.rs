@@ -107,6 +107,7 @@ impl Core {
     /// Runs until `stop` is set.
     pub fn run(&mut self, stop: &AtomicBool) {
         let mut idle = 0u32;
+        let _ = self.worker.shared.transport.set("kernel");
         while !stop.load(Ordering::Relaxed) {
             let timeout = if idle < self.worker.cfg.spin_polls {
                 Duration::ZERO

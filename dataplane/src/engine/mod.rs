@@ -20,6 +20,8 @@
 //! appends the entry's pre-encoded RESP bytes to the connection's write buffer → `kernel`
 //! egress.
 
+#![deny(unsafe_code)]
+
 mod conn;
 mod deferred;
 mod execute;
@@ -78,6 +80,9 @@ impl EngineConfig {
     }
 }
 
+/// Run first on each userspace core's thread, with the core's index.
+pub type CoreStart = fn(core: usize);
+
 /// Running cores.
 pub struct Engine {
     stop: Arc<AtomicBool>,
@@ -126,6 +131,20 @@ impl Engine {
     where
         S: StreamStack + Send + 'static,
     {
+        Engine::start_streams_with(cfg, shared, stacks, |_| {})
+    }
+
+    /// [`Engine::start_streams`], calling `on_start(core)` first on each core's thread (e.g. to
+    /// register the thread with the DPDK EAL, or pin it).
+    pub fn start_streams_with<S>(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        stacks: Vec<S>,
+        on_start: CoreStart,
+    ) -> std::io::Result<Engine>
+    where
+        S: StreamStack + Send + 'static,
+    {
         if stacks.len() != cfg.cores || shared.cores() != cfg.cores {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -144,7 +163,10 @@ impl Engine {
             let (flag, shared, cfg) = (stop.clone(), shared.clone(), cfg.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("pgline-ucore-{id}"))
-                .spawn(move || userspace::UserCore::new(id, stack, shared, cfg).run(&flag));
+                .spawn(move || {
+                    on_start(id);
+                    userspace::UserCore::new(id, stack, shared, cfg).run(&flag)
+                });
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -170,6 +192,17 @@ impl Engine {
         queues: Vec<Q>,
         net: NetConfig,
     ) -> std::io::Result<Engine> {
+        Engine::start_userspace_with(cfg, shared, queues, net, |_| {})
+    }
+
+    /// [`Engine::start_userspace`] with a hook run first on each core's thread.
+    pub fn start_userspace_with<Q: Queue + 'static>(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        queues: Vec<Q>,
+        net: NetConfig,
+        on_start: CoreStart,
+    ) -> std::io::Result<Engine> {
         let mut stacks = Vec::with_capacity(queues.len());
         for queue in queues {
             let stack = Stack::new(queue, net).map_err(|e| {
@@ -180,7 +213,7 @@ impl Engine {
             })?;
             stacks.push(NetStream::new(stack));
         }
-        Engine::start_streams(cfg, shared, stacks)
+        Engine::start_streams_with(cfg, shared, stacks, on_start)
     }
 
     /// The address clients connect to.

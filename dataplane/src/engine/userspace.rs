@@ -44,6 +44,8 @@ const READ_PER_TURN: usize = 256 * 1024;
 /// Bytes asked of the stack per `recv`.
 const READ_CHUNK: usize = 64 * 1024;
 const REJECT: &[u8] = b"-ERR max number of clients reached\r\n";
+/// Turns between publications of the stack's counters.
+const PUBLISH_EVERY: u32 = 512;
 
 /// Poll mode needs no wake-up: the core looks at its reply queue every turn.
 struct NoWake;
@@ -74,6 +76,7 @@ pub struct UserCore<S: StreamStack> {
     events: Vec<StreamEvent<S::Id>>,
     slots: Slots<Flow<S::Id>>,
     worker: Worker,
+    turns: u32,
 }
 
 impl<S: StreamStack> UserCore<S> {
@@ -89,12 +92,14 @@ impl<S: StreamStack> UserCore<S> {
             events: Vec::with_capacity(1024),
             slots: Slots::new(),
             worker: Worker::new(id, shared, cfg),
+            turns: 0,
         }
     }
 
     /// Runs until `stop` is set.
     pub fn run(&mut self, stop: &AtomicBool) {
         let mut idle = 0u32;
+        let _ = self.worker.shared.transport.set("userspace");
         while !stop.load(Ordering::Relaxed) {
             if self.poll_once(Instant::now()) {
                 idle = 0;
@@ -120,7 +125,25 @@ impl<S: StreamStack> UserCore<S> {
             .poll_sessions(&mut self.streams, &mut self.worker);
         self.streams.stack.flush(now);
         self.worker.end_turn();
+        self.turns += 1;
+        if self.turns >= PUBLISH_EVERY {
+            self.turns = 0;
+            self.publish_counters();
+        }
         worked
+    }
+
+    /// Copies the stack's counters into this core's published stats.
+    fn publish_counters(&self) {
+        let c = self.streams.stack.counters();
+        let stats = self.worker.stats();
+        stats.net_rx_frames.store(c.rx_frames, Ordering::Relaxed);
+        stats.net_tx_frames.store(c.tx_frames, Ordering::Relaxed);
+        stats.net_rx_dropped.store(c.rx_dropped, Ordering::Relaxed);
+        stats.net_tx_dropped.store(c.tx_dropped, Ordering::Relaxed);
+        stats
+            .net_tcp_retransmits
+            .store(c.tcp_retransmits, Ordering::Relaxed);
     }
 
     fn process_events(&mut self) {

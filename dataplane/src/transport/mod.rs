@@ -5,6 +5,8 @@
 //! - [`stream`]: what the userspace core loop needs of a userspace TCP stack (a DPDK or in-memory
 //!   port under `net::Stack`), as a trait; [`net`] maps `net::Stack` onto it.
 
+#![deny(unsafe_code)]
+
 pub mod kernel;
 pub mod net;
 pub mod stream;

@@ -14,7 +14,7 @@ use pgline_nic::Queue;
 
 use crate::net::{ConnId, NetError, NetEvent, Stack};
 
-use super::stream::{StreamError, StreamEvent, StreamStack};
+use super::stream::{StreamCounters, StreamError, StreamEvent, StreamStack};
 
 pub struct NetStream<Q: Queue> {
     stack: Stack<Q>,
@@ -84,5 +84,19 @@ impl<Q: Queue> StreamStack for NetStream<Q> {
 
     fn flush(&mut self, now: Instant) {
         self.stack.flush(now);
+    }
+
+    fn counters(&self) -> StreamCounters {
+        let s = self.stack.stats();
+        StreamCounters {
+            rx_frames: s.rx_frames,
+            tx_frames: s.tx_frames,
+            rx_dropped: s.rx_dropped_malformed
+                + s.rx_dropped_checksum
+                + s.rx_dropped_fragment
+                + s.rx_dropped_not_ours,
+            tx_dropped: s.tx_dropped_nobuf + s.tx_dropped_no_arp + s.tx_dropped_ring,
+            tcp_retransmits: s.tcp_retransmits,
+        }
     }
 }

@@ -38,6 +38,16 @@ pub enum StreamError {
     Failed,
 }
 
+/// Counters a stack reports to its core (cumulative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamCounters {
+    pub rx_frames: u64,
+    pub tx_frames: u64,
+    pub rx_dropped: u64,
+    pub tx_dropped: u64,
+    pub tcp_retransmits: u64,
+}
+
 /// A TCP stack owned by one core.
 pub trait StreamStack {
     type Id: Copy + Eq + Hash + Debug;
@@ -56,4 +66,8 @@ pub trait StreamStack {
     fn abort(&mut self, id: Self::Id);
     /// Egress: transmit what connections have queued, due timers.
     fn flush(&mut self, now: Instant);
+    /// Cumulative counters, for the core to publish.
+    fn counters(&self) -> StreamCounters {
+        StreamCounters::default()
+    }
 }

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The dataplane wire benchmark: one userspace dataplane core on an in-memory port, GET and MGET 16
+# hits of 166-byte rows, at 16, 256 and 1,024 connections, pipeline depth 1 and 8.
+#
+#   bench/wire.sh            # full matrix (SECS=5 measured + WARMUP=1 per cell)
+#   bench/wire.sh --smoke    # CI: short cells; fails on any wrong reply, stall or zero throughput
+#   SECS=10 CONNS="16 1024" DEPTHS="1" bench/wire.sh
+#
+# Everything runs in one process (bench/wire, crate pgline-wire-bench): no NIC, no PostgreSQL;
+# see docs/decisions.md for what the figures mean. Results: one JSON line per cell appended to
+# bench/results/wire.jsonl and a Markdown table on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SMOKE=0
+[ "${1:-}" = "--smoke" ] && SMOKE=1
+SECS=${SECS:-5}
+WARMUP=${WARMUP:-1}
+CONNS=${CONNS:-"16 256 1024"}
+DEPTHS=${DEPTHS:-"1 8"}
+OPS=${OPS:-"0 16"}          # keys per MGET; 0 = GET
+if [ $SMOKE = 1 ]; then SECS=0.5; WARMUP=0.2; fi
+OUT=bench/results/wire.jsonl
+mkdir -p bench/results
+
+cargo build --release -q -p pgline-wire-bench
+BIN=target/release/pgline-wire-bench
+
+ROWS=$(mktemp)
+trap 'rm -f "$ROWS"' EXIT
+fail=0
+for mget in $OPS; do
+    for depth in $DEPTHS; do
+        for conns in $CONNS; do
+            if row=$("$BIN" --conns "$conns" --depth "$depth" --mget "$mget" \
+                    --secs "$SECS" --warmup "$WARMUP" --json); then
+                echo "$row" >>"$ROWS"
+                echo "$row" >>"$OUT"
+            else
+                echo "FAILED: conns $conns depth $depth mget $mget" >&2
+                fail=1
+            fi
+        done
+    done
+done
+
+echo
+echo "| op | conns | depth | req/s | keys/s | server ns/req | server cycles/req | server capacity (M req/s) | server busy | req/busy turn | client ns/req | client busy | server CPU share |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+jq -r '"| \(if .mget == 0 then "GET" else "MGET \(.mget)" end) | \(.conns) | \(.depth) | \(.rps) | \(.keys_per_s) | \(.server_ns_per_req) | \(.server_cycles_per_req) | \(.server_capacity_rps / 1e6 * 100 | round / 100) | \(.server_busy * 100 | round)% | \(.reqs_per_busy_turn) | \(.client_ns_per_req) | \(.client_busy * 100 | round)% | \(.server_cpu_share * 100 | round)% |"' "$ROWS"
+echo
+jq -r 'select(.conns) | "env: \(.env.cpu_model), \(.env.cores) cores, kernel \(.env.kernel); cycles = CPU time x \(.mhz) MHz (\(.mhz_source))"' "$ROWS" | head -1
+
+# Zero throughput in any cell fails the run (wrong replies and stalls already did).
+if jq -e 'select(.rps <= 0 or .verified_replies <= 0)' "$ROWS" >/dev/null; then
+    echo "FAILED: a cell had zero throughput" >&2
+    fail=1
+fi
+exit $fail

@@ -5,8 +5,10 @@
 //! its slot and the slot's generation, so a reply for a connection that closed while its miss was
 //! in flight is recognised and dropped even after the slot is reused.
 //!
-//! The active list holds each slot at most once (`Entry::active`); [`Slots::poll_sessions`] swaps
-//! it with a spare list so a turn neither allocates nor visits a slot twice.
+//! The active list holds each slot at most once (`listed`, per slot rather than per connection,
+//! so a connection closed by the transport while listed and a new one filling its slot in the
+//! same turn are not listed twice); [`Slots::poll_sessions`] swaps it with a spare list so a
+//! turn neither allocates nor visits a slot twice.
 //!
 //! Latency: a turn in which connections are active records its span once for every request it
 //! executed in [`CoreStats::service_time`]: the dataplane's service time of a request batch
@@ -32,8 +34,6 @@ use super::session::{Next, Worker};
 pub(crate) struct Entry<T> {
     pub conn: Conn,
     pub io: T,
-    /// Already on the core's active list.
-    pub active: bool,
 }
 
 /// The token a [`crate::plane::MissRequest`] carries for `slot` at `generation`.
@@ -54,6 +54,8 @@ pub(crate) trait Transport {
 pub(crate) struct Slots<T> {
     entries: Vec<Option<Entry<T>>>,
     generations: Vec<u32>,
+    /// The slot is on the active list (or in the one being processed, not yet reached).
+    listed: Vec<bool>,
     free: Vec<usize>,
     active: Vec<usize>,
     spare: Vec<usize>,
@@ -68,6 +70,7 @@ impl<T> Slots<T> {
         Slots {
             entries: Vec::new(),
             generations: Vec::new(),
+            listed: Vec::new(),
             free: Vec::new(),
             active: Vec::with_capacity(1024),
             spare: Vec::with_capacity(1024),
@@ -97,6 +100,7 @@ impl<T> Slots<T> {
         let slot = self.free.pop().unwrap_or_else(|| {
             self.entries.push(None);
             self.generations.push(0);
+            self.listed.push(false);
             self.entries.len() - 1
         });
         (slot, self.generations[slot])
@@ -109,12 +113,8 @@ impl<T> Slots<T> {
 
     /// Fills `slot` (from [`Slots::vacant`]) and puts it on the active list.
     pub fn fill(&mut self, slot: usize, conn: Conn, io: T, stats: &CoreStats) {
-        self.entries[slot] = Some(Entry {
-            conn,
-            io,
-            active: true,
-        });
-        self.active.push(slot);
+        self.entries[slot] = Some(Entry { conn, io });
+        self.list(slot);
         self.open += 1;
         CoreStats::add(&stats.connections_accepted, 1);
         stats
@@ -130,11 +130,16 @@ impl<T> Slots<T> {
     /// Puts `slot` on the active list if it is open and not there yet.
     #[inline]
     pub fn activate(&mut self, slot: usize) {
-        if let Some(Some(entry)) = self.entries.get_mut(slot) {
-            if !entry.active {
-                entry.active = true;
-                self.active.push(slot);
-            }
+        if let Some(Some(_)) = self.entries.get(slot) {
+            self.list(slot);
+        }
+    }
+
+    #[inline]
+    fn list(&mut self, slot: usize) {
+        if !self.listed[slot] {
+            self.listed[slot] = true;
+            self.active.push(slot);
         }
     }
 
@@ -209,15 +214,15 @@ impl<T> Slots<T> {
         let mut active = std::mem::take(&mut self.active);
         std::mem::swap(&mut self.active, &mut self.spare);
         for &slot in &active {
+            self.listed[slot] = false;
             let Some(Some(entry)) = self.entries.get_mut(slot) else {
                 continue;
             };
-            entry.active = false;
             let token = token(slot, entry.conn.generation);
             match transport.process(entry, token, worker) {
                 Next::Idle => {}
                 Next::Again => {
-                    entry.active = true;
+                    self.listed[slot] = true;
                     self.active.push(slot);
                 }
                 Next::Close => {
@@ -230,5 +235,91 @@ impl<T> Slots<T> {
         active.clear();
         self.spare = active;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::keyspace::{KeySpace, KeySpaceCell};
+    use crate::plane::{Shared, Wake};
+    use crate::store::{self, StoreConfig};
+
+    struct NoWake;
+    impl Wake for NoWake {
+        fn wake(&self) {}
+    }
+
+    /// Counts visits per slot io value; every visit leaves the connection idle.
+    struct Count(Vec<u32>);
+    impl Transport for Count {
+        type Io = u32;
+        fn process(&mut self, entry: &mut Entry<u32>, _: u64, _: &mut Worker) -> Next {
+            self.0.push(entry.io);
+            Next::Idle
+        }
+        fn release(&mut self, _: Entry<u32>) {}
+    }
+
+    fn worker() -> Worker {
+        let cfg = StoreConfig {
+            memory_bytes: 16 << 20,
+            segment_bytes: 1 << 20,
+            max_page_level: pgline_hugepages::PageLevel::Base,
+            prefault: false,
+        };
+        let (writer, reader) = store::open(&cfg).expect("store");
+        std::mem::forget(writer);
+        let shared = Arc::new(Shared::new(
+            reader,
+            KeySpaceCell::new(KeySpace::new()),
+            1,
+            16,
+            Arc::new(NoWake),
+        ));
+        let cfg = EngineConfig {
+            listen: "127.0.0.1:0".parse().expect("address"),
+            cores: 1,
+            max_connections: 16,
+            max_request_bytes: 1 << 20,
+            max_reply_backlog: 1 << 20,
+            requests_per_turn: 8,
+            max_pending_per_conn: 8,
+            spin_polls: 1,
+            password: None,
+            limits: crate::resp::Limits::default(),
+        };
+        Worker::new(0, shared, Arc::new(cfg))
+    }
+
+    #[test]
+    fn a_slot_reused_while_listed_is_visited_once_and_late_replies_miss_it() {
+        let mut w = worker();
+        let mut slots = Slots::new();
+        let (slot, generation) = slots.vacant();
+        slots.fill(slot, w.new_conn(generation), 1, w.stats());
+        // Closed by the transport while on the active list, then the slot is filled again.
+        assert!(slots.remove(slot, w.stats()).is_some());
+        let (again, generation2) = slots.vacant();
+        assert_eq!(again, slot);
+        assert_ne!(
+            generation2, generation,
+            "a late reply for the old one must not match"
+        );
+        slots.fill(again, w.new_conn(generation2), 2, w.stats());
+        slots.activate(again);
+        let mut count = Count(Vec::new());
+        assert!(slots.poll_sessions(&mut count, &mut w));
+        assert_eq!(count.0, vec![2], "the new connection, once");
+        // Idle now: nothing listed; activation lists it again exactly once.
+        assert!(!slots.has_active());
+        slots.activate(again);
+        slots.activate(again);
+        slots.poll_sessions(&mut count, &mut w);
+        assert_eq!(count.0, vec![2, 2]);
+        assert_eq!(slots.open(), 1);
     }
 }

@@ -1,14 +1,36 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine: installs, starts the origin, then runs
-# formatting, lints and every test against the real PostgreSQL.
+# formatting, lints, every test against the real PostgreSQL, the API's property-based test and a
+# smoke run of every benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 deploy/lab/setup.sh
+step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
+
+step "fmt and clippy (with and without the dpdk feature)"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy --workspace --all-targets --features pgline-nic/dpdk -- -D warnings
-cargo test --workspace --release -- --test-threads=2
-# The DPDK backend: EAL with --no-pci --no-huge and virtual devices only (net_ring, net_null,
-# net_tap, net_af_packet and net_af_xdp on a veth into a namespace the test creates).
-cargo test -p pgline-nic -p pgline-dpdk-sys --features pgline-nic/dpdk --release -- --test-threads=2
+cargo clippy --workspace --all-targets --features pgline-nic/dpdk,pgline-controlplane/dpdk -- -D warnings
+
+step "RESP vs Valkey smoke (also fetches the Valkey 9 binary the bench tests use)"
 bench/resp_vs_valkey.sh --smoke
+
+step "unit and integration tests against the real origin"
+PGLINE_BENCH_REQUIRE_VALKEY=1 cargo test --workspace --release -- --test-threads=2
+
+# The DPDK backend and the appliance over DPDK: EAL with --no-pci and virtual devices only
+# (net_ring, net_null, net_tap, net_af_packet and net_af_xdp on a veth into a namespace the test
+# creates). Root is needed for the namespaces; without it these tests say so and pass.
+step "DPDK tests (vdevs only)"
+cargo test -p pgline-nic -p pgline-dpdk-sys --features pgline-nic/dpdk --release -- --test-threads=2
+if [ -f controlplane/tests/dpdk_veth.rs ]; then
+    cargo test -p pgline-controlplane --features dpdk --release --test dpdk_veth -- --test-threads=1
+fi
+
+step "HTTP API: schemathesis against /v1/openapi.json of a live pgline"
+deploy/lab/schemathesis.sh
+
+step "benchmark smokes: userspace wire, scenario matrix"
+bench/wire.sh --smoke
+bench/scenarios/run.sh --smoke all
+step "done"

@@ -33,4 +33,8 @@ deploy/lab/schemathesis.sh
 step "benchmark smokes: userspace wire, scenario matrix"
 bench/wire.sh --smoke
 bench/scenarios/run.sh --smoke all
+# Two-machine mode as far as one machine allows: the commands it would run over ssh (nothing is
+# sent anywhere in a dry run).
+bench/scenarios/run.sh --dry-run --loadgen bench@192.0.2.10 all >/tmp/pgline-two-machine.txt
+grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pgline-two-machine.txt
 step "done"

@@ -685,8 +685,10 @@ mod tests {
     use super::*;
 
     fn load(toml: &str, env: &[(&str, &str)], sets: &[&str]) -> Result<Config, ConfigError> {
-        let dir =
-            std::env::temp_dir().join(format!("pgline-cfg-{}-{}", std::process::id(), toml.len()));
+        // One file per call: tests run in parallel and must not remove each other's files.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("pgline-cfg-{}-{n}", std::process::id()));
         std::fs::write(&dir, toml).unwrap();
         let env = env.iter().map(|(a, b)| (a.to_string(), b.to_string()));
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();

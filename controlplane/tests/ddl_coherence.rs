@@ -187,3 +187,45 @@ async fn dropped_listed_table_stops_being_served() {
 async fn dropped_table_stops_being_served_in_every_table_mode() {
     drop_only(false).await;
 }
+
+/// Before the next check notices a DROP + re-CREATE, a miss of the old table must not read the
+/// new table by name and install its row under the old table's id (in table-list mode the new
+/// table is not even in the publication, so such an entry would never be refreshed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_never_installs_the_new_tables_rows_under_the_old_id() {
+    let db = TestDb::create("ddl_fill").await;
+    let origin = db.client().await;
+    origin.batch_execute(&create_sql("old")).await.unwrap();
+    let mut cfg = support::config(&db, 1);
+    cfg.catalog.tables = vec!["public.bench_rows".into()];
+    // Only the check at start-up runs within the test.
+    cfg.catalog.check_interval_ms = 3_600_000;
+    let p = support::start(cfg).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut r = support::redis(&p).await;
+    let got: Option<String> = redis::cmd("GET")
+        .arg("bench_rows:1")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(expect_row(&got, "old", 1), "{got:?}");
+
+    origin
+        .batch_execute(&format!("DROP TABLE bench_rows; {}", create_sql("new")))
+        .await
+        .unwrap();
+    support::sync(&p, &origin).await;
+    // A miss: the fill names `public.bench_rows`, which is now another table.
+    let got: redis::RedisResult<Option<String>> = redis::cmd("GET")
+        .arg("bench_rows:2")
+        .query_async(&mut r)
+        .await;
+    let err = got.expect_err("a fill of the old table read the new one");
+    assert!(err.to_string().contains("dropped or renamed"), "{err}");
+    let pks: Vec<Vec<u8>> = p.dump().await.into_iter().map(|e| e.pk).collect();
+    assert_eq!(
+        pks,
+        vec![b"1".to_vec()],
+        "only the row cached before the DROP"
+    );
+}

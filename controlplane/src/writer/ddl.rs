@@ -72,6 +72,9 @@ struct DdlReport {
     /// Names still to resolve at the next check.
     pending: Vec<String>,
     error: Option<String>,
+    /// The check's last report. The first reports only `gone`, before any name is resolved (which
+    /// may wait for old transactions), so a dropped table leaves as early as possible.
+    last: bool,
 }
 
 /// What the check task needs.
@@ -87,7 +90,10 @@ impl Writer {
     /// Applies a finished check, and starts the next one when it is due.
     pub(super) fn poll_ddl_check(&mut self, now: Instant) {
         while let Ok(report) = self.ddl.rx.try_recv() {
-            self.ddl.running = false;
+            if report.last {
+                self.ddl.running = false;
+                self.ddl.pending = report.pending.clone();
+            }
             self.apply_ddl_report(report);
         }
         if self.ddl.running || now < self.ddl.next_at {
@@ -110,13 +116,14 @@ impl Writer {
         let tx = self.ddl.tx.clone();
         tokio::spawn(async move {
             let pending = input.pending.clone();
-            let report = match tokio::time::timeout(CHECK_TIMEOUT, run_check(input)).await {
+            let report = match tokio::time::timeout(CHECK_TIMEOUT, run_check(input, &tx)).await {
                 Ok(report) => report,
                 Err(_) => DdlReport {
                     gone: Vec::new(),
                     added: Vec::new(),
                     pending,
                     error: Some(format!("timed out after {CHECK_TIMEOUT:?}")),
+                    last: true,
                 },
             };
             let _ = tx.send(report);
@@ -150,7 +157,6 @@ impl Writer {
         if let Some(e) = &report.error {
             tracing::warn!("catalog check failed: {e}");
         }
-        self.ddl.pending = report.pending;
         let mut removed = Vec::new();
         for id in report.gone {
             if let Some(t) = self.catalog.get(id).cloned() {
@@ -194,12 +200,13 @@ impl Writer {
 }
 
 /// One check: which cached tables are gone, and which tables now have their names.
-async fn run_check(input: CheckInput) -> DdlReport {
+async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> DdlReport {
     let mut report = DdlReport {
         gone: Vec::new(),
         added: Vec::new(),
         pending: input.pending.clone(),
         error: None,
+        last: true,
     };
     let client = match input.pool.get().await {
         Ok(c) => c,
@@ -234,10 +241,19 @@ async fn run_check(input: CheckInput) -> DdlReport {
     }
     names.sort();
     names.dedup();
-    report.gone = check.dropped;
-    report.gone.extend(check.renamed.iter().map(|r| r.0));
+    let mut gone = check.dropped;
+    gone.extend(check.renamed.iter().map(|r| r.0));
+    if !gone.is_empty() {
+        let _ = tx.send(DdlReport {
+            gone: gone.clone(),
+            added: Vec::new(),
+            pending: Vec::new(),
+            error: None,
+            last: false,
+        });
+    }
     for name in names {
-        match resolve(&client, &input, &name, &report.gone).await {
+        match resolve(&client, &input, &name, &gone).await {
             Ok(Some(t)) => report.added.push(t),
             Ok(None) => {}
             Err(e) => {

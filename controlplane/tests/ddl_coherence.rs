@@ -229,3 +229,63 @@ async fn fill_never_installs_the_new_tables_rows_under_the_old_id() {
         "only the row cached before the DROP"
     );
 }
+
+/// The fill guard compares the name with the cached OID, which for a partitioned table is the
+/// parent's (rows read from it come from partitions, whose `tableoid` differs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_guard_accepts_a_partitioned_table() {
+    let db = TestDb::create("ddl_part").await;
+    let origin = db.client().await;
+    origin
+        .batch_execute(
+            "CREATE TABLE prows (id int4 PRIMARY KEY, v text NOT NULL) PARTITION BY RANGE (id);
+             CREATE TABLE prows_a PARTITION OF prows FOR VALUES FROM (0) TO (100);
+             CREATE TABLE prows_b PARTITION OF prows FOR VALUES FROM (100) TO (200);
+             INSERT INTO prows VALUES (1, 'a1'), (150, 'b150');",
+        )
+        .await
+        .unwrap();
+    let mut cfg = support::config(&db, 1);
+    cfg.catalog.tables = vec!["public.prows".into()];
+    let p = support::start(cfg).await;
+    let mut r = support::redis(&p).await;
+    let got: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&["prows:1", "prows:150", "prows:7"])
+        .query_async(&mut r)
+        .await
+        .expect("MGET of a partitioned table");
+    assert_eq!(
+        got,
+        vec![
+            Some("{\"id\":1,\"v\":\"a1\"}".to_string()),
+            Some("{\"id\":150,\"v\":\"b150\"}".to_string()),
+            None
+        ]
+    );
+    assert_eq!(
+        p.dump().await.len(),
+        3,
+        "two rows and one negative entry cached"
+    );
+}
+
+/// In every-table mode the new table's first write brings a Relation message with the cached
+/// name under a new OID: that alone triggers the check (the periodic one is an hour away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relation_message_with_a_cached_name_triggers_the_check() {
+    let db = TestDb::create("ddl_relmsg").await;
+    let origin = db.client().await;
+    origin.batch_execute(&create_sql("old")).await.unwrap();
+    let mut cfg = support::config(&db, 1);
+    cfg.catalog.check_interval_ms = 3_600_000;
+    let p = support::start(cfg).await;
+    let mut r = support::redis(&p).await;
+    wait_rows(&mut r, "bench_rows", Some("old")).await;
+    origin
+        .batch_execute(&format!("DROP TABLE bench_rows; {}", create_sql("new")))
+        .await
+        .unwrap();
+    support::sync(&p, &origin).await;
+    wait_rows(&mut r, "bench_rows", Some("new")).await;
+    check_coherent(&p, &db, &mut r).await;
+}

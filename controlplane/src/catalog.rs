@@ -3,6 +3,9 @@
 //! A table's id in the store is its relation OID, the same id pgoutput's Relation messages
 //! carry, so WAL changes map to store entries without a name lookup. The catalog is read from the
 //! origin at start-up and re-read for a table when the WAL reports that its definition changed.
+//! DROP and RENAME are not in the WAL: [`check_tables`] finds them (the writer polls it, see
+//! `writer/ddl.rs`), and the fill query refuses to read a name that no longer names the cached
+//! OID (`fill::batch_sql`).
 //!
 //! The store writer owns the catalog and is its only mutator; it publishes every new version to a
 //! [`CatalogCell`] (readers: the admin API, tests), the same way it publishes the key space to the

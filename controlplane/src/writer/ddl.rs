@@ -254,8 +254,15 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
     }
     for name in names {
         match resolve(&client, &input, &name, &gone).await {
-            Ok(Some(t)) => report.added.push(t),
-            Ok(None) => {}
+            Ok(Resolved::Table(t)) => report.added.push(t),
+            Ok(Resolved::Cached) => {}
+            Ok(Resolved::OlderTransactions) => {
+                report.pending.push(name.clone());
+                report.error = Some(format!(
+                    "{name} joined the publication, but older transactions are still open \
+                     after {OLDER_TXN_WAIT:?}: retrying at the next check"
+                ));
+            }
             Err(e) => {
                 if !input.all_tables {
                     report.pending.push(name.clone());
@@ -272,22 +279,31 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
     report
 }
 
-/// The table now called `name`, ready to join the catalog; `None` if it is cached already.
+/// What a name resolved to.
+enum Resolved {
+    /// A table ready to join the catalog.
+    Table(TableInfo),
+    /// A table that is cached already.
+    Cached,
+    /// A table that joined the publication while older transactions are still open: their
+    /// changes to it may be decoded without it, so it cannot be cached yet.
+    OlderTransactions,
+}
+
+/// The table now called `name`.
 async fn resolve(
     client: &tokio_postgres::Client,
     input: &CheckInput,
     name: &str,
     gone: &[u32],
-) -> Result<Option<TableInfo>, CatalogError> {
+) -> Result<Resolved, CatalogError> {
     let t = catalog::load_named_table(client, name).await?;
     if input.tables.iter().any(|c| c.0 == t.id) && !gone.contains(&t.id) {
-        return Ok(None);
+        return Ok(Resolved::Cached);
     }
     let listed = catalog::publication_add(client, &input.publication, &t).await?;
     if listed && !catalog::wait_for_older_transactions(client, OLDER_TXN_WAIT).await? {
-        return Err(CatalogError::NoSuchTable(format!(
-            "{name} (transactions older than its joining the publication are still open)"
-        )));
+        return Ok(Resolved::OlderTransactions);
     }
-    Ok(Some(t))
+    Ok(Resolved::Table(t))
 }

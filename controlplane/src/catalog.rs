@@ -3,6 +3,9 @@
 //! A table's id in the store is its relation OID, the same id pgoutput's Relation messages
 //! carry, so WAL changes map to store entries without a name lookup. The catalog is read from the
 //! origin at start-up and re-read for a table when the WAL reports that its definition changed.
+//! DROP and RENAME are not in the WAL: [`check_tables`] finds them (the writer polls it, see
+//! `writer/ddl.rs`), and the fill query refuses to read a name that no longer names the cached
+//! OID (`fill::batch_sql`).
 //!
 //! The store writer owns the catalog and is its only mutator; it publishes every new version to a
 //! [`CatalogCell`] (readers: the admin API, tests), the same way it publishes the key space to the
@@ -290,6 +293,43 @@ impl CatalogCell {
     pub fn get(&self, id: u32) -> Option<Arc<TableInfo>> {
         self.snapshot().get(id).cloned()
     }
+}
+
+/// What the origin says of the cached tables now (see [`check_tables`]).
+#[derive(Debug, Default)]
+pub struct TableCheck {
+    /// Cached tables that no longer exist (dropped).
+    pub dropped: Vec<u32>,
+    /// Cached tables that exist under another schema or name: `(id, schema, name)` now.
+    pub renamed: Vec<(u32, String, String)>,
+}
+
+const CHECK_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
+     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY($1)";
+
+/// Checks cached tables `(id, schema, name)` against the origin's catalog with one query.
+///
+/// DROP and RENAME leave nothing in the WAL (a Relation message shows a rename only once the
+/// renamed table is next written), so the writer calls this periodically. A table re-created
+/// under the same name has a new OID: the old one shows here as dropped.
+pub async fn check_tables(
+    client: &tokio_postgres::Client,
+    tables: &[(u32, String, String)],
+) -> Result<TableCheck, CatalogError> {
+    let ids: Vec<u32> = tables.iter().map(|t| t.0).collect();
+    let mut now: HashMap<u32, (String, String)> = HashMap::new();
+    for row in client.query(CHECK_SQL, &[&ids]).await? {
+        now.insert(row.get(0), (row.get(1), row.get(2)));
+    }
+    let mut check = TableCheck::default();
+    for (id, schema, name) in tables {
+        match now.remove(id) {
+            None => check.dropped.push(*id),
+            Some((s, n)) if s != *schema || n != *name => check.renamed.push((*id, s, n)),
+            Some(_) => {}
+        }
+    }
+    Ok(check)
 }
 
 /// Resolves `name` (`users`, `public.users`, `"Mixed Case"`) on the origin and reads its

@@ -360,7 +360,7 @@ impl ReplicationConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CatalogConfig {
     /// Tables to cache (`name` or `schema.name`); empty: every table with a primary key.
@@ -370,6 +370,20 @@ pub struct CatalogConfig {
     /// Cached tables (`name`, `schema.name` or a prefix) switched off: their reads pass through
     /// to the origin and nothing of them is kept. Changes at run time.
     pub disabled: Vec<String>,
+    /// How often the writer checks the cached tables' OIDs and names against the origin: DROP
+    /// and RENAME are not in the WAL, so this bounds how long a dropped table's rows are served.
+    pub check_interval_ms: u64,
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        CatalogConfig {
+            tables: Vec::new(),
+            prefixes: Default::default(),
+            disabled: Vec::new(),
+            check_interval_ms: 1000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -534,6 +548,11 @@ impl Config {
             key: "store",
             reason: e.to_string(),
         })?;
+        check(
+            (10..=3_600_000).contains(&self.catalog.check_interval_ms),
+            "catalog.check_interval_ms",
+            "must be between 10 and 3600000",
+        )?;
         for t in self.catalog.prefixes.values() {
             check(
                 !t.is_empty() && !t.contains(':'),
@@ -735,6 +754,13 @@ mod tests {
         assert!(err.to_string().contains("store.max_page"), "{err}");
         let err = load("[replication]\nslot = \"Bad-Slot\"\n", &[], &[]).unwrap_err();
         assert!(err.to_string().contains("replication.slot"), "{err}");
+        let err = load("[catalog]\ncheck_interval_ms = 0\n", &[], &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("catalog.check_interval_ms"),
+            "{err}"
+        );
+        let cfg = load("", &[], &[]).unwrap();
+        assert_eq!(cfg.catalog.check_interval_ms, 1000);
     }
 
     #[test]

@@ -29,6 +29,10 @@ pub enum FillError {
     Query(String),
     #[error("origin query timed out after {0} ms")]
     Timeout(u64),
+    /// The table's name now names another relation (or none): it was dropped or renamed since it
+    /// was cached. The catalog check removes it; a retry reads whatever then has the name.
+    #[error("table {0} was dropped or renamed since it was cached")]
+    TableChanged(String),
 }
 
 /// What a fill found for one key.
@@ -81,6 +85,13 @@ fn select_list(table: &TableInfo) -> String {
 }
 
 /// The batched statement for `table`: one text[] parameter per key column.
+///
+/// The table is named in the query, but cached under its OID: after a DROP and re-CREATE (or a
+/// RENAME) the name reads another table. So the statement also returns, on every row and on one
+/// all-NULL row when no key matched, whether the name still resolves to `table.id`. The
+/// relation read is locked (`AccessShareLock`) from parse to the end of the statement, and
+/// DROP/RENAME need `AccessExclusiveLock`, so `to_regclass` at execution resolves the name to the
+/// relation being read.
 pub fn batch_sql(table: &TableInfo) -> String {
     let params: Vec<String> = (0..table.key_columns.len())
         .map(|i| format!("${}::text[]", i + 1))
@@ -97,9 +108,12 @@ pub fn batch_sql(table: &TableInfo) -> String {
             format!("t.{} = k.k{i}::{}", quote_ident(&col.name), col.type_name)
         })
         .collect();
+    let name = table.qualified().replace('\'', "''");
     format!(
-        "SELECT {} FROM {} t JOIN unnest({}) AS k({}) ON {}",
+        "SELECT {}, g.same FROM (SELECT to_regclass('{name}')::oid = {}::oid AS same) g \
+         LEFT JOIN ({} t JOIN unnest({}) AS k({}) ON {}) ON true",
         select_list(table),
+        table.id,
         table.qualified(),
         params.join(", "),
         names.join(", "),
@@ -181,7 +195,11 @@ async fn run(
         Ok(Err(e)) => return Err(classify(e)),
         Ok(Ok(rows)) => rows,
     };
+    let guard = table.columns.len();
     for row in rows {
+        if row.get::<_, Option<bool>>(guard) != Some(true) {
+            return Err(FillError::TableChanged(table.qualified()));
+        }
         let texts: Vec<Option<&str>> = (0..table.columns.len()).map(|c| row.get(c)).collect();
         let values: Vec<Option<&[u8]>> = texts.iter().map(|t| t.map(str::as_bytes)).collect();
         let Some(pk) = table.pk_text(&values) else {

@@ -26,6 +26,7 @@
 //! "age"); it is pruned of evicted keys when it grows past twice the store's entry count.
 
 mod admin;
+mod ddl;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -109,6 +110,8 @@ pub struct Writer {
     disabled: HashSet<u32>,
     entry_counts: Arc<EntryCounts>,
     counted_at: Instant,
+    /// The catalog check for DROP/RENAME, which the WAL does not show (see [`ddl`]).
+    ddl: ddl::DdlCheck,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -149,6 +152,7 @@ impl Writer {
             disabled: HashSet::new(),
             entry_counts,
             counted_at: Instant::now(),
+            ddl: ddl::DdlCheck::new(),
             inflight: HashMap::new(),
             fills: HashMap::new(),
             waiting: HashMap::new(),
@@ -187,6 +191,7 @@ impl Writer {
                     self.retry_unsent();
                     self.prune_installed();
                     self.count_entries(Instant::now());
+                    self.poll_ddl_check(Instant::now());
                 }
             }
         }
@@ -532,6 +537,9 @@ impl Writer {
 
     /// A relation message: if the table's shape changed, drop its entries and re-read it.
     async fn apply_relation(&mut self, rel: crate::wal::Relation) {
+        if self.relation_moved(&rel) {
+            return;
+        }
         let known = self.catalog.get(rel.id).cloned();
         let same = known.as_ref().is_some_and(|t| {
             t.columns.len() == rel.columns.len()

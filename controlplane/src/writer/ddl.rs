@@ -1,0 +1,309 @@
+//! DDL the WAL does not show: DROP and RENAME of cached tables, and a new table taking a cached
+//! table's name.
+//!
+//! A table's id in the store is its OID. Logical decoding emits nothing for `DROP TABLE` or
+//! `ALTER TABLE ... RENAME`, and a table re-created under the same name has a new OID (its
+//! Relation message, if any, carries that new OID). So the writer checks the catalog against
+//! the origin every `catalog.check_interval_ms` (one `pg_class` query, [`check_tables`]), and at
+//! once when a Relation message shows a cached table under a new name or a cached table's name
+//! under a new OID.
+//!
+//! Invariants:
+//! - A table found dropped or renamed leaves the catalog (its keys answer as an unknown table),
+//!   then its entries are flushed and its leases voided (`drop_table`), in one writer turn: no
+//!   fill in flight for it can install afterwards, and no new miss can lease it.
+//! - Its old name is resolved again: a table that now has it (re-created, or moved there by a
+//!   rename) joins the catalog under its own OID, after joining a table-list publication and
+//!   waiting out transactions older than that (as `POST /v1/tables` does). In table-list mode a
+//!   name nothing has taken yet stays pending and is resolved again at every check; in
+//!   every-table mode a renamed table rejoins under its new name, and a new table joins when the
+//!   WAL first mentions it.
+//!
+//! Thread model: the check runs in a task of its own (it may wait for old transactions); the
+//! writer applies its report in one turn. At most one check runs at a time.
+//!
+//! Limitation: between a DROP and the next check, hits of the dropped table are still served (the
+//! rows were current at DROP time). Fills in that window cannot install rows of another table
+//! under the old id: the fill query checks that the name it reads still is the cached OID
+//! (`fill::batch_sql`). See `docs/consistency.md`, "DDL".
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::Writer;
+use crate::catalog::{self, quote_ident, CatalogError, TableInfo};
+use crate::wal::Relation;
+
+/// How long a check waits for transactions older than a table's joining the publication.
+const OLDER_TXN_WAIT: Duration = Duration::from_secs(5);
+/// A check that takes longer than this is abandoned (and retried at the next interval).
+const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The writer's state for the catalog check.
+pub(super) struct DdlCheck {
+    next_at: Instant,
+    running: bool,
+    tx: mpsc::UnboundedSender<DdlReport>,
+    rx: mpsc::UnboundedReceiver<DdlReport>,
+    /// Quoted `schema.name`s of dropped or renamed tables that nothing has taken yet.
+    pending: Vec<String>,
+}
+
+impl DdlCheck {
+    pub(super) fn new() -> DdlCheck {
+        let (tx, rx) = mpsc::unbounded_channel();
+        DdlCheck {
+            next_at: Instant::now(),
+            running: false,
+            tx,
+            rx,
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// What one check found.
+struct DdlReport {
+    /// Cached tables dropped or renamed.
+    gone: Vec<u32>,
+    /// Tables that took a gone table's name (or a renamed table, in every-table mode).
+    added: Vec<TableInfo>,
+    /// Names still to resolve at the next check.
+    pending: Vec<String>,
+    error: Option<String>,
+    /// The check's last report. The first reports only `gone`, before any name is resolved (which
+    /// may wait for old transactions), so a dropped table leaves as early as possible.
+    last: bool,
+}
+
+/// What the check task needs.
+struct CheckInput {
+    pool: deadpool_postgres::Pool,
+    publication: String,
+    all_tables: bool,
+    tables: Vec<(u32, String, String)>,
+    pending: Vec<String>,
+}
+
+impl Writer {
+    /// Applies a finished check, and starts the next one when it is due.
+    pub(super) fn poll_ddl_check(&mut self, now: Instant) {
+        while let Ok(report) = self.ddl.rx.try_recv() {
+            if report.last {
+                self.ddl.running = false;
+                self.ddl.pending = report.pending.clone();
+            }
+            self.apply_ddl_report(report);
+        }
+        if self.ddl.running || now < self.ddl.next_at {
+            return;
+        }
+        self.ddl.running = true;
+        self.ddl.next_at = now + Duration::from_millis(self.cfg.catalog.check_interval_ms);
+        let input = CheckInput {
+            pool: self.pool.clone(),
+            publication: self.cfg.replication.publication.clone(),
+            all_tables: self.all_tables,
+            tables: self
+                .catalog
+                .tables
+                .values()
+                .map(|t| (t.id, t.schema.clone(), t.name.clone()))
+                .collect(),
+            pending: self.ddl.pending.clone(),
+        };
+        let tx = self.ddl.tx.clone();
+        tokio::spawn(async move {
+            let pending = input.pending.clone();
+            let report = match tokio::time::timeout(CHECK_TIMEOUT, run_check(input, &tx)).await {
+                Ok(report) => report,
+                Err(_) => DdlReport {
+                    gone: Vec::new(),
+                    added: Vec::new(),
+                    pending,
+                    error: Some(format!("timed out after {CHECK_TIMEOUT:?}")),
+                    last: true,
+                },
+            };
+            let _ = tx.send(report);
+        });
+    }
+
+    /// A Relation message that shows a cached table under a new name, or a cached table's name
+    /// under a new OID (dropped and re-created, or renamed away): checks the catalog now and
+    /// returns true (the check, not the Relation message, then updates the catalog).
+    pub(super) fn relation_moved(&mut self, rel: &Relation) -> bool {
+        let moved = match self.catalog.get(rel.id) {
+            Some(t) => t.schema != rel.namespace || t.name != rel.name,
+            None => self
+                .catalog
+                .tables
+                .values()
+                .any(|t| t.schema == rel.namespace && t.name == rel.name),
+        };
+        if moved {
+            tracing::info!(
+                table = rel.id,
+                name = %format!("{}.{}", rel.namespace, rel.name),
+                "relation renamed or replaced: checking the catalog"
+            );
+            self.ddl.next_at = Instant::now();
+        }
+        moved
+    }
+
+    fn apply_ddl_report(&mut self, report: DdlReport) {
+        if let Some(e) = &report.error {
+            tracing::warn!("catalog check failed: {e}");
+        }
+        let mut removed = Vec::new();
+        for id in report.gone {
+            if let Some(t) = self.catalog.get(id).cloned() {
+                self.catalog.remove(id, &self.cfg.catalog);
+                tracing::info!(table = id, name = %format!("{}.{}", t.schema, t.name),
+                    "table dropped or renamed on the origin: its entries are flushed");
+                removed.push(id);
+            }
+        }
+        // Cores stop resolving the old table's keys first, then its entries and leases go.
+        if !removed.is_empty() {
+            self.publish_catalog();
+        }
+        for id in removed {
+            self.drop_table(id);
+        }
+        let mut added = false;
+        for t in report.added {
+            let qualified = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
+            let clash = self
+                .catalog
+                .tables
+                .values()
+                .any(|c| c.schema == t.schema && c.name == t.name);
+            if clash || self.catalog.get(t.id).is_some() || self.excluded.contains(&t.id) {
+                if clash && !self.all_tables {
+                    self.ddl.pending.push(qualified);
+                }
+                continue;
+            }
+            tracing::info!(table = t.id, name = %qualified, "table took a cached name: cached");
+            // Nothing of it can be in the store, but be sure (as for a table added by the API).
+            self.drop_table(t.id);
+            self.catalog.insert(t, &self.cfg.catalog);
+            added = true;
+        }
+        if added {
+            self.publish_catalog();
+        }
+    }
+}
+
+/// One check: which cached tables are gone, and which tables now have their names.
+async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> DdlReport {
+    let mut report = DdlReport {
+        gone: Vec::new(),
+        added: Vec::new(),
+        pending: input.pending.clone(),
+        error: None,
+        last: true,
+    };
+    let client = match input.pool.get().await {
+        Ok(c) => c,
+        Err(e) => {
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    let check = match catalog::check_tables(&client, &input.tables).await {
+        Ok(c) => c,
+        Err(e) => {
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    let old_name = |id: u32| {
+        input
+            .tables
+            .iter()
+            .find(|t| t.0 == id)
+            .map(|(_, s, n)| format!("{}.{}", quote_ident(s), quote_ident(n)))
+    };
+    let mut names = std::mem::take(&mut report.pending);
+    for &id in &check.dropped {
+        names.extend(old_name(id));
+    }
+    for (id, schema, name) in &check.renamed {
+        names.extend(old_name(*id));
+        if input.all_tables {
+            names.push(format!("{}.{}", quote_ident(schema), quote_ident(name)));
+        }
+    }
+    names.sort();
+    names.dedup();
+    let mut gone = check.dropped;
+    gone.extend(check.renamed.iter().map(|r| r.0));
+    if !gone.is_empty() {
+        let _ = tx.send(DdlReport {
+            gone: gone.clone(),
+            added: Vec::new(),
+            pending: Vec::new(),
+            error: None,
+            last: false,
+        });
+    }
+    for name in names {
+        match resolve(&client, &input, &name, &gone).await {
+            Ok(Resolved::Table(t)) => report.added.push(t),
+            Ok(Resolved::Cached) => {}
+            Ok(Resolved::OlderTransactions) => {
+                report.pending.push(name.clone());
+                report.error = Some(format!(
+                    "{name} joined the publication, but older transactions are still open \
+                     after {OLDER_TXN_WAIT:?}: retrying at the next check"
+                ));
+            }
+            Err(e) => {
+                if !input.all_tables {
+                    report.pending.push(name.clone());
+                }
+                if !matches!(
+                    e,
+                    CatalogError::NoSuchTable(_) | CatalogError::NoPrimaryKey(_)
+                ) {
+                    report.error = Some(format!("resolving {name}: {e}"));
+                }
+            }
+        }
+    }
+    report
+}
+
+/// What a name resolved to.
+enum Resolved {
+    /// A table ready to join the catalog.
+    Table(TableInfo),
+    /// A table that is cached already.
+    Cached,
+    /// A table that joined the publication while older transactions are still open: their
+    /// changes to it may be decoded without it, so it cannot be cached yet.
+    OlderTransactions,
+}
+
+/// The table now called `name`.
+async fn resolve(
+    client: &tokio_postgres::Client,
+    input: &CheckInput,
+    name: &str,
+    gone: &[u32],
+) -> Result<Resolved, CatalogError> {
+    let t = catalog::load_named_table(client, name).await?;
+    if input.tables.iter().any(|c| c.0 == t.id) && !gone.contains(&t.id) {
+        return Ok(Resolved::Cached);
+    }
+    let listed = catalog::publication_add(client, &input.publication, &t).await?;
+    if listed && !catalog::wait_for_older_transactions(client, OLDER_TXN_WAIT).await? {
+        return Ok(Resolved::OlderTransactions);
+    }
+    Ok(Resolved::Table(t))
+}

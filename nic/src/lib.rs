@@ -15,6 +15,10 @@
 //! - frames are whole Ethernet frames without the FCS.
 
 pub mod mem;
+#![deny(unsafe_code)]
+
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 
 /// One frame buffer, owned by the caller between receive (or alloc) and transmit (or drop).
 pub trait Packet: Send {

@@ -14,11 +14,11 @@
 //!   from, transmitting it hands it to the port;
 //! - frames are whole Ethernet frames without the FCS.
 
-pub mod mem;
 #![deny(unsafe_code)]
 
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+pub mod mem;
 
 /// One frame buffer, owned by the caller between receive (or alloc) and transmit (or drop).
 pub trait Packet: Send {

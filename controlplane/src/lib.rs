@@ -9,6 +9,8 @@
 
 pub mod catalog;
 pub mod config;
+#[cfg(feature = "dpdk")]
+pub mod dpdk_port;
 pub mod fill;
 pub mod keytext;
 pub mod rowjson;

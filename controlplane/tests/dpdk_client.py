@@ -67,7 +67,10 @@ for c in range(conns):
 
 
 def send(st):
-    n = st.sock.send(st.out)
+    try:
+        n = st.sock.send(st.out)
+    except OSError as e:
+        fail("connection %d send after %d answers: %s" % (st.c, st.j, e))
     st.out = st.out[n:]
     sel.modify(st.sock, selectors.EVENT_WRITE if st.out else selectors.EVENT_READ, st)
 
@@ -86,7 +89,11 @@ while done < conns:
                 st.connected = True
             send(st)
             continue
-        data = st.sock.recv(65536)
+        try:
+            data = st.sock.recv(65536)
+        except OSError as e:
+            fail("connection %d after %d answers (%s); %d connections finished, %d answers in all"
+                 % (st.c, st.j, e, done, answered))
         if not data:
             fail("connection %d closed after %d answers; buffered %r" % (st.c, st.j, st.buf))
         st.buf += data

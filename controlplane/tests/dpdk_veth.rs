@@ -48,15 +48,39 @@ fn dpdk_veth_end_to_end() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        for (port, tag, load) in [
-            ("net_af_packet0", "afp", true),
-            ("net_af_xdp0", "xdp", xdp_load),
-        ] {
+        // Two queue pairs on af_packet: a PACKET_FANOUT group that hashes flows to the queues
+        // and rolls a frame over to another queue when its ring is full, which moves a flow to
+        // the other core (its stack answers RST); the bigger ring (4,096 frames, default 512)
+        // keeps the 1,000-connection burst from filling it.
+        let runs = [
+            Run {
+                port: "net_af_packet0",
+                tag: "afp",
+                cores: 1,
+                args: "",
+                load: true,
+            },
+            Run {
+                port: "net_af_xdp0",
+                tag: "xdp",
+                cores: 1,
+                args: "",
+                load: xdp_load,
+            },
+            Run {
+                port: "net_af_packet1",
+                tag: "afp2q",
+                cores: 2,
+                args: ",qpairs=2,framecnt=4096",
+                load: true,
+            },
+        ];
+        for r in runs {
             if only
                 .as_ref()
-                .is_none_or(|o| o.split(',').any(|w| port.contains(w)))
+                .is_none_or(|o| o.split(',').any(|w| r.port.contains(w)))
             {
-                run(port, tag, load).await;
+                run(r).await;
             }
         }
     });
@@ -64,9 +88,26 @@ fn dpdk_veth_end_to_end() {
     let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/pgline-{}", std::process::id()));
 }
 
-/// One pgline on a fresh veth through the vdev `port`, and every client check against it (the
-/// 1,000 x 100 clients only with `load`).
-async fn run(port: &str, tag: &str, load: bool) {
+/// One pgline with `cores` dataplane cores on a fresh veth through the vdev `port` (driver
+/// arguments `iface=<veth>` and `args`).
+struct Run {
+    port: &'static str,
+    tag: &'static str,
+    cores: usize,
+    args: &'static str,
+    /// Whether the 1,000 x 100 clients run.
+    load: bool,
+}
+
+/// One pgline as `r` says, and every client check against it.
+async fn run(r: Run) {
+    let Run {
+        port,
+        tag,
+        cores,
+        args,
+        load,
+    } = r;
     let t0 = Instant::now();
     let db = TestDb::create(&format!("dpdk_{tag}")).await;
     let origin = db.client().await;
@@ -80,20 +121,31 @@ async fn run(port: &str, tag: &str, load: bool) {
         .expect("origin table");
     let rows = origin_rows(&origin).await;
     let net = Netns::create(tag).expect("netns + veth set-up");
+    if cores > 1 {
+        // af_packet's fanout spreads frames over the queues by the skb hash, which for the
+        // namespace's own TCP is the socket's txhash; Linux picks a new one after a
+        // retransmission timeout, which would move the flow to another core (whose stack answers
+        // RST). A NIC's RSS hashes the 4-tuple and has no such problem.
+        net.exec(&["sysctl", "-qw", "net.core.txrehash=0"])
+            .expect("net.core.txrehash=0 in the namespace");
+    }
 
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = support::config(&db, cores);
     cfg.resp.listen = format!("0.0.0.0:{RESP_PORT}");
     cfg.nic.mode = NicMode::Dpdk;
     cfg.nic.ip = net.app_ip.to_string();
     cfg.nic.port = port.to_string();
-    cfg.nic.vdevs = vec![format!("{port},iface={}", net.root_if)];
+    cfg.nic.vdevs = vec![format!("{port},iface={}{args}", net.root_if)];
     cfg.nic.eal_args = ["--no-huge", "-m", "512", "--log-level=notice"]
         .map(String::from)
         .to_vec();
     cfg.nic.rx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
     cfg.nic.tx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
     let p = support::start(cfg).await;
-    eprintln!("[{port}] pgline serving after {:?}", t0.elapsed());
+    eprintln!(
+        "[{port}] pgline ({cores} cores) serving after {:?}",
+        t0.elapsed()
+    );
 
     let app = net.app_ip.to_string();
     let t = Instant::now();
@@ -117,6 +169,20 @@ async fn run(port: &str, tag: &str, load: bool) {
     assert!(accepted >= want, "[{port}] {accepted} connections accepted");
     assert_eq!(total(|s| &s.protocol_errors), 0, "[{port}] protocol errors");
     assert!(total(|s| &s.keys_hit) > 0 && total(|s| &s.keys_miss) > 0);
+    let per_core: Vec<u64> = p
+        .shared
+        .stats
+        .iter()
+        .map(|s| {
+            s.connections_accepted
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .collect();
+    eprintln!("[{port}] connections accepted per core: {per_core:?}");
+    if load {
+        // Every queue pair got flows (the device spreads them: RSS, or af_packet's fanout).
+        assert!(per_core.iter().all(|&n| n > 0), "[{port}] {per_core:?}");
+    }
     p.shutdown().await;
     drop(net);
     eprintln!("[{port}] done in {:?}", t0.elapsed());

@@ -42,6 +42,7 @@ fn dpdk_veth_end_to_end() {
     // net_af_xdp on a veth stops receiving after ~2,000 frames here (DPDK 22.11, generic XDP):
     // the 1,000 x 100 load runs over it only with `PGLINE_E2E_XDP_LOAD=1`.
     let xdp_load = std::env::var_os("PGLINE_E2E_XDP_LOAD").is_some();
+    let _eal_dir = EalRuntimeDir;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -84,8 +85,16 @@ fn dpdk_veth_end_to_end() {
             }
         }
     });
-    // The EAL's runtime directory (`--file-prefix=pgline-<pid>`, see dpdk_port.rs).
-    let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/pgline-{}", std::process::id()));
+}
+
+/// Removes the EAL's runtime directory (`--file-prefix=pgline-<pid>`, see dpdk_port.rs) when the
+/// test ends, also by a panic.
+struct EalRuntimeDir;
+
+impl Drop for EalRuntimeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/pgline-{}", std::process::id()));
+    }
 }
 
 /// One pgline with `cores` dataplane cores on a fresh veth through the vdev `port` (driver

@@ -11,6 +11,8 @@ pub mod admin;
 pub mod api;
 pub mod catalog;
 pub mod config;
+#[cfg(feature = "dpdk")]
+pub mod dpdk_port;
 pub mod fill;
 pub mod keytext;
 pub mod metrics;

@@ -358,15 +358,10 @@ fn check_transport(cfg: &Config) -> Result<(), StartError> {
              (rebuild with `cargo build --release --features dpdk`; needs libdpdk-dev >= 22.11)"
                 .into(),
         )),
-        NicMode::Dpdk => Err(StartError::Nic(
-            "nic.mode = \"dpdk\": the DPDK port start is not wired into the engine yet \
-             (waiting for the pgline-nic DPDK backend to merge)"
-                .into(),
-        )),
-        NicMode::Mem if port == 0 => Err(StartError::Nic(
+        NicMode::Dpdk | NicMode::Mem if port == 0 => Err(StartError::Nic(
             "the userspace stack listens on resp.listen's port, which must not be 0".into(),
         )),
-        NicMode::Mem => Ok(()),
+        NicMode::Dpdk | NicMode::Mem => Ok(()),
     }
 }
 
@@ -401,8 +396,38 @@ fn start_engine(cfg: &Config, shared: Arc<Shared>) -> Result<(Engine, Vec<MemQue
                 Engine::start_userspace(engine_cfg, shared, ports, net).map_err(listen_error)?;
             Ok((engine, far_ends))
         }
-        NicMode::Dpdk => Err(StartError::Nic(
-            "the DPDK port start is not wired yet".into(),
-        )),
+        NicMode::Dpdk => start_dpdk(cfg, engine_cfg, shared).map(|e| (e, Vec::new())),
     }
+}
+
+/// `nic.mode = "dpdk"`: the cores run the userspace stack on the DPDK port's queue pairs.
+#[cfg(feature = "dpdk")]
+fn start_dpdk(
+    cfg: &Config,
+    mut engine_cfg: pgline_dataplane::engine::EngineConfig,
+    shared: Arc<Shared>,
+) -> Result<Engine, StartError> {
+    let ip = cfg
+        .nic
+        .ipv4()
+        .expect("validated: nic.ip is set in dpdk mode");
+    engine_cfg.listen = SocketAddr::new(ip.into(), engine_cfg.listen.port());
+    let net = cfg
+        .nic
+        .net_config(engine_cfg.max_connections_per_core())
+        .expect("validated: nic.ip is set in dpdk mode");
+    let queues = crate::dpdk_port::open_queues(&cfg.nic, cfg.resp.cores)?;
+    Engine::start_userspace(engine_cfg, shared, queues, net).map_err(|source| StartError::Listen {
+        addr: cfg.resp.listen.clone(),
+        source,
+    })
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn start_dpdk(
+    _: &Config,
+    _: pgline_dataplane::engine::EngineConfig,
+    _: Arc<Shared>,
+) -> Result<Engine, StartError> {
+    unreachable!("check_transport refuses nic.mode = dpdk without the dpdk feature")
 }

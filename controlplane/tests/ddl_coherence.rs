@@ -24,7 +24,7 @@ fn create_sql(tag: &str) -> String {
     )
 }
 
-async fn start(db: &TestDb, listed: bool) -> Pgline {
+async fn start(db: &TestDb, listed: bool) -> std::sync::Arc<Pgline> {
     let mut cfg = support::config(db, 1);
     if listed {
         cfg.catalog.tables = vec!["public.bench_rows".into()];

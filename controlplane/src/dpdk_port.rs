@@ -1,0 +1,174 @@
+//! `nic.mode = "dpdk"`: brings up the DPDK client port from the `[nic]` section and hands the
+//! engine one RX/TX queue pair per dataplane core.
+//!
+//! Order: EAL (once per process, on a thread of its own), mbuf pool, port by name (`nic.port`),
+//! configure with `resp.cores` queue pairs, start, log the link. The [`Port`] handle is dropped
+//! after the queues are taken: each [`DpdkQueue`] keeps the device open, and the device is stopped
+//! and closed when the engine's cores have exited and dropped their queues.
+//!
+//! EAL arguments: `--vdev` for each of `nic.vdevs`, `--no-pci` when `nic.no_pci` (the default),
+//! `--file-prefix=pgline-<pid>` unless `nic.eal_args` names one, then `nic.eal_args` verbatim
+//! (e.g. `--no-huge -m 512`, `--in-memory`, `-a 0000:01:00.0`).
+//!
+//! Thread model: `rte_eal_init` pins its calling thread to the main lcore's CPU set (and threads
+//! it spawns later inherit that), so it runs on a short-lived thread of its own; the caller's
+//! and the engine's threads keep their affinity. The cores do not register with the EAL, so the
+//! mbuf pool serves them from its shared ring (no per-lcore cache).
+//!
+//! Limitations: DPDK allows one `rte_eal_init` per process. A second start in the same process
+//! (tests) reuses the running EAL: its arguments are not re-read, and the `nic.vdevs` entry named
+//! `nic.port` is hot-plugged if no such port exists yet (other vdevs are then ignored). The
+//! mbuf pool lives until the process exits (DPDK has no safe way to free it while mbufs may be
+//! out).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pgline_nic::dpdk::{DpdkQueue, Eal, EalConfig, Mempool, Port, PortConfig};
+
+use crate::config::NicConfig;
+use crate::server::StartError;
+
+/// Mbufs per queue pair: RX and TX rings (1024 each by default) plus frames held by the stack.
+const MBUFS_PER_QUEUE: u32 = 4096;
+/// Per-lcore mbuf cache (used only by threads registered with the EAL).
+const POOL_CACHE: u32 = 256;
+/// Mbuf data room: a 1500-byte MTU frame plus DPDK's headroom.
+const DATA_ROOM: u16 = 2048 + 128;
+
+/// Pools made in this process, for unique pool names.
+static POOLS: AtomicU32 = AtomicU32::new(0);
+
+fn nic_error(what: &str, e: impl std::fmt::Display) -> StartError {
+    StartError::Nic(format!("dpdk: {what}: {e}"))
+}
+
+/// The EAL arguments `nic` asks for.
+pub fn eal_config(nic: &NicConfig) -> EalConfig {
+    let named = nic.eal_args.iter().any(|a| a.starts_with("--file-prefix"));
+    EalConfig {
+        file_prefix: (!named).then(|| format!("pgline-{}", std::process::id())),
+        vdevs: nic.vdevs.clone(),
+        no_pci: nic.no_pci,
+        extra_args: nic.eal_args.clone(),
+        ..EalConfig::default()
+    }
+}
+
+/// The process's EAL: initialized from `nic` on a dedicated thread, or the one already running.
+fn eal(nic: &NicConfig) -> Result<(&'static Eal, bool), StartError> {
+    if let Some(eal) = Eal::get() {
+        return Ok((eal, false));
+    }
+    let cfg = eal_config(nic);
+    tracing::info!(args = %cfg.args().join(" "), "dpdk: starting the EAL");
+    let eal = std::thread::Builder::new()
+        .name("pgline-eal-init".into())
+        .spawn(move || Eal::init(&cfg))
+        .map_err(|e| nic_error("EAL thread", e))?
+        .join()
+        .map_err(|_| StartError::Nic("dpdk: rte_eal_init panicked".into()))?
+        .map_err(|e| nic_error("rte_eal_init", e))?;
+    Ok((eal, true))
+}
+
+/// `nic.port`'s id, hot-plugging its `nic.vdevs` entry when the EAL was already running
+/// without it. Returns the id, or a port already configured by the hot-plug.
+fn find_port(
+    eal: &'static Eal,
+    nic: &NicConfig,
+    fresh: bool,
+    cfg: &PortConfig,
+    pool: Mempool,
+) -> Result<Port, StartError> {
+    if let Ok(id) = eal.port_by_name(&nic.port) {
+        return Port::configure(eal, id, cfg, pool).map_err(|e| nic_error(&nic.port, e));
+    }
+    let vdev = nic
+        .vdevs
+        .iter()
+        .find(|v| v.split(',').next() == Some(nic.port.as_str()));
+    match vdev {
+        Some(vdev) if !fresh => {
+            let args = vdev.split_once(',').map_or("", |(_, a)| a);
+            tracing::info!(port = %nic.port, args, "dpdk: EAL already up, hot-plugging the vdev");
+            Port::attach_vdev(eal, &nic.port, args, cfg, pool)
+                .map_err(|e| nic_error(&format!("hot-plug {vdev}"), e))
+        }
+        _ => Err(StartError::Nic(format!(
+            "dpdk: no port named {:?} (probed: {} ports; name a vdev from nic.vdevs or a PCI \
+             address, and check nic.no_pci)",
+            nic.port,
+            eal.port_count()
+        ))),
+    }
+}
+
+/// Brings the port up and returns one queue pair per core (core `i` gets queue `i`).
+pub fn open_queues(nic: &NicConfig, cores: usize) -> Result<Vec<DpdkQueue>, StartError> {
+    let queues = u16::try_from(cores)
+        .map_err(|_| StartError::Nic(format!("dpdk: {cores} cores is too many queues")))?;
+    let (eal, fresh) = eal(nic)?;
+    let n = POOLS.fetch_add(1, Ordering::Relaxed);
+    // A power of two minus one is the mempool's most memory-efficient size.
+    let mbufs = (MBUFS_PER_QUEUE * u32::from(queues)).next_power_of_two() * 2 - 1;
+    let pool = Mempool::create(eal, &format!("pgline_rx{n}"), mbufs, POOL_CACHE, DATA_ROOM)
+        .map_err(|e| nic_error("mbuf pool", e))?;
+    let port_cfg = PortConfig {
+        queues,
+        ..PortConfig::default()
+    };
+    let mut port = find_port(eal, nic, fresh, &port_cfg, pool)?;
+    port.start().map_err(|e| nic_error("port start", e))?;
+    let mac = port.mac().map(|b| format!("{b:02x}")).join(":");
+    match port.link() {
+        Ok(link) => tracing::info!(
+            port = %nic.port,
+            id = port.id(),
+            %mac,
+            queues,
+            rss = port.rss(),
+            tx_checksum = port.offloads().tx_checksum,
+            link_up = link.up,
+            speed_mbps = link.speed_mbps,
+            "dpdk: port started"
+        ),
+        Err(e) => {
+            tracing::warn!(port = %nic.port, %mac, error = %e, "dpdk: port started, link unknown")
+        }
+    }
+    (0..queues)
+        .map(|i| port.queue(i).map_err(|e| nic_error("queue", e)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eal_args_come_from_the_nic_section() {
+        let nic = NicConfig {
+            vdevs: vec!["net_af_packet0,iface=veth0".into()],
+            eal_args: vec!["--no-huge".into(), "-m".into(), "256".into()],
+            ..NicConfig::default()
+        };
+        let args = eal_config(&nic).args().join(" ");
+        let prefix = format!("--file-prefix=pgline-{}", std::process::id());
+        assert_eq!(
+            args,
+            format!(
+                "pgline --lcores 0 {prefix} --vdev net_af_packet0,iface=veth0 --no-pci \
+                 --no-huge -m 256"
+            )
+        );
+        let nic = NicConfig {
+            no_pci: false,
+            eal_args: vec!["--file-prefix=mine".into()],
+            ..NicConfig::default()
+        };
+        assert_eq!(
+            eal_config(&nic).args().join(" "),
+            "pgline --lcores 0 --file-prefix=mine"
+        );
+    }
+}

@@ -172,9 +172,24 @@ fn a_busy_listen_address_fails_with_a_fix() {
         "dpdk",
         "--origin",
         "host=127.0.0.1 port=1",
+        "--set",
+        "nic.ip=\"10.9.8.2\"",
+        "--set",
+        "nic.port=\"net_af_packet0\"",
+        "--set",
+        "nic.vdevs=[\"net_af_packet0,iface=pgline-no-such-if\"]",
     ]);
     assert_eq!(code, 1); // the origin still fails
-    assert!(line(&out, "nic (dpdk)").0.starts_with("SKIP"), "{out}");
+    let (l, fix) = line(&out, "nic (dpdk)");
+    assert!(l.starts_with("FAIL"), "{out}");
+    if cfg!(feature = "dpdk") {
+        assert!(
+            l.contains("pgline-no-such-if") && fix.contains("ip -br link"),
+            "{out}"
+        );
+    } else {
+        assert!(fix.contains("--features dpdk"), "{out}");
+    }
 }
 
 /// A throw-away PostgreSQL 15 cluster with `wal_level=replica`, stopped and removed on drop.

@@ -6,23 +6,22 @@
 //!
 //! Limitations: the hugepage check reads the default hugepage size's pool from /proc/meminfo
 //! (a 1 GiB pool that is not the default size is not seen); the slot/publication checks say what
-//! `pgline serve` would do, they do not try it; `--nic dpdk` is reported SKIP until the DPDK
-//! transport exists.
+//! `pgline serve` would do, they do not try it; with `--nic dpdk` (`nic.mode = "dpdk"`) the
+//! NIC line checks the build and the vdev's interface without starting the EAL.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pgline_controlplane::config::Config;
+use pgline_controlplane::config::{Config, NicMode};
 use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::ServeArgs;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Nic {
-    /// Kernel sockets (the only transport built today).
+/// The client transport being checked, from `nic.mode` (`--nic` sets it like for `serve`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Nic {
     Kernel,
-    /// The DPDK userspace transport.
     Dpdk,
 }
 
@@ -30,9 +29,6 @@ pub enum Nic {
 pub struct CheckArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
-    /// Client-side transport to check.
-    #[arg(long, value_enum, default_value = "kernel")]
-    pub nic: Nic,
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
@@ -97,8 +93,12 @@ pub fn run(args: &CheckArgs) -> ExitCode {
         }
     };
     let mut report = Report::default();
-    check_hugepages(&cfg, args.nic, &mut report);
-    check_nic(&cfg, args.nic, &mut report);
+    let nic = match cfg.nic.mode {
+        NicMode::Dpdk => Nic::Dpdk,
+        _ => Nic::Kernel,
+    };
+    check_hugepages(&cfg, nic, &mut report);
+    check_nic(&cfg, nic, &mut report);
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -251,14 +251,55 @@ fn check_bind(r: &mut Report, check: &str, key: &str, addr: &str) {
     }
 }
 
+/// `nic.mode = "dpdk"`: this build has the DPDK transport, the port is named among the vdevs,
+/// and a vdev bound to a kernel interface (`iface=`) finds it. Nothing is opened: the EAL is not
+/// started by a check.
+fn check_dpdk(cfg: &Config, r: &mut Report) {
+    if !cfg!(feature = "dpdk") {
+        r.fail(
+            "nic (dpdk)",
+            "this pgline was built without the dpdk feature",
+            "install libdpdk-dev (>= 22.11) and rebuild: cargo build --release --features dpdk",
+        );
+        return;
+    }
+    let nic = &cfg.nic;
+    let Some(vdev) = nic
+        .vdevs
+        .iter()
+        .find(|v| v.split(',').next() == Some(nic.port.as_str()))
+    else {
+        r.warn(
+            "nic (dpdk)",
+            format!(
+                "nic.port {:?} is not one of nic.vdevs (a PCI device?)",
+                nic.port
+            ),
+            "for a virtual device list it in nic.vdevs, e.g. \"net_af_packet0,iface=eth1\"",
+        );
+        return;
+    };
+    let iface = vdev.split(',').find_map(|kv| kv.strip_prefix("iface="));
+    match iface {
+        Some(i) if !std::path::Path::new("/sys/class/net").join(i).exists() => r.fail(
+            "nic (dpdk)",
+            format!("{vdev}: no interface {i:?} on this host"),
+            "create or name an existing interface (ip -br link); then set nic.vdevs",
+        ),
+        _ => r.pass(
+            "nic (dpdk)",
+            format!(
+                "port {} = {vdev}, appliance address {}/{}",
+                nic.port, nic.ip, nic.prefix_len
+            ),
+        ),
+    }
+}
+
 fn check_nic(cfg: &Config, nic: Nic, r: &mut Report) {
     match nic {
         Nic::Kernel => check_bind(r, "nic (kernel sockets)", "resp.listen", &cfg.resp.listen),
-        Nic::Dpdk => r.skip(
-            "nic (dpdk)",
-            "the DPDK transport is not built yet; pgline serves clients on kernel sockets \
-             (run the check without --nic dpdk)",
-        ),
+        Nic::Dpdk => check_dpdk(cfg, r),
     }
     // The API section may not exist in every build: read it as a TOML value.
     let api = toml::Value::try_from(cfg)

@@ -607,6 +607,7 @@ impl Writer {
         lsn: u64,
     ) {
         let Some(table) = self.catalog.get(rel).cloned() else {
+            self.unknown_relation_changed(rel);
             return;
         };
         let new_values = texts(new);
@@ -654,6 +655,7 @@ impl Writer {
 
     fn apply_delete(&mut self, rel: u32, old_key: &[TupleValue], lsn: u64) {
         let Some(table) = self.catalog.get(rel).cloned() else {
+            self.unknown_relation_changed(rel);
             return;
         };
         let Some(pk) = table.pk_text(&flatten(&texts(old_key))) else {
@@ -679,6 +681,15 @@ impl Writer {
         self.inflight.remove(&key);
         if self.applying_xid != 0 {
             self.seen.key_changed(key, self.applying_xid);
+        }
+    }
+
+    /// A change of a table the catalog does not hold (yet): ignored, but remembered as a change
+    /// of the whole table, so that if the table is added now (`AddTable`), its first fills are
+    /// checked against it like any other applied change.
+    fn unknown_relation_changed(&mut self, rel: u32) {
+        if self.applying_xid != 0 {
+            self.seen.table_changed(rel, self.applying_xid);
         }
     }
 

@@ -45,7 +45,11 @@ async fn fills_never_install_a_row_older_than_an_applied_change() {
             let c = common::connect(&conn).await;
             let mut n = w as i64;
             loop {
-                let id = round.load(Ordering::Relaxed) * KEYS + n % KEYS + 1;
+                let k = round.load(Ordering::Relaxed);
+                if k < 0 {
+                    return;
+                }
+                let id = k * KEYS + n % KEYS + 1;
                 c.execute("UPDATE hot SET v = v + 1 WHERE id = $1", &[&id])
                     .await
                     .unwrap();
@@ -74,9 +78,11 @@ async fn fills_never_install_a_row_older_than_an_applied_change() {
             .await
             .unwrap();
     }
+    // Stop the writers and wait for their last UPDATE (an aborted task's statement could
+    // still commit after the sync below).
+    round.store(-1, Ordering::Relaxed);
     for w in writers {
-        w.abort();
-        let _ = w.await;
+        w.await.unwrap();
     }
     support::sync(&p, &origin).await;
     let stale = support::stale_entries(&p, &origin).await;

@@ -204,6 +204,14 @@ impl Writer {
 
     fn publish_gauges(&self) {
         let now_us = crate::wal::conn::unix_now_us();
+        if self.repl.streaming.load(Ordering::Acquire) && self.repl.lag_bytes() == 0 {
+            // A moment the cache is known current (`lag_ms` reads 0 now). Without recording it,
+            // a stream that never saw a catch-up tick (the shared server's WAL end keeps moving)
+            // would read as never caught up the moment it drops: lag jumps to "since 1970".
+            self.repl
+                .caught_up_at_us
+                .fetch_max(now_us, Ordering::AcqRel);
+        }
         let lag_ms = self.repl.lag_ms(now_us);
         let streaming = self.repl.streaming.load(Ordering::Relaxed);
         let gauge = &self.shared.replication;

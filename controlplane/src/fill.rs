@@ -46,6 +46,53 @@ pub enum Fetched {
     },
 }
 
+/// The origin snapshot a fill read under (`pg_current_snapshot()` of the same statement), with
+/// transaction ids cut to the 32 bits pgoutput sends.
+///
+/// A transaction's commit record reaches the WAL (and so the WAL consumer) before the committing
+/// backend leaves the proc array, so a snapshot taken after the writer applied a change may
+/// still not see it. The writer uses [`Snapshot::sees`] to refuse such a read (see
+/// `docs/consistency.md`, "commit visibility").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub xmin: u32,
+    pub xmax: u32,
+    pub xip: Vec<u32>,
+}
+
+impl Snapshot {
+    /// Whether the (committed) top-level transaction `xid` is visible to this snapshot.
+    pub fn sees(&self, xid: u32) -> bool {
+        xid_precedes(xid, self.xmax) && !self.xip.contains(&xid)
+    }
+}
+
+/// `a` is older than `b` in modulo-2^32 transaction id order.
+pub fn xid_precedes(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+/// Parses `pg_snapshot` text output, `xmin:xmax:xip1,xip2,...` (64-bit ids, cut to 32 bits).
+pub fn parse_snapshot(text: &str) -> Option<Snapshot> {
+    let mut parts = text.split(':');
+    let cut = |s: &str| s.trim().parse::<u64>().ok().map(|x| x as u32);
+    let xmin = cut(parts.next()?)?;
+    let xmax = cut(parts.next()?)?;
+    let xip = match parts.next() {
+        None | Some("") => Vec::new(),
+        Some(list) => list.split(',').map(cut).collect::<Option<Vec<u32>>>()?,
+    };
+    Some(Snapshot { xmin, xmax, xip })
+}
+
+/// What one fill read: a result per key, and per key the snapshot it was read under (`None`
+/// for keys answered without an origin read).
+#[derive(Debug, Clone, Default)]
+pub struct FetchedBatch {
+    pub rows: Vec<Fetched>,
+    pub snapshots: Vec<Option<Arc<Snapshot>>>,
+}
+
 /// Encodes a row (column texts in table order) as the store holds it.
 pub fn encode_row(table: &TableInfo, values: &[Option<&[u8]>]) -> RowBytes {
     let mut json = Vec::with_capacity(
@@ -84,14 +131,16 @@ fn select_list(table: &TableInfo) -> String {
         .join(", ")
 }
 
-/// The batched statement for `table`: one text[] parameter per key column.
+/// The batched statement for `table`: one text[] parameter per key column. Its first column is
+/// the statement's snapshot; the rows hang off it with a LEFT JOIN, so the snapshot comes back
+/// even when no key matches (that row has NULL columns).
 ///
 /// The table is named in the query, but cached under its OID: after a DROP and re-CREATE (or a
-/// RENAME) the name reads another table. So the statement also returns, on every row and on one
-/// all-NULL row when no key matched, whether the name still resolves to `table.id`. The
-/// relation read is locked (`AccessShareLock`) from parse to the end of the statement, and
-/// DROP/RENAME need `AccessExclusiveLock`, so `to_regclass` at execution resolves the name to the
-/// relation being read.
+/// RENAME) the name reads another table. So the statement's last column is, on every row and on
+/// the all-NULL row, whether the name still resolves to `table.id`. The relation read is locked
+/// (`AccessShareLock`) from parse to the end of the statement, and DROP/RENAME need
+/// `AccessExclusiveLock`, so `to_regclass` at execution resolves the name to the relation being
+/// read.
 pub fn batch_sql(table: &TableInfo) -> String {
     let params: Vec<String> = (0..table.key_columns.len())
         .map(|i| format!("${}::text[]", i + 1))
@@ -110,7 +159,8 @@ pub fn batch_sql(table: &TableInfo) -> String {
         .collect();
     let name = table.qualified().replace('\'', "''");
     format!(
-        "SELECT {}, g.same FROM (SELECT to_regclass('{name}')::oid = {}::oid AS same) g \
+        "SELECT s.snap, {}, s.same FROM (SELECT pg_current_snapshot()::text AS snap, \
+         to_regclass('{name}')::oid = {}::oid AS same) s \
          LEFT JOIN ({} t JOIN unnest({}) AS k({}) ON {}) ON true",
         select_list(table),
         table.id,
@@ -127,8 +177,12 @@ pub async fn fetch(
     table: &TableInfo,
     pks: &[Box<[u8]>],
     timeout_ms: u64,
-) -> Result<Vec<Fetched>, FillError> {
-    let mut results = vec![Fetched::Absent { cacheable: true }; pks.len()];
+) -> Result<FetchedBatch, FillError> {
+    let mut out = FetchedBatch {
+        rows: vec![Fetched::Absent { cacheable: true }; pks.len()],
+        snapshots: vec![None; pks.len()],
+    };
+    let results = &mut out.rows;
     let mut batch: Vec<usize> = Vec::new();
     let mut single: Vec<usize> = Vec::new();
     for (i, pk) in pks.iter().enumerate() {
@@ -152,17 +206,21 @@ pub async fn fetch(
         }
     }
     if !batch.is_empty() {
-        run(client, table, pks, &batch, &mut results, timeout_ms).await?;
+        let snap = run(client, table, pks, &batch, results, timeout_ms).await?;
+        for &i in &batch {
+            out.snapshots[i] = snap.clone();
+        }
     }
+    let results = &mut out.rows;
     for i in single {
-        match run(client, table, pks, &[i], &mut results, timeout_ms).await {
-            Ok(()) => {}
+        match run(client, table, pks, &[i], results, timeout_ms).await {
+            Ok(snap) => out.snapshots[i] = snap,
             // The origin rejected the key's text for its type: no such row can exist.
             Err(FillError::Query(_)) => results[i] = Fetched::Absent { cacheable: false },
             Err(e) => return Err(e),
         }
     }
-    Ok(results)
+    Ok(out)
 }
 
 async fn run(
@@ -172,7 +230,7 @@ async fn run(
     which: &[usize],
     results: &mut [Fetched],
     timeout_ms: u64,
-) -> Result<(), FillError> {
+) -> Result<Option<Arc<Snapshot>>, FillError> {
     let nkeys = table.key_columns.len();
     let mut params: Vec<Vec<String>> = vec![Vec::with_capacity(which.len()); nkeys];
     for &i in which {
@@ -195,12 +253,17 @@ async fn run(
         Ok(Err(e)) => return Err(classify(e)),
         Ok(Ok(rows)) => rows,
     };
-    let guard = table.columns.len();
+    let guard = table.columns.len() + 1;
+    let mut snapshot = None;
     for row in rows {
         if row.get::<_, Option<bool>>(guard) != Some(true) {
             return Err(FillError::TableChanged(table.qualified()));
         }
-        let texts: Vec<Option<&str>> = (0..table.columns.len()).map(|c| row.get(c)).collect();
+        if snapshot.is_none() {
+            let text: String = row.get(0);
+            snapshot = parse_snapshot(&text).map(Arc::new);
+        }
+        let texts: Vec<Option<&str>> = (1..=table.columns.len()).map(|c| row.get(c)).collect();
         let values: Vec<Option<&[u8]>> = texts.iter().map(|t| t.map(str::as_bytes)).collect();
         let Some(pk) = table.pk_text(&values) else {
             continue;
@@ -209,7 +272,10 @@ async fn run(
             results[i] = Fetched::Row(Arc::new(encode_row(table, &values)));
         }
     }
-    Ok(())
+    // Without its snapshot a read cannot be checked against changes already applied.
+    snapshot
+        .map(Some)
+        .ok_or_else(|| FillError::Query("the fill statement returned no snapshot".into()))
 }
 
 pub fn classify(e: tokio_postgres::Error) -> FillError {

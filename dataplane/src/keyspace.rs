@@ -19,6 +19,39 @@ use std::sync::{Arc, RwLock};
 #[derive(Debug, Default, Clone)]
 pub struct KeySpace {
     prefixes: rustc_hash::FxHashMap<Box<[u8]>, u32>,
+    /// Cached tables as the PostgreSQL front describes them, by table id.
+    pg_tables: rustc_hash::FxHashMap<u32, Arc<PgTable>>,
+    /// `(schema, name)` -> table id, for statements that name a table.
+    pg_names: rustc_hash::FxHashMap<(Box<str>, Box<str>), u32>,
+}
+
+/// One column of a cached table, as PostgreSQL's RowDescription describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgColumn {
+    pub name: Box<str>,
+    /// `pg_attribute.attnum` (not the position: dropped columns leave gaps).
+    pub attnum: i16,
+    /// The type OID the origin reports (a domain reports its base type).
+    pub type_oid: u32,
+    /// `pg_type.typlen` of that type.
+    pub typlen: i16,
+    /// The type modifier the origin reports (`atttypmod`, the base type's for a domain).
+    pub typmod: i32,
+}
+
+/// A cached table as the PostgreSQL front needs it: names, columns in the order of the
+/// store's columns section (attribute order), and the primary key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTable {
+    /// The table's id in the store (its `pg_class` OID, reported in RowDescription).
+    pub id: u32,
+    pub schema: Box<str>,
+    pub name: Box<str>,
+    pub columns: Box<[PgColumn]>,
+    /// Indexes into `columns` of the primary key, in key order.
+    pub key_columns: Box<[usize]>,
+    /// The primary key's column names, in key order (what statement classification asks for).
+    pub key_names: Box<[String]>,
 }
 
 impl KeySpace {
@@ -44,6 +77,27 @@ impl KeySpace {
 
     pub fn len(&self) -> usize {
         self.prefixes.len()
+    }
+
+    /// Describes a cached table for the PostgreSQL front (replacing an earlier description).
+    pub fn add_pg_table(&mut self, table: PgTable) {
+        let key = (table.schema.clone(), table.name.clone());
+        self.pg_names.insert(key, table.id);
+        self.pg_tables.insert(table.id, Arc::new(table));
+    }
+
+    /// A cached table by id.
+    pub fn pg_table(&self, id: u32) -> Option<&Arc<PgTable>> {
+        self.pg_tables.get(&id)
+    }
+
+    /// A cached table by name; without a schema, `public` (pgline does not follow the client's
+    /// `search_path`; statements naming other schemas must qualify the table).
+    pub fn pg_table_named(&self, schema: Option<&str>, name: &str) -> Option<&Arc<PgTable>> {
+        let key: (Box<str>, Box<str>) = (schema.unwrap_or("public").into(), name.into());
+        self.pg_names
+            .get(&key)
+            .and_then(|id| self.pg_tables.get(id))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -111,5 +165,11 @@ mod tests {
         cell.publish(ks);
         assert!(cell.generation() > g);
         assert_eq!(cell.snapshot().resolve(b"t:1"), Some((1, &b"1"[..])));
+    }
+}
+
+impl crate::pgwire::classify::Catalog for KeySpace {
+    fn primary_key(&self, schema: Option<&str>, table: &str) -> Option<&[String]> {
+        self.pg_table_named(schema, table).map(|t| &t.key_names[..])
     }
 }

@@ -65,6 +65,75 @@ pub struct MissReply {
     pub results: Vec<FillResult>,
 }
 
+/// What a PostgreSQL-protocol request asks of the control plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgRequestKind {
+    /// `messages` is the client's StartupMessage (length word included). The control plane
+    /// opens an origin connection as that user and database and relays the authentication
+    /// exchange; replies end with [`PgReplyEnd::Auth`] while the client must send a password
+    /// message, and with [`PgReplyEnd::Ready`] once the session is open. The final reply holds
+    /// the origin's ParameterStatus messages, pgline's own BackendKeyData for this session and
+    /// ReadyForQuery.
+    Startup,
+    /// `messages` is one or more password/SASL (`p`) messages during startup.
+    Auth,
+    /// `messages` is a run of complete frontend messages the core does not serve itself, in the
+    /// client's order, ending with a Sync or a Query (or Flush/Terminate-free: the core never
+    /// forwards Terminate). Statement names are the client's; the control plane maps them to
+    /// its backends. A statement referenced here but parsed only in a batch the core served
+    /// itself is preceded by that Parse message, so the control plane always knows it.
+    Batch,
+    /// The client went away; release the session's backend (rolled back if it was in a
+    /// transaction) and forget the session. No reply.
+    Close,
+    /// `messages` is a CancelRequest (16 bytes) that arrived on a new connection of any core.
+    /// No reply; the core closes that connection itself.
+    Cancel,
+}
+
+/// A PostgreSQL-protocol request from a core to the control plane.
+#[derive(Debug)]
+pub struct PgRequest {
+    pub core: usize,
+    /// Identifies the connection (slot and generation) on its core.
+    pub conn: u64,
+    /// Identifies the reply on that connection; replies to one request share its `seq`.
+    pub seq: u64,
+    /// The session: the connection's client id (unique for the process lifetime).
+    pub session: u64,
+    pub kind: PgRequestKind,
+    /// Raw frontend messages, see [`PgRequestKind`].
+    pub messages: Vec<u8>,
+}
+
+/// How a [`PgReply`] chunk ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgReplyEnd {
+    /// More chunks for the same `seq` follow (large results are streamed in bounded chunks).
+    More,
+    /// Startup: the client must answer with a password/SASL message.
+    Auth,
+    /// The request is complete and the session is ready: `bytes` ends with ReadyForQuery
+    /// carrying this transaction status (`b'I'`, `b'T'` or `b'E'`).
+    Ready(u8),
+    /// Fatal: write `bytes` (an ErrorResponse) and close the connection.
+    Close,
+}
+
+/// The control plane's answer (or one chunk of it) to a [`PgRequest`].
+#[derive(Debug)]
+pub struct PgReply {
+    pub conn: u64,
+    pub seq: u64,
+    /// Backend messages to write to the client as they are.
+    pub bytes: Vec<u8>,
+    pub end: PgReplyEnd,
+    /// Session consistency fence: when non-zero, the origin's WAL position after this request
+    /// (taken after a write committed, or after a read the origin served). The session may be
+    /// served from cache again only once the applied LSN has reached it.
+    pub fence_lsn: u64,
+}
+
 /// Wakes a sleeping party (a core's poll loop, or the control plane's miss dispatcher).
 pub trait Wake: Send + Sync {
     fn wake(&self);
@@ -74,6 +143,10 @@ pub trait Wake: Send + Sync {
 pub struct CoreQueues {
     pub misses: ArrayQueue<MissRequest>,
     pub replies: ArrayQueue<MissReply>,
+    /// PostgreSQL-protocol work this core hands the control plane.
+    pub pg_requests: ArrayQueue<PgRequest>,
+    /// The control plane's PostgreSQL-protocol replies to this core.
+    pub pg_replies: ArrayQueue<PgReply>,
 }
 
 impl CoreQueues {
@@ -81,6 +154,8 @@ impl CoreQueues {
         CoreQueues {
             misses: ArrayQueue::new(capacity.max(1)),
             replies: ArrayQueue::new(capacity.max(1)),
+            pg_requests: ArrayQueue::new(capacity.max(1)),
+            pg_replies: ArrayQueue::new(capacity.max(1)),
         }
     }
 }

@@ -92,6 +92,7 @@ fn start() -> (Engine, Arc<Shared>) {
     shared.serve_hits.store(true, Ordering::Release);
     let engine = Engine::start(
         EngineConfig {
+            pg_listen: None,
             listen: "127.0.0.1:0".parse().unwrap(),
             cores: 1,
             max_connections: 16,

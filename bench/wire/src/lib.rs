@@ -336,6 +336,7 @@ fn serve(
 /// The engine settings of the benchmarked core (the shipped defaults where they matter).
 fn engine_config(conns: usize) -> EngineConfig {
     EngineConfig {
+        pg_listen: None,
         listen: SocketAddr::V4(SocketAddrV4::new(SERVER_IP, PORT)),
         cores: 1,
         max_connections: conns + 64,

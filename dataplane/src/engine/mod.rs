@@ -63,6 +63,8 @@ pub const DEFAULT_SPIN_POLLS: u32 = 2_000;
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub listen: SocketAddr,
+    /// Where PostgreSQL-protocol clients connect (`None`: the pgwire front is off).
+    pub pg_listen: Option<SocketAddr>,
     pub cores: usize,
     pub max_connections: usize,
     pub max_request_bytes: usize,

@@ -281,6 +281,7 @@ mod tests {
             Arc::new(NoWake),
         ));
         let cfg = EngineConfig {
+            pg_listen: None,
             listen: "127.0.0.1:0".parse().expect("address"),
             cores: 1,
             max_connections: 16,

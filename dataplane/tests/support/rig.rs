@@ -88,6 +88,7 @@ pub fn shared(cores: usize) -> Arc<Shared> {
 
 pub fn engine_config(cores: usize, max_connections: usize, listen: &str) -> EngineConfig {
     EngineConfig {
+        pg_listen: None,
         listen: listen.parse().expect("listen address"),
         cores,
         max_connections,

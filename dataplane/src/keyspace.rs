@@ -139,6 +139,12 @@ impl KeySpaceCell {
     }
 }
 
+impl crate::pgwire::classify::Catalog for KeySpace {
+    fn primary_key(&self, schema: Option<&str>, table: &str) -> Option<&[String]> {
+        self.pg_table_named(schema, table).map(|t| &t.key_names[..])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,11 +171,5 @@ mod tests {
         cell.publish(ks);
         assert!(cell.generation() > g);
         assert_eq!(cell.snapshot().resolve(b"t:1"), Some((1, &b"1"[..])));
-    }
-}
-
-impl crate::pgwire::classify::Catalog for KeySpace {
-    fn primary_key(&self, schema: Option<&str>, table: &str) -> Option<&[String]> {
-        self.pg_table_named(schema, table).map(|t| &t.key_names[..])
     }
 }

@@ -91,6 +91,7 @@ pub struct Engine {
     threads: Vec<JoinHandle<()>>,
     shared: Arc<Shared>,
     local_addr: SocketAddr,
+    pg_local_addr: Option<SocketAddr>,
 }
 
 impl Engine {
@@ -120,6 +121,7 @@ impl Engine {
             threads,
             shared,
             local_addr: listen,
+            pg_local_addr: cfg.pg_listen,
         })
     }
 
@@ -183,6 +185,7 @@ impl Engine {
             threads,
             shared,
             local_addr: cfg.listen,
+            pg_local_addr: cfg.pg_listen,
         })
     }
 
@@ -221,6 +224,12 @@ impl Engine {
     /// The address clients connect to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The address PostgreSQL-protocol clients connect to, `None` when the front is off.
+    /// (Contract placeholder: the configured address until the listener is bound.)
+    pub fn pg_local_addr(&self) -> Option<SocketAddr> {
+        self.pg_local_addr
     }
 
     /// Stops the cores and waits for them.

@@ -156,7 +156,7 @@ bench_run() { # scenario label args...
     local out=/dev/null
     [ "$DRY" = 1 ] && out=/dev/stdout
     loadgen "$BENCH" run --scenario "$scenario" --label "$label" --keyspace "$ROWS" \
-        --duration "$DURATION" --warmup "$WARMUP" --settle "${SETTLE:-5s}" --out "$JSONL" \
+        --duration "$DURATION" --warmup "$WARMUP" --settle "${SETTLE:-1s}" --out "$JSONL" \
         "${args[@]}" >"$out"
     [ "$DRY" = 1 ] || tail -1 "$JSONL" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("%-8s %-24s mget=%-3s clients=%-4s keys=%-8s writes=%-9s %10.0f req/s p99=%8.0fus %8.0f writes/s stale=%s" % (r["scenario"], r["label"], r["mget"], r["clients"], r["keys"], r["write_rate"], r["rps"], r["p99_us"], r.get("write_rps") or 0, r.get("stale")))'
 }

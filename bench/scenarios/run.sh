@@ -99,10 +99,12 @@ scenario_mixed() {
     [ $SMOKE = 1 ] && rates="0 unlimited"
     start_pgline
     start_valkey 1
-    valkey_prefill
     for k in $shapes; do for r in $rates; do
         bench_run mixed "pgline" --target resp --resp "$PGLINE" --server-pid "pgline=$PGLINE_PID" \
             --clients 64 --keys "$k" --write-rate "$r" --stale-check
+        # Fresh cache-aside state per cell: stale entries a cell leaves would count again in
+        # the next one.
+        valkey_prefill
         bench_run mixed "valkey cache-aside" --target cache-aside --resp "$VALKEY" \
             --server-pid "valkey=$VALKEY_PID" --clients 64 --keys "$k" --write-rate "$r" --stale-check
     done; done

@@ -306,6 +306,11 @@ pub struct StaleArgs {
     /// Wait before re-checking stale candidates.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub settle: Duration,
+    /// Before comparing, wait at most this long for a pgline server to have applied the
+    /// origin's WAL up to the origin's position when the check starts (`INFO replication`
+    /// `applied_lsn_int`); a server without that field (Valkey) is compared at once.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub catchup_timeout: Duration,
     /// Exit non-zero when any entry is stale.
     #[arg(long)]
     pub expect_zero: bool,

@@ -107,6 +107,10 @@ pub struct Row {
     pub rss_samples: Vec<RssSample>,
     /// Stale entries found by the end-of-run check (null if not checked).
     pub stale: Option<u64>,
+    /// How long the server took, at the end-of-run check, to apply the origin's WAL up to the
+    /// origin's position (null if not checked or the server reports no applied LSN).
+    #[serde(default)]
+    pub stale_catchup_ms: Option<u64>,
     /// Where and when it ran.
     pub env: Env,
 }

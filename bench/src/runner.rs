@@ -90,14 +90,23 @@ pub async fn run(args: &RunArgs) -> Result<Row, BenchError> {
             resp: args.resp.clone(),
             batch: 500,
             settle: args.settle,
+            catchup_timeout: std::time::Duration::from_secs(60),
             expect_zero: false,
         };
-        Some(crate::stale::check(&sa).await?.stale)
+        Some(crate::stale::check(&sa).await?)
     } else {
         None
     };
     let server_cpu = cpu_delta(args, &m.cpu_before, &m.cpu_after);
-    let mut row = build_row(args, &reads, &writes, server_cpu, stale, env);
+    let mut row = build_row(
+        args,
+        &reads,
+        &writes,
+        server_cpu,
+        stale.as_ref().map(|s| s.stale),
+        env,
+    );
+    row.stale_catchup_ms = stale.and_then(|s| s.catchup_ms);
     row.client_cpu_s = m.client_cpu_s;
     row.rss_samples = m.rss_samples;
     row.server_rss_kib = args
@@ -644,6 +653,7 @@ pub fn build_row(
         rss_samples: Vec::new(),
         server_cpu_s,
         stale,
+        stale_catchup_ms: None,
         env,
     }
 }

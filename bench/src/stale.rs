@@ -3,7 +3,14 @@
 //! Pass 1 reads `<table>:<id>` for every id in `0..keyspace` with MGET batches and, for the
 //! same id range, `row_to_json` from the origin; a cached value that differs from the origin's
 //! (or a cached row the origin no longer has) is a candidate. Candidates are re-read after
-//! `--settle` (WAL apply lag is not staleness); those still different are stale.
+//! `--settle`; those still different are stale.
+//!
+//! Replication lag is not staleness: pgline may serve a row up to `replication.max_lag_ms`
+//! behind the origin by design. So before pass 1 the check reads the origin's WAL position
+//! (`pg_current_wal_lsn()`) and waits until the server reports (`INFO replication`,
+//! `applied_lsn_int`) that it applied the WAL up to there, at most `--catchup-timeout`; the time
+//! this took is reported as `catchup_ms`, apart from the stale count. Every write made before
+//! the check started is then applied, so a difference left after that is staleness, not lag.
 //!
 //! # Limitations
 //! On pgline a GET of an uncached key is a read-through fill, so pass 1 also fills every key it
@@ -32,6 +39,9 @@ pub struct StaleReport {
     pub stale: u64,
     /// Up to 10 stale keys, for the operator.
     pub sample: Vec<String>,
+    /// How long the server took to apply the origin's WAL up to its position at the start
+    /// (`None`: the server reports no applied LSN, e.g. Valkey).
+    pub catchup_ms: Option<u64>,
 }
 
 /// Runs the check.
@@ -46,8 +56,11 @@ pub async fn check(args: &StaleArgs) -> Result<StaleReport, BenchError> {
         .await?;
     let any = origin.prepare(&pg::lookup_any_sql(table)).await?;
     let mut conn = RespConn::connect(&args.resp).await?;
+    let mut rep = StaleReport {
+        catchup_ms: catch_up(&origin, &mut conn, args.catchup_timeout).await?,
+        ..StaleReport::default()
+    };
     let prefix = format!("{table}:").into_bytes();
-    let mut rep = StaleReport::default();
     let mut candidates = Vec::new();
     let batch = args.batch.max(1) as u64;
     let mut lo = 0u64;
@@ -88,6 +101,48 @@ pub async fn check(args: &StaleArgs) -> Result<StaleReport, BenchError> {
         }
     }
     Ok(rep)
+}
+
+/// Waits until the server has applied the origin's WAL up to the origin's current position;
+/// returns how long that took, or `None` if the server does not report an applied LSN.
+async fn catch_up(
+    origin: &tokio_postgres::Client,
+    conn: &mut RespConn,
+    timeout: std::time::Duration,
+) -> Result<Option<u64>, BenchError> {
+    let row = origin
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::text", &[])
+        .await?;
+    let target: u64 = row
+        .get::<_, String>(0)
+        .parse()
+        .map_err(|_| BenchError::Config("pg_current_wal_lsn() is not a number".into()))?;
+    let start = std::time::Instant::now();
+    loop {
+        let Some(applied) = applied_lsn(conn).await? else {
+            return Ok(None);
+        };
+        if applied >= target {
+            return Ok(Some(start.elapsed().as_millis() as u64));
+        }
+        if start.elapsed() >= timeout {
+            return Err(BenchError::Config(format!(
+                "the server applied WAL to {applied} but the origin was at {target} when the \
+                 check started, still behind after {timeout:?}"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The server's `applied_lsn_int` from `INFO replication`, if it reports one.
+async fn applied_lsn(conn: &mut RespConn) -> Result<Option<u64>, BenchError> {
+    let info = match conn.command(&[b"INFO", b"replication"]).await? {
+        Value::Bulk(b) => String::from_utf8_lossy(&b).into_owned(),
+        Value::Error(e) => return Err(crate::resp::RespError::Server(e).into()),
+        _ => return Ok(None),
+    };
+    Ok(crate::resp::info_field(&info, "applied_lsn_int").and_then(|v| v.parse().ok()))
 }
 
 async fn mget(

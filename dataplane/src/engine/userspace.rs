@@ -165,6 +165,10 @@ impl<S: StreamStack> UserCore<S> {
                 StreamEvent::Closed(id) => {
                     // The stack has freed it: drop the session, tell the stack nothing.
                     if let Some(slot) = self.streams.slot_of.remove(&id) {
+                        if let Some(entry) = self.slots.get_mut(slot) {
+                            let token = super::slots::token(slot, entry.conn.generation);
+                            self.worker.conn_closed(&mut entry.conn, token);
+                        }
                         self.slots.remove(slot, self.worker.stats());
                     }
                 }

@@ -35,8 +35,8 @@ use super::{pg_fatal, pg_protocol_error, PgSession, Statement, Step};
 use crate::engine::conn::Conn;
 use crate::engine::session::Worker;
 
-/// Messages of a batch kept for shape matching (a served batch has at most four).
-const SHAPE: usize = 4;
+/// Messages of a batch kept for shape matching (a served batch has at most five).
+const SHAPE: usize = 5;
 /// Distinct statement texts memoized per session before the memo starts over.
 const MEMO_LIMIT: usize = 4096;
 

@@ -327,3 +327,67 @@ pub(crate) fn compose_data_row(lookup: &Lookup, section: &[u8], out: &mut Vec<u8
     out[start + 1..start + 5].copy_from_slice(&len.to_be_bytes());
     Some(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keyspace::PgColumn;
+
+    fn keyspace() -> KeySpace {
+        let col = |name: &str, attnum, type_oid, typlen| PgColumn {
+            name: name.into(),
+            attnum,
+            type_oid,
+            typlen,
+            typmod: -1,
+        };
+        let mut ks = KeySpace::new();
+        ks.add_pg_table(PgTable {
+            id: 99,
+            schema: "public".into(),
+            name: "t_1".into(),
+            columns: vec![col("id", 1, INT4, 4), col("name", 2, TEXT, -1)].into(),
+            key_columns: vec![0].into(),
+            key_names: vec!["id".to_string()].into(),
+        });
+        ks
+    }
+
+    #[test]
+    fn point_lookups_classify_with_canonical_keys() {
+        let ks = keyspace();
+        let c = classify_text(b"SELECT * FROM t_1 WHERE id = 1", &ks);
+        let Class::Lookup(l) = c else {
+            panic!("{:?}", classify("SELECT * FROM t_1 WHERE id = 1", &ks))
+        };
+        assert!(matches!(&l.key[0].0, KeyValue::Literal(v) if &**v == b"1"));
+        assert_eq!(&*l.columns, &[0, 1]);
+        let Class::Lookup(l) = classify_text(b"SELECT name FROM t_1 WHERE id = $1", &ks) else {
+            panic!("param lookup")
+        };
+        assert_eq!(l.params, 1);
+        assert!(matches!(
+            classify_text(b"SELECT nope FROM t_1 WHERE id = 1", &ks),
+            Class::Other
+        ));
+    }
+
+    #[test]
+    fn params_and_literals_canonicalize() {
+        let mut out = Vec::new();
+        assert!(canonical_param(&7i32.to_be_bytes(), Format::Binary, 0, INT4, &mut out).is_some());
+        assert_eq!(out, b"7");
+        out.clear();
+        assert!(canonical_param(b"x", Format::Text, 700, INT4, &mut out).is_none());
+        assert_eq!(
+            canonical_literal(b"'{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11}'", UUID).as_deref(),
+            Some(&b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"[..])
+        );
+        assert_eq!(
+            canonical_literal(b"'it''s'", TEXT).as_deref(),
+            Some(&b"it's"[..])
+        );
+        assert_eq!(canonical_literal(b"70000", INT2), None);
+        assert_eq!(canonical_literal(b"007", INT4).as_deref(), Some(&b"7"[..]));
+    }
+}

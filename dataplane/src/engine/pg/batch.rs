@@ -51,6 +51,8 @@ struct Framed<'a> {
     raw_parse: Option<&'a [u8]>,
 }
 
+// A stack value used once per batch: boxing the large variant would allocate on the hit path.
+#[allow(clippy::large_enum_variant)]
 enum Frame<'a> {
     Batch(Framed<'a>),
     Incomplete,

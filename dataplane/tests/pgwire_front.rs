@@ -5,157 +5,25 @@
 mod support;
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use pgline_dataplane::engine::Engine;
-use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell, PgColumn, PgTable};
-use pgline_dataplane::plane::{PgRequestKind, Shared, Wake};
-use pgline_dataplane::row::encode_columns;
-use pgline_dataplane::store::{self, EntryData, StoreConfig};
+use pgline_dataplane::plane::PgRequestKind;
 use postgres_protocol::message::frontend as fe;
 use postgres_protocol::IsNull;
-use support::pgorigin::{connect_origin, read_message, simple, until_ready, Relay};
-
-struct NoWake;
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
-
-struct Lab {
-    table: String,
-    engine: Engine,
-    relay: Relay,
-    shared: Arc<Shared>,
-    origin: TcpStream,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        simple(
-            &mut self.origin,
-            &format!("DROP TABLE IF EXISTS {}", self.table),
-        );
-    }
-}
-
-fn column(name: &str, attnum: i16, type_oid: u32, typlen: i16, typmod: i32) -> PgColumn {
-    PgColumn {
-        name: name.into(),
-        attnum,
-        type_oid,
-        typlen,
-        typmod,
-    }
-}
-
-/// The table oid from a simple query's single-value DataRow.
-fn single_value(reply: &[u8]) -> String {
-    let at = reply.iter().position(|&b| b == b'D').expect("a row");
-    let len = i32::from_be_bytes(reply[at + 7..at + 11].try_into().expect("len")) as usize;
-    String::from_utf8(reply[at + 11..at + 11 + len].to_vec()).expect("utf8")
-}
+use support::pglab::{self, client, Lab};
+use support::pgorigin::{read_message, simple, until_ready};
 
 /// A uniquely named table with rows 1 and 2 on the origin; row 1 (only) in the store.
 fn lab(tag: &str) -> Lab {
-    let (mut origin, _) = connect_origin("postgres");
-    let table = format!("pgl_core_{tag}_{}", std::process::id());
-    simple(&mut origin, &format!("DROP TABLE IF EXISTS {table}"));
-    let created = simple(
-        &mut origin,
-        &format!(
-            "CREATE TABLE {table} (id int4 PRIMARY KEY, dropped int, name text, \
-             note varchar(20), n int8); ALTER TABLE {table} DROP COLUMN dropped; \
-             INSERT INTO {table} VALUES (1, 'alice', NULL, 42), (2, 'bob', 'x', -7)"
-        ),
-    );
-    assert!(!created.windows(6).any(|w| w == b"SERROR"), "setup failed");
-    let oid: u32 = single_value(&simple(
-        &mut origin,
-        &format!("SELECT '{table}'::regclass::oid"),
-    ))
-    .parse()
-    .expect("oid");
-    let cfg = StoreConfig {
-        memory_bytes: 16 << 20,
-        segment_bytes: 1 << 20,
-        max_page_level: pgline_hugepages::PageLevel::Base,
-        prefault: false,
-    };
-    let (mut writer, reader) = store::open(&cfg).expect("store");
-    let mut cols = Vec::new();
-    let row: [(&[u8], Option<&[u8]>); 4] = [
-        (b"id", Some(b"1")),
-        (b"name", Some(b"alice")),
-        (b"note", None),
-        (b"n", Some(b"42")),
-    ];
-    encode_columns(&mut cols, row.into_iter());
-    let sections: [&[u8]; 2] = [b"$2\r\n{}\r\n", &cols];
-    let data = EntryData {
-        sections: &sections,
-        negative: false,
-        lsn: 1,
-    };
-    writer.insert(oid, b"1", &data).expect("insert");
-    let mut ks = KeySpace::new();
-    ks.add(&table, oid);
-    ks.add_pg_table(PgTable {
-        id: oid,
-        schema: "public".into(),
-        name: table.as_str().into(),
-        columns: vec![
-            column("id", 1, 23, 4, -1),
-            column("name", 3, 25, -1, -1),
-            column("note", 4, 1043, -1, 24),
-            column("n", 5, 20, 8, -1),
-        ]
-        .into(),
-        key_columns: vec![0].into(),
-        key_names: vec!["id".to_string()].into(),
-    });
-    let shared = Arc::new(Shared::new(
-        reader,
-        KeySpaceCell::new(ks),
-        1,
-        1024,
-        Arc::new(NoWake),
-    ));
-    std::mem::forget(writer);
-    shared.serve_hits.store(true, Ordering::Release);
-    let mut ecfg = support::rig::engine_config(1, 64, "127.0.0.1:0");
-    ecfg.pg_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    let engine = Engine::start(ecfg, shared.clone()).expect("engine");
-    let relay = Relay::start(shared.clone(), "postgres");
-    Lab {
-        table,
-        engine,
-        relay,
-        shared,
-        origin,
-    }
-}
-
-/// A raw client through pgline, after startup.
-fn client(addr: SocketAddr) -> TcpStream {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    // SSLRequest first, as libpq does: must be refused with 'N'.
-    s.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).expect("ssl");
-    let mut n = [0u8; 1];
-    std::io::Read::read_exact(&mut s, &mut n).expect("ssl answer");
-    assert_eq!(n[0], b'N');
-    let mut b = BytesMut::new();
-    fe::startup_message([("user", "postgres"), ("database", "postgres")], &mut b).expect("enc");
-    s.write_all(&b).expect("write");
-    let (tag, _) = read_message(&mut s);
-    assert_eq!(tag, b'R', "AuthenticationOk first");
-    until_ready(&mut s);
-    s
+    pglab::lab(
+        tag,
+        "id int4 PRIMARY KEY, dropped int, name text, note varchar(20), n int8",
+        "ALTER TABLE {t} DROP COLUMN dropped; \
+         INSERT INTO {t} VALUES (1, 'alice', NULL, 42), (2, 'bob', 'x', -7)",
+        &[1],
+    )
 }
 
 fn extended(sql: &str, param: &str, describe_statement: bool) -> BytesMut {

@@ -263,9 +263,7 @@ impl Worker {
         let Some(lookup) = memo_lookup(&mut pg.memo, text, &self.keyspace) else {
             return Served::No;
         };
-        if bind.param_count() != lookup.params.max(ntypes)
-            || !text_results(bind, lookup.columns.len())
-        {
+        if bind.param_count() != lookup.params.max(ntypes) || !servable_formats(bind, &lookup) {
             return Served::No;
         }
         pg.key_buf.clear();
@@ -275,6 +273,7 @@ impl Worker {
         let prefix = Prefix::Extended {
             parse: parse.is_some(),
             describe,
+            bind,
         };
         let served = self.pg_answer(&lookup, &pg.key_buf, out, prefix);
         if let (Served::Hit, Some((name, query, oids))) = (&served, parse) {
@@ -285,16 +284,24 @@ impl Worker {
     }
 }
 
-/// What precedes the rows in a served answer.
+/// What precedes the rows in a served answer, and the result formats.
 #[derive(Clone, Copy)]
-enum Prefix {
+enum Prefix<'a> {
     Simple,
-    Extended { parse: bool, describe: bool },
+    Extended {
+        parse: bool,
+        describe: bool,
+        bind: &'a Bind<'a>,
+    },
 }
 
 impl Worker {
     /// Reads the row and composes the whole answer into `out`.
     fn pg_answer(&mut self, lookup: &Lookup, key: &[u8], out: &mut Vec<u8>, p: Prefix) -> Served {
+        let format = |i: usize| match p {
+            Prefix::Simple => Format::Text,
+            Prefix::Extended { bind, .. } => bind.result_format(i),
+        };
         self.scratch.clear();
         let found = self
             .shared
@@ -306,7 +313,9 @@ impl Worker {
         let start = out.len();
         let describe = match p {
             Prefix::Simple => true,
-            Prefix::Extended { parse, describe } => {
+            Prefix::Extended {
+                parse, describe, ..
+            } => {
                 if parse {
                     compose_parse_complete(out);
                 }
@@ -315,12 +324,18 @@ impl Worker {
             }
         };
         if describe {
+            let at = out.len();
             out.extend_from_slice(&lookup.row_description);
+            for (i, &f) in lookup.format_at.iter().enumerate() {
+                if format(i) == Format::Binary {
+                    out[at + f..at + f + 2].copy_from_slice(&Format::Binary.code().to_be_bytes());
+                }
+            }
         }
         let rows = if found == StoreLookup::Hit {
-            if compose_data_row(lookup, &self.scratch, out).is_none() {
+            if compose_data_row(lookup, &self.scratch, format, out).is_none() {
                 out.truncate(start);
-                return Served::Miss(lookup.table);
+                return Served::No;
             }
             1
         } else {
@@ -351,14 +366,15 @@ fn memo_lookup(
     }
 }
 
-/// Every result column in text format (as the protocol's format-code rules say).
-fn text_results(bind: &Bind<'_>, columns: usize) -> bool {
-    match bind.result_format_count() {
-        0 => true,
-        1 => bind.result_format(0) == Format::Text,
-        n if n == columns => (0..n).all(|i| bind.result_format(i) == Format::Text),
-        _ => false,
+/// The result formats (the protocol's 0/1/N rule) are ones a hit can produce: text, or binary
+/// for a column whose type converts exactly (see `binary.rs`).
+fn servable_formats(bind: &Bind<'_>, lookup: &Lookup) -> bool {
+    let n = bind.result_format_count();
+    if n > 1 && n != lookup.columns.len() {
+        return false;
     }
+    (0..lookup.columns.len())
+        .all(|i| bind.result_format(i) == Format::Text || lookup.binary[i].is_some())
 }
 
 /// The store key of a lookup whose key values are all literals.

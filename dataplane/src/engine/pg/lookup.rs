@@ -19,6 +19,8 @@ use crate::pgwire::classify::{classify, Classification, KeySource, Projection};
 use crate::pgwire::{compose_row_description, FieldDescription, Format};
 use crate::row::ColumnsView;
 
+use super::binary::{compose_binary_value, BinaryKind};
+
 const INT2: u32 = 21;
 const INT4: u32 = 23;
 const INT8: u32 = 20;
@@ -53,6 +55,10 @@ pub(crate) struct Lookup {
     pub key: Box<[(KeyValue, u32)]>,
     /// RowDescription for text results.
     pub row_description: Box<[u8]>,
+    /// Offset in `row_description` of each column's format code (patched for binary).
+    pub format_at: Box<[usize]>,
+    /// Per projected column, how to make its binary form (`None`: never served in binary).
+    pub binary: Box<[Option<BinaryKind>]>,
     /// Parameters the statement text uses (`$n` highest).
     pub params: usize,
     pub pg_table: Arc<PgTable>,
@@ -133,11 +139,25 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
         .collect();
     let mut row_description = Vec::new();
     compose_row_description(&mut row_description, &fields);
+    let mut format_at = Vec::with_capacity(fields.len());
+    let mut at = 7;
+    for f in &fields {
+        // name, NUL, table oid (4), attnum (2), type oid (4), size (2), typmod (4), format.
+        at += f.name.len() + 1 + 16;
+        format_at.push(at);
+        at += 2;
+    }
+    let binary = columns
+        .iter()
+        .map(|&i| BinaryKind::of(table.columns[i].type_oid))
+        .collect();
     Class::Lookup(Arc::new(Lookup {
         table: table.id,
         columns: columns.into(),
         key: key.into(),
         row_description: row_description.into(),
+        format_at: format_at.into(),
+        binary,
         params,
         pg_table: table.clone(),
     }))
@@ -301,9 +321,15 @@ pub(crate) fn canonical_param(
     }
 }
 
-/// Appends a DataRow of the projected columns of `section` (a store columns section).
-/// `None` if the section does not hold the table's columns.
-pub(crate) fn compose_data_row(lookup: &Lookup, section: &[u8], out: &mut Vec<u8>) -> Option<()> {
+/// Appends a DataRow of the projected columns of `section` (a store columns section), column
+/// `i` in format `format(i)`. `None` if the section does not hold the table's columns or a
+/// value has no exact binary form.
+pub(crate) fn compose_data_row(
+    lookup: &Lookup,
+    section: &[u8],
+    format: impl Fn(usize) -> Format,
+    out: &mut Vec<u8>,
+) -> Option<()> {
     let view = ColumnsView::new(section);
     if view.count() != lookup.pg_table.columns.len() {
         return None;
@@ -313,9 +339,12 @@ pub(crate) fn compose_data_row(lookup: &Lookup, section: &[u8], out: &mut Vec<u8
     out.extend_from_slice(&[0; 4]);
     let count = i16::try_from(lookup.columns.len()).ok()?;
     out.extend_from_slice(&count.to_be_bytes());
-    for &want in lookup.columns.iter() {
+    for (i, &want) in lookup.columns.iter().enumerate() {
         let (_, value) = view.iter().nth(want)?;
         match value {
+            Some(v) if format(i) == Format::Binary => {
+                compose_binary_value((*lookup.binary.get(i)?)?, v, out)?;
+            }
             Some(v) => {
                 out.extend_from_slice(&(v.len() as i32).to_be_bytes());
                 out.extend_from_slice(v);

@@ -24,6 +24,7 @@
 //! and FunctionCall are refused (0A000, connection closed).
 
 mod batch;
+mod binary;
 mod forward;
 mod lookup;
 

@@ -171,3 +171,60 @@ fn tokio_postgres_prepared_lookups_hit() {
     });
     assert_eq!(hits(&lab), before + 4, "every prepared lookup was a hit");
 }
+
+/// A simple query through pgline and on the origin (same settings on both): same bytes.
+/// Returns whether pgline served it.
+fn same_simple(lab: &mut Lab, c: &mut std::net::TcpStream, sql: &str) -> bool {
+    let (h, b) = (hits(lab), batches(lab));
+    let ours = simple(c, sql);
+    assert_eq!(ours, simple(&mut lab.origin, sql), "{sql}: bytes differ");
+    let served = hits(lab) == h + 1;
+    assert_eq!(served, batches(lab) == b, "{sql}: a hit or a forward");
+    served
+}
+
+#[test]
+fn settings_that_change_text_output_turn_hits_off() {
+    let mut lab = lab("settings");
+    let addr = lab.engine.pg_local_addr().expect("pg listener");
+    let mut c = client(addr);
+    let t = lab.table.clone();
+    let ts = format!("SELECT id, ts FROM {t} WHERE id = 1");
+    let f8 = format!("SELECT f8, by FROM {t} WHERE id = 1");
+    assert!(same_simple(&mut lab, &mut c, &ts));
+    assert!(!same_simple(
+        &mut lab,
+        &mut c,
+        "SET TimeZone = 'Asia/Tokyo'"
+    ));
+    let tokyo = simple(&mut c, &ts);
+    assert!(
+        tokyo.windows(22).any(|w| w == b"2024-01-02 12:04:05+09"),
+        "the origin's timestamptz text in Tokyo"
+    );
+    assert!(
+        !same_simple(&mut lab, &mut c, &ts),
+        "date/time column: origin"
+    );
+    assert!(
+        same_simple(&mut lab, &mut c, &f8),
+        "other columns still hit"
+    );
+    assert!(!same_simple(&mut lab, &mut c, "SET DateStyle = 'German'"));
+    assert!(!same_simple(&mut lab, &mut c, "RESET TimeZone"));
+    assert!(
+        !same_simple(&mut lab, &mut c, &ts),
+        "DateStyle still German"
+    );
+    assert!(!same_simple(&mut lab, &mut c, "RESET DateStyle"));
+    assert!(same_simple(&mut lab, &mut c, &ts), "server defaults again");
+    assert!(!same_simple(&mut lab, &mut c, "set EXTRA_float_digits = 0"));
+    assert!(
+        !same_simple(&mut lab, &mut c, &f8),
+        "float text may differ now"
+    );
+    assert!(
+        !same_simple(&mut lab, &mut c, &ts),
+        "the session is tainted"
+    );
+}

@@ -190,6 +190,9 @@ impl Worker {
                 let Some(lookup) = memo_lookup(&mut pg.memo, text, &self.keyspace) else {
                     return Served::No;
                 };
+                if lookup.datetime && !pg.settings.datetime_ok() {
+                    return Served::No;
+                }
                 pg.key_buf.clear();
                 if lookup.params != 0 || !literal_key(&lookup, &mut pg.key_buf) {
                     return Served::No;
@@ -263,6 +266,9 @@ impl Worker {
         let Some(lookup) = memo_lookup(&mut pg.memo, text, &self.keyspace) else {
             return Served::No;
         };
+        if lookup.datetime && !pg.settings.datetime_ok() {
+            return Served::No;
+        }
         if bind.param_count() != lookup.params.max(ntypes) || !servable_formats(bind, &lookup) {
             return Served::No;
         }

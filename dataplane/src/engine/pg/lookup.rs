@@ -20,6 +20,7 @@ use crate::pgwire::{compose_row_description, FieldDescription, Format};
 use crate::row::ColumnsView;
 
 use super::binary::{compose_binary_value, BinaryKind};
+use super::settings::is_datetime;
 
 const INT2: u32 = 21;
 const INT4: u32 = 23;
@@ -59,6 +60,8 @@ pub(crate) struct Lookup {
     pub format_at: Box<[usize]>,
     /// Per projected column, how to make its binary form (`None`: never served in binary).
     pub binary: Box<[Option<BinaryKind>]>,
+    /// A projected column's text depends on DateStyle/IntervalStyle/TimeZone.
+    pub datetime: bool,
     /// Parameters the statement text uses (`$n` highest).
     pub params: usize,
     pub pg_table: Arc<PgTable>,
@@ -151,6 +154,9 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
         .iter()
         .map(|&i| BinaryKind::of(table.columns[i].type_oid))
         .collect();
+    let datetime = columns
+        .iter()
+        .any(|&i| is_datetime(table.columns[i].type_oid));
     Class::Lookup(Arc::new(Lookup {
         table: table.id,
         columns: columns.into(),
@@ -158,6 +164,7 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
         row_description: row_description.into(),
         format_at: format_at.into(),
         binary,
+        datetime,
         params,
         pg_table: table.clone(),
     }))

@@ -12,6 +12,10 @@
 //!           anything else (and misses)-> PgRequest Batch, wait for Ready(s)
 //! ```
 //!
+//! Cached answers are given only where the session's settings print the returned columns as
+//! pgline's own origin sessions did (`settings.rs` states the rule), and in binary only for
+//! types converted exactly from their text (`binary.rs`).
+//!
 //! Invariants: at most one request per session is outstanding (`waiting`); no input of the
 //! session is looked at until its reply ends (`Ready`, `Auth` or `Close`), so replies are in
 //! order without a queue. Chunks `More` are appended to the output as they come. A reply for
@@ -27,6 +31,7 @@ mod batch;
 mod binary;
 mod forward;
 mod lookup;
+mod settings;
 
 use std::sync::atomic::Ordering;
 
@@ -72,6 +77,10 @@ pub(crate) struct PgSession {
     pub statements: FxHashMap<Box<[u8]>, Statement>,
     /// The store key of the lookup being served (reused).
     pub key_buf: Vec<u8>,
+    /// What the session's settings allow to be served (see `settings.rs`).
+    pub settings: settings::Settings,
+    /// Finds ParameterStatus in the replies.
+    pub scan: settings::ReplyScan,
 }
 
 impl PgSession {
@@ -86,6 +95,8 @@ impl PgSession {
             memo_generation: 0,
             statements: FxHashMap::default(),
             key_buf: Vec::with_capacity(64),
+            settings: settings::Settings::default(),
+            scan: settings::ReplyScan::default(),
         }
     }
 }
@@ -130,7 +141,7 @@ impl Worker {
     }
 
     fn pg_startup(&mut self, conn: &mut Conn, token: u64) -> Step {
-        let (startup, consumed) = match parse_startup(conn.input(), &self.pg_limits) {
+        let (startup, consumed) = match parse_startup(&conn.rbuf[conn.rpos..], &self.pg_limits) {
             Ok(v) => v,
             Err(ParseError::Incomplete) => return Step::Incomplete,
             Err(ParseError::Invalid(kind)) => {
@@ -145,7 +156,14 @@ impl Worker {
                 return Step::Done;
             }
             Startup::Cancel { .. } => PgRequestKind::Cancel,
-            Startup::Startup(_) => PgRequestKind::Startup,
+            Startup::Startup(m) => {
+                if let Some(pg) = conn.pg.as_mut() {
+                    for (name, value) in m.params() {
+                        pg.settings.note_startup_param(name, value);
+                    }
+                }
+                PgRequestKind::Startup
+            }
         };
         let messages = conn.input()[..consumed].to_vec();
         if !self.push_pg(conn, token, kind, messages) {
@@ -265,6 +283,11 @@ impl Worker {
         if reply.fence_lsn > pg.fence {
             pg.fence = reply.fence_lsn;
         }
+        let startup = pg.phase != Phase::Ready;
+        let settings = &mut pg.settings;
+        pg.scan.feed(&reply.bytes, |name, value| {
+            settings.note_status(name, value, startup)
+        });
         match reply.end {
             PgReplyEnd::More => {}
             PgReplyEnd::Auth => pg.waiting = None,
@@ -293,6 +316,7 @@ impl Worker {
     /// Whether a cached answer may be served to this session now.
     pub(crate) fn pg_may_serve(&self, pg: &PgSession) -> bool {
         pg.tx_status == b'I'
+            && pg.settings.plain()
             && self.shared.serve_hits.load(Ordering::Relaxed)
             && self.shared.replication.applied_lsn.load(Ordering::Acquire) >= pg.fence
     }

@@ -37,7 +37,7 @@ const PG_LISTENER: Token = Token(2);
 const FIRST_CONN: usize = 3;
 /// What a PostgreSQL client over the connection limit gets (it expects a startup reply;
 /// PostgreSQL sends such an ErrorResponse too): FATAL 53300, then the socket is closed.
-const PG_REJECT: &[u8] =
+pub(crate) const PG_REJECT: &[u8] =
     b"E\x00\x00\x00\x3bSFATAL\x00VFATAL\x00C53300\x00Msorry, too many clients already\x00\x00";
 /// Bytes read from one socket per turn before other connections get their turn.
 const READ_PER_TURN: usize = 256 * 1024;

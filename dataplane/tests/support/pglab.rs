@@ -88,8 +88,23 @@ fn text(v: &Option<Vec<u8>>) -> String {
 
 /// Creates `pgl_core_<tag>_<pid>` with `columns` (the first is the int4 primary key `id`),
 /// runs `setup` (with `{t}` replaced by the table name), and copies rows `cached` into the
-/// store as the origin prints them.
+/// store as the origin prints them. One kernel core with a pg listener.
 pub fn lab(tag: &str, columns: &str, setup: &str, cached: &[i32]) -> Lab {
+    lab_with(tag, columns, setup, cached, |shared| {
+        let mut ecfg = super::rig::engine_config(1, 64, "127.0.0.1:0");
+        ecfg.pg_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        Engine::start(ecfg, shared).expect("engine")
+    })
+}
+
+/// [`lab`] with the engine (one core) that `start` starts.
+pub fn lab_with(
+    tag: &str,
+    columns: &str,
+    setup: &str,
+    cached: &[i32],
+    start: impl FnOnce(Arc<Shared>) -> Engine,
+) -> Lab {
     let (mut origin, _) = connect_origin("postgres");
     let table = format!("pgl_core_{tag}_{}", std::process::id());
     simple(&mut origin, &format!("DROP TABLE IF EXISTS {table}"));
@@ -125,9 +140,7 @@ pub fn lab(tag: &str, columns: &str, setup: &str, cached: &[i32]) -> Lab {
     ));
     std::mem::forget(writer);
     shared.serve_hits.store(true, Ordering::Release);
-    let mut ecfg = super::rig::engine_config(1, 64, "127.0.0.1:0");
-    ecfg.pg_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    let engine = Engine::start(ecfg, shared.clone()).expect("engine");
+    let engine = start(shared.clone());
     let relay = Relay::start(shared.clone(), "postgres");
     let pg_table = shared
         .keyspace

@@ -24,8 +24,12 @@
 //! a FATAL ErrorResponse (SQLSTATE 08P01) and only that connection is closed.
 //!
 //! Thread model: owned by the connection's core. Limitations: Flush does not end a batch (a
-//! client that waits for replies after a Flush without Sync waits until it sends Sync); Copy
-//! and FunctionCall are refused (0A000, connection closed).
+//! client that waits for replies after a Flush without Sync waits until it sends Sync): the
+//! contract's batch ends with Sync or Query and its reply with `PgReplyEnd::Ready`, i.e. a
+//! ReadyForQuery, which the origin does not send after a Flush; ending a batch at Flush needs
+//! a reply end meaning "done, no ReadyForQuery" and a relay that knows when the origin's
+//! answer to the flushed messages is complete. Copy and FunctionCall are refused (0A000,
+//! connection closed).
 
 mod batch;
 mod binary;

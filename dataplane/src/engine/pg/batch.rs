@@ -26,7 +26,7 @@ use crate::pgwire::{
     Target, TxStatus,
 };
 use crate::plane::PgRequestKind;
-use crate::row::SECTION_COLUMNS;
+use crate::row::{ColumnsView, SECTION_COLUMNS};
 use crate::store::Lookup as StoreLookup;
 use rustc_hash::FxHashMap;
 
@@ -313,7 +313,9 @@ impl Worker {
             .shared
             .store
             .read(lookup.table, key, SECTION_COLUMNS, &mut self.scratch);
-        if found == StoreLookup::Miss {
+        let stale = found == StoreLookup::Hit
+            && ColumnsView::new(&self.scratch).count() != lookup.pg_table.columns.len();
+        if found == StoreLookup::Miss || stale {
             return Served::Miss(lookup.table);
         }
         let start = out.len();
@@ -340,6 +342,7 @@ impl Worker {
         }
         let rows = if found == StoreLookup::Hit {
             if compose_data_row(lookup, &self.scratch, format, out).is_none() {
+                // A value without an exact binary form (NaN, escape-format bytea, ...).
                 out.truncate(start);
                 return Served::No;
             }

@@ -89,18 +89,26 @@ fn steady_state_parse_and_compose_allocate_nothing() {
         serve(&input, &mut out);
     }
     let expected = out.clone();
-    let region = Region::new(GLOBAL);
-    let mut messages = 0;
-    for _ in 0..10_000 {
-        out.clear();
-        messages += serve(&input, &mut out);
+    // The harness's own threads may allocate at any time (seen once in a full run): the
+    // best of three windows must be zero. A per-message allocation shows in every window.
+    let mut best = u64::MAX;
+    for _ in 0..3 {
+        let region = Region::new(GLOBAL);
+        let mut messages = 0;
+        for _ in 0..10_000 {
+            out.clear();
+            messages += serve(&input, &mut out);
+        }
+        let change = region.change();
+        assert_eq!(out, expected);
+        assert_eq!(messages, 50_000);
+        best = best.min((change.allocations + change.reallocations) as u64);
+        if best == 0 {
+            break;
+        }
     }
-    let change = region.change();
-    assert_eq!(out, expected);
-    assert_eq!(messages, 50_000);
     assert_eq!(
-        change.allocations + change.reallocations,
-        0,
-        "{messages} messages parsed and answered"
+        best, 0,
+        "allocations while parsing and answering 50,000 messages"
     );
 }

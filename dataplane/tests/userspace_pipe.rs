@@ -1,14 +1,23 @@
 //! The userspace core loop (`engine::userspace`) over an in-process byte-pipe stack, with a real
 //! store and a stand-in control plane that answers misses: hits, misses released in request
 //! order, pipelining, partial sends resumed on `Writable`, half-close, reset, a malformed request
-//! that closes only its own connection, and the connection limit.
+//! that closes only its own connection, and the connection limit. And a PostgreSQL client on
+//! the pg port: startup through the stand-in relay (real origin at 127.0.0.1:54329), cached
+//! lookups byte-identical to the origin, a forwarded statement.
 
 mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use pgline_dataplane::engine::Engine;
+use postgres_protocol::message::frontend as fe;
+use postgres_protocol::IsNull;
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use support::pglab;
+use support::pgorigin::{simple, until_ready};
 use support::pipe::{Client, Net, PipeStack};
 use support::rig::{self, get, mget, resp_row, ControlPlane, ORIGIN_ONLY, ROWS};
 
@@ -189,4 +198,83 @@ fn on_start_runs_on_each_core_thread() {
         started,
         vec![(0, "pgline-ucore-0".into()), (1, "pgline-ucore-1".into())]
     );
+}
+
+#[test]
+fn postgres_clients_on_the_pg_port_get_cached_lookups() {
+    let mut net = None;
+    let mut lab = pglab::lab_with(
+        "upipe",
+        "id int4 PRIMARY KEY, name text, score float8",
+        "INSERT INTO {t} VALUES (1, 'alice', 0.1), (2, 'bob', NULL)",
+        &[1],
+        |shared| {
+            let (stack, n) = PipeStack::new(1 << 20);
+            net = Some(n);
+            let mut cfg = rig::engine_config(1, 16, "10.0.0.1:6380");
+            cfg.pg_listen = Some("10.0.0.1:6432".parse().unwrap());
+            Engine::start_streams(cfg, shared, vec![stack]).expect("engine")
+        },
+    );
+    let net = net.expect("net");
+    assert_eq!(lab.engine.pg_local_addr().map(|a| a.port()), Some(6432));
+    let c = Client::connect_to(&net, 6432);
+    let mut b = BytesMut::new();
+    fe::startup_message([("user", "postgres"), ("database", "postgres")], &mut b).unwrap();
+    c.send(&b);
+    let (tag, _) = c.read_pg_message();
+    assert_eq!(tag, b'R', "AuthenticationOk through the relay");
+    c.read_pg_until_ready();
+
+    let t = lab.table.clone();
+    let hits = |lab: &pglab::Lab| lab.shared.stats[0].keys_hit.load(Ordering::Relaxed);
+    // Simple protocol: a hit, the origin's bytes.
+    let sql = format!("SELECT * FROM {t} WHERE id = 1");
+    let mut q = BytesMut::new();
+    fe::query(&sql, &mut q).unwrap();
+    c.send(&q);
+    assert_eq!(c.read_pg_until_ready(), simple(&mut lab.origin, &sql));
+    assert_eq!(hits(&lab), 1);
+    // Extended, binary results: a hit, the origin's bytes.
+    let mut e = BytesMut::new();
+    fe::parse(
+        "",
+        &format!("SELECT name, score FROM {t} WHERE id = $1"),
+        [23u32],
+        &mut e,
+    )
+    .unwrap();
+    fe::bind(
+        "",
+        "",
+        [1i16],
+        [1i32],
+        |p, buf| {
+            buf.extend_from_slice(&p.to_be_bytes());
+            Ok::<_, Box<dyn std::error::Error + Sync + Send>>(IsNull::No)
+        },
+        [1i16],
+        &mut e,
+    )
+    .map_err(|_| "bind")
+    .unwrap();
+    fe::describe(b'P', "", &mut e).unwrap();
+    fe::execute("", 0, &mut e).unwrap();
+    fe::sync(&mut e);
+    c.send(&e);
+    let ours = c.read_pg_until_ready();
+    lab.origin.write_all(&e).unwrap();
+    assert_eq!(ours, until_ready(&mut lab.origin));
+    assert_eq!(hits(&lab), 2);
+    // Not cached: forwarded to the relay, the origin's answer.
+    let sql = format!("SELECT count(*) FROM {t}");
+    let mut q = BytesMut::new();
+    fe::query(&sql, &mut q).unwrap();
+    c.send(&q);
+    assert_eq!(c.read_pg_until_ready(), simple(&mut lab.origin, &sql));
+    assert_eq!(hits(&lab), 2);
+    // A RESP client on the other port still speaks RESP.
+    let r = Client::connect(&net);
+    r.send(b"PING\r\n");
+    assert_eq!(r.read_exact(7, usize::MAX), b"+PONG\r\n");
 }

@@ -1,7 +1,9 @@
 //! The hit path allocates nothing: a counting global allocator (`stats_alloc`) watches a real engine (kernel
 //! transport, real store) serve pipelined GET, MGET 16 and HGET hits to a client that reuses its
-//! buffers. Nothing else runs in this process during the measured window (no control plane), so
-//! any allocation counted is the dataplane's.
+//! buffers, and warm PostgreSQL point lookups (simple Query; Parse/Bind/Describe/Execute/Sync;
+//! Bind/Execute/Sync of a named statement with binary results). Nothing else runs in this
+//! process during the measured window (no control plane; the tests take turns), so any
+//! allocation counted is the dataplane's.
 
 use std::alloc::System;
 use std::io::{Read, Write};
@@ -10,8 +12,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pgline_dataplane::engine::{Engine, EngineConfig};
-use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
-use pgline_dataplane::plane::{Shared, Wake};
+use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell, PgColumn, PgTable};
+use pgline_dataplane::pgwire::{
+    compose_auth_ok, compose_parameter_status, compose_ready_for_query, TxStatus,
+};
+use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequestKind, Shared, Wake};
 use pgline_dataplane::resp::Limits;
 use pgline_dataplane::row::{encode_columns, encode_resp_json};
 use pgline_dataplane::store::{self, EntryData, StoreConfig};
@@ -20,6 +25,9 @@ use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// The allocator is global to the process: one measuring test at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 struct NoWake;
 impl Wake for NoWake {
@@ -82,6 +90,21 @@ fn start() -> (Engine, Arc<Shared>) {
         .expect("insert negative");
     let mut ks = KeySpace::new();
     ks.add("kv", TABLE);
+    let column = |name: &str, attnum, type_oid, typlen| PgColumn {
+        name: name.into(),
+        attnum,
+        type_oid,
+        typlen,
+        typmod: -1,
+    };
+    ks.add_pg_table(PgTable {
+        id: TABLE,
+        schema: "public".into(),
+        name: "users".into(),
+        columns: vec![column("id", 1, 23, 4), column("name", 2, 25, -1)].into(),
+        key_columns: vec![0].into(),
+        key_names: vec!["id".to_string()].into(),
+    });
     let shared = Arc::new(Shared::new(
         reader,
         KeySpaceCell::new(ks),
@@ -92,7 +115,7 @@ fn start() -> (Engine, Arc<Shared>) {
     shared.serve_hits.store(true, Ordering::Release);
     let engine = Engine::start(
         EngineConfig {
-            pg_listen: None,
+            pg_listen: Some("127.0.0.1:0".parse().unwrap()),
             listen: "127.0.0.1:0".parse().unwrap(),
             cores: 1,
             max_connections: 16,
@@ -125,6 +148,7 @@ fn round_trip(s: &mut TcpStream, request: &[u8], buf: &mut [u8], reply_len: usiz
 
 #[test]
 fn hits_allocate_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (engine, shared) = start();
     let mut s = TcpStream::connect(engine.local_addr()).unwrap();
     s.set_nodelay(true).unwrap();
@@ -196,6 +220,144 @@ fn hits_allocate_nothing() {
         "{observed} observations for {sent} requests"
     );
     assert!(sum_ns > 0);
+    drop(s);
+    engine.stop();
+}
+
+/// Answers the one Startup request of the PostgreSQL test as an origin with server defaults
+/// would (no origin needed: nothing else is forwarded), then returns.
+fn answer_startup(shared: &Shared) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        assert!(std::time::Instant::now() < until, "no startup request");
+        let Some(req) = shared.queues[0].pg_requests.pop() else {
+            std::thread::yield_now();
+            continue;
+        };
+        assert_eq!(req.kind, PgRequestKind::Startup);
+        let mut bytes = Vec::new();
+        compose_auth_ok(&mut bytes);
+        for (n, v) in [
+            (&b"client_encoding"[..], &b"UTF8"[..]),
+            (b"DateStyle", b"ISO, MDY"),
+            (b"IntervalStyle", b"postgres"),
+            (b"TimeZone", b"UTC"),
+        ] {
+            compose_parameter_status(&mut bytes, n, v);
+        }
+        compose_ready_for_query(&mut bytes, TxStatus::Idle);
+        let reply = PgReply {
+            conn: req.conn,
+            seq: req.seq,
+            bytes,
+            end: PgReplyEnd::Ready(b'I'),
+            fence_lsn: 0,
+        };
+        shared.queues[0].pg_replies.push(reply).expect("reply");
+        shared.wake_core(0);
+        return;
+    }
+}
+
+fn pg_message(tag: u8, body: &[u8], out: &mut Vec<u8>) {
+    out.push(tag);
+    out.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    out.extend_from_slice(body);
+}
+
+/// Reads one complete reply ending in ReadyForQuery into `buf`; its length.
+fn pg_reply(s: &mut TcpStream, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    loop {
+        let n = s.read(&mut buf[got..]).unwrap();
+        assert!(n > 0, "server closed");
+        got += n;
+        if got >= 6 && buf[got - 6..got] == *b"Z\0\0\0\x05I" {
+            return got;
+        }
+    }
+}
+
+#[test]
+fn pg_hits_allocate_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (engine, shared) = start();
+    let mut s = TcpStream::connect(engine.pg_local_addr().expect("pg")).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut startup = Vec::new();
+    startup.extend_from_slice(&0u32.to_be_bytes());
+    startup.extend_from_slice(&196608u32.to_be_bytes());
+    startup.extend_from_slice(b"user\0postgres\0database\0postgres\0\0");
+    let len = startup.len() as u32;
+    startup[..4].copy_from_slice(&len.to_be_bytes());
+    s.write_all(&startup).unwrap();
+    answer_startup(&shared);
+    let mut buf = vec![0u8; 1 << 16];
+    pg_reply(&mut s, &mut buf);
+
+    // Simple; extended with an unnamed statement (text results); a named statement parsed in
+    // a served batch, then Bind/Execute/Sync with binary results.
+    let mut simple = Vec::new();
+    pg_message(b'Q', b"SELECT * FROM users WHERE id = 42\0", &mut simple);
+    let mut extended = Vec::new();
+    pg_message(
+        b'P',
+        b"\0SELECT name FROM users WHERE id = $1\0\0\0",
+        &mut extended,
+    );
+    pg_message(b'B', b"\0\0\0\0\0\x01\0\0\0\x0242\0\0", &mut extended);
+    pg_message(b'D', b"P\0", &mut extended);
+    pg_message(b'E', b"\0\0\0\0\0", &mut extended);
+    pg_message(b'S', b"", &mut extended);
+    let mut named = Vec::new();
+    pg_message(
+        b'P',
+        b"s1\0SELECT * FROM users WHERE id = $1\0\0\x01\0\0\0\x17",
+        &mut named,
+    );
+    let bind_s1 = b"\0s1\0\0\x01\0\x01\0\x01\0\0\0\x04\0\0\0\x2a\0\x01\0\x01";
+    pg_message(b'B', bind_s1, &mut named);
+    pg_message(b'E', b"\0\0\0\0\0", &mut named);
+    pg_message(b'S', b"", &mut named);
+    s.write_all(&named).unwrap();
+    pg_reply(&mut s, &mut buf);
+    assert_eq!(buf[0], b'1', "the named statement's Parse was served");
+    let mut bound = Vec::new();
+    pg_message(b'B', bind_s1, &mut bound);
+    pg_message(b'E', b"\0\0\0\0\0", &mut bound);
+    pg_message(b'S', b"", &mut bound);
+
+    let mut lens = [0usize; 3];
+    for _ in 0..200 {
+        for (i, req) in [&simple, &extended, &bound].into_iter().enumerate() {
+            s.write_all(req).unwrap();
+            lens[i] = pg_reply(&mut s, &mut buf);
+        }
+    }
+    let hits = shared.stats[0].keys_hit.load(Ordering::Relaxed);
+    let region = Region::new(GLOBAL);
+    let rounds = 2_000;
+    for _ in 0..rounds {
+        for (i, req) in [&simple, &extended, &bound].into_iter().enumerate() {
+            round_trip(&mut s, req, &mut buf, lens[i]);
+        }
+    }
+    let change = region.change();
+    let allocs = change.allocations + change.reallocations;
+    assert_eq!(
+        shared.stats[0].keys_hit.load(Ordering::Relaxed),
+        hits + 3 * rounds as u64,
+        "every lookup was a hit"
+    );
+    // The last reply: BindComplete, DataRow (id 42 binary, name "x"), SELECT 1, Z.
+    let row = b"D\0\0\0\x13\0\x02\0\0\0\x04\0\0\0\x2a\0\0\0\x01x";
+    assert_eq!(&buf[..5], b"2\0\0\0\x04");
+    assert_eq!(&buf[5..5 + row.len()], row);
+    eprintln!("{} PostgreSQL hits, {allocs} heap allocations", 3 * rounds);
+    assert_eq!(
+        allocs, 0,
+        "the PostgreSQL hit path allocated {allocs} times"
+    );
     drop(s);
     engine.stop();
 }

@@ -15,6 +15,7 @@
 use std::collections::VecDeque;
 
 use super::deferred::Deferred;
+use super::pg::PgSession;
 use crate::resp::Protocol;
 
 /// A reply slot in request order.
@@ -51,6 +52,8 @@ pub(crate) struct Conn {
     pub closing: bool,
     /// The client shut down its sending side: no more input will come.
     pub eof: bool,
+    /// `Some` for a connection accepted on the PostgreSQL listener: its protocol state.
+    pub pg: Option<Box<PgSession>>,
 }
 
 impl Conn {
@@ -73,6 +76,7 @@ impl Conn {
             next_seq: 0,
             closing: false,
             eof: false,
+            pg: None,
         }
     }
 

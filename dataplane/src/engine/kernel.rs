@@ -33,7 +33,12 @@ use super::EngineConfig;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
-const FIRST_CONN: usize = 2;
+const PG_LISTENER: Token = Token(2);
+const FIRST_CONN: usize = 3;
+/// What a PostgreSQL client over the connection limit gets (it expects a startup reply;
+/// PostgreSQL sends such an ErrorResponse too): FATAL 53300, then the socket is closed.
+pub(crate) const PG_REJECT: &[u8] =
+    b"E\x00\x00\x00\x3bSFATAL\x00VFATAL\x00C53300\x00Msorry, too many clients already\x00\x00";
 /// Bytes read from one socket per turn before other connections get their turn.
 const READ_PER_TURN: usize = 256 * 1024;
 
@@ -66,16 +71,20 @@ pub struct Core {
     poll: Poll,
     events: Events,
     listener: TcpListener,
+    /// The PostgreSQL-protocol listener, when the pgwire front is on.
+    pg_listener: Option<TcpListener>,
     slots: Slots<Socket>,
     sockets: Sockets,
     worker: Worker,
 }
 
 impl Core {
-    /// Binds this core's listener and registers its waker with `shared`.
+    /// Binds this core's listeners (RESP on `listen`, PostgreSQL on `pg_listen` if given) and
+    /// registers its waker with `shared`.
     pub fn new(
         id: usize,
         listen: std::net::SocketAddr,
+        pg_listen: Option<std::net::SocketAddr>,
         shared: Arc<Shared>,
         cfg: Arc<EngineConfig>,
     ) -> io::Result<Core> {
@@ -83,6 +92,15 @@ impl Core {
         let mut listener = kernel::bind_listener(listen, true, 1024)?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let pg_listener = match pg_listen {
+            Some(addr) => {
+                let mut l = kernel::bind_listener(addr, true, 1024)?;
+                poll.registry()
+                    .register(&mut l, PG_LISTENER, Interest::READABLE)?;
+                Some(l)
+            }
+            None => None,
+        };
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
         let _ = shared.core_wakers[id].set(Arc::new(MioWaker(waker)));
         let registry = poll.registry().try_clone()?;
@@ -90,6 +108,7 @@ impl Core {
             poll,
             events: Events::with_capacity(1024),
             listener,
+            pg_listener,
             slots: Slots::new(),
             sockets: Sockets {
                 registry,
@@ -102,6 +121,14 @@ impl Core {
     /// The address this core's listener is bound to.
     pub fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The address this core's PostgreSQL listener is bound to, if it has one.
+    pub fn pg_local_addr(&self) -> io::Result<Option<std::net::SocketAddr>> {
+        self.pg_listener
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()
     }
 
     /// Runs until `stop` is set.
@@ -152,11 +179,13 @@ impl Core {
             return false;
         }
         let mut accept = false;
+        let mut accept_pg = false;
         let mut any = false;
         for event in self.events.iter() {
             any = true;
             match event.token() {
                 LISTENER => accept = true,
+                PG_LISTENER => accept_pg = true,
                 WAKER => {}
                 Token(t) => {
                     let slot = t - FIRST_CONN;
@@ -179,21 +208,34 @@ impl Core {
             }
         }
         if accept {
-            self.poll_accept();
+            self.poll_accept(false);
+        }
+        if accept_pg {
+            self.poll_accept(true);
         }
         any
     }
 
-    fn poll_accept(&mut self) {
+    /// Accepts what is queued on the RESP listener (`pg`: the PostgreSQL one).
+    fn poll_accept(&mut self, pg: bool) {
         loop {
-            let (mut stream, _) = match self.listener.accept() {
+            let listener = match (pg, &self.pg_listener) {
+                (false, _) => &self.listener,
+                (true, Some(l)) => l,
+                (true, None) => return,
+            };
+            let (mut stream, _) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => return,
             };
             if self.slots.open() >= self.worker.cfg.max_connections_per_core() {
                 CoreStats::add(&self.worker.stats().connections_rejected, 1);
-                let _ = stream.write(b"-ERR max number of clients reached\r\n");
+                let _ = stream.write(if pg {
+                    PG_REJECT
+                } else {
+                    b"-ERR max number of clients reached\r\n"
+                });
                 continue;
             }
             let _ = kernel::configure_stream(&stream);
@@ -215,7 +257,11 @@ impl Core {
                 readable: true,
                 write_blocked: false,
             };
-            let conn = self.worker.new_conn(generation);
+            let conn = if pg {
+                self.worker.new_pg_conn(generation)
+            } else {
+                self.worker.new_conn(generation)
+            };
             self.slots.fill(slot, conn, socket, self.worker.stats());
         }
     }

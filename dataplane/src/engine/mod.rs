@@ -27,6 +27,7 @@ mod deferred;
 mod execute;
 pub mod info;
 mod kernel;
+mod pg;
 mod prefetch;
 mod session;
 mod slots;
@@ -101,10 +102,12 @@ impl Engine {
         let stop = Arc::new(AtomicBool::new(false));
         let mut cores = Vec::with_capacity(cfg.cores);
         let mut listen = cfg.listen;
+        let mut pg_listen = cfg.pg_listen;
         for id in 0..cfg.cores {
-            let core = kernel::Core::new(id, listen, shared.clone(), cfg.clone())?;
+            let core = kernel::Core::new(id, listen, pg_listen, shared.clone(), cfg.clone())?;
             // With port 0 the first core picks the port; the others join it.
             listen = core.local_addr()?;
+            pg_listen = core.pg_local_addr()?;
             cores.push(core);
         }
         let mut threads = Vec::with_capacity(cores.len());
@@ -121,7 +124,7 @@ impl Engine {
             threads,
             shared,
             local_addr: listen,
-            pg_local_addr: cfg.pg_listen,
+            pg_local_addr: pg_listen,
         })
     }
 
@@ -226,8 +229,9 @@ impl Engine {
         self.local_addr
     }
 
-    /// The address PostgreSQL-protocol clients connect to, `None` when the front is off.
-    /// (Contract placeholder: the configured address until the listener is bound.)
+    /// The address PostgreSQL-protocol clients connect to (port 0 resolved on the kernel
+    /// transport), `None` when the front is off. Userspace transports report `cfg.pg_listen`
+    /// and do not accept PostgreSQL connections yet (see `userspace`).
     pub fn pg_local_addr(&self) -> Option<SocketAddr> {
         self.pg_local_addr
     }

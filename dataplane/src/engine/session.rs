@@ -32,8 +32,10 @@ use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError}
 
 use super::conn::{Conn, Pending};
 use super::execute::{Exec, Outcome};
+use super::pg::PgSession;
 use super::prefetch;
 use super::EngineConfig;
+use crate::pgwire::Limits as PgLimits;
 
 /// What a transport does with a connection after a turn of the session layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,17 +53,25 @@ pub(crate) struct Worker {
     pub id: usize,
     pub shared: Arc<Shared>,
     pub cfg: Arc<EngineConfig>,
-    keyspace: Arc<KeySpace>,
-    keyspace_generation: u64,
+    pub(crate) keyspace: Arc<KeySpace>,
+    pub(crate) keyspace_generation: u64,
     args: Vec<Range<usize>>,
-    scratch: Vec<u8>,
-    misses_pushed: bool,
+    pub(crate) scratch: Vec<u8>,
+    pub(crate) misses_pushed: bool,
+    /// PostgreSQL-protocol work was pushed this turn: wake the control plane at the turn's end.
+    pub(crate) pg_pushed: bool,
+    /// Message limits of the PostgreSQL front (message size bounded by `max_request_bytes`).
+    pub(crate) pg_limits: PgLimits,
 }
 
 impl Worker {
     pub fn new(id: usize, shared: Arc<Shared>, cfg: Arc<EngineConfig>) -> Worker {
         let keyspace = shared.keyspace.snapshot();
         let keyspace_generation = shared.keyspace.generation();
+        let pg_limits = PgLimits {
+            max_message_bytes: cfg.max_request_bytes,
+            ..PgLimits::default()
+        };
         Worker {
             id,
             shared,
@@ -69,8 +79,10 @@ impl Worker {
             keyspace,
             keyspace_generation,
             args: Vec::with_capacity(64),
+            pg_limits,
             scratch: Vec::with_capacity(64 * 1024),
             misses_pushed: false,
+            pg_pushed: false,
         }
     }
 
@@ -86,6 +98,13 @@ impl Worker {
         Conn::new(client_id, generation, self.cfg.password.is_none())
     }
 
+    /// State for a connection accepted on the PostgreSQL listener.
+    pub fn new_pg_conn(&self, generation: u32) -> Conn {
+        let mut conn = self.new_conn(generation);
+        conn.pg = Some(Box::new(PgSession::new()));
+        conn
+    }
+
     /// One atomic load; a new catalog snapshot only when it moved.
     pub fn poll_keyspace(&mut self) {
         let generation = self.shared.keyspace.generation();
@@ -97,7 +116,7 @@ impl Worker {
 
     /// Wakes the control plane once if this turn pushed misses.
     pub fn end_turn(&mut self) {
-        if std::mem::take(&mut self.misses_pushed) {
+        if std::mem::take(&mut self.misses_pushed) | std::mem::take(&mut self.pg_pushed) {
             self.shared.control_waker.wake();
         }
     }
@@ -147,6 +166,9 @@ impl Worker {
     /// Parses and executes buffered requests; returns whether complete input is left for later.
     /// `token` names the connection in the [`MissRequest`]s it sends (slot and generation).
     pub fn process_requests(&mut self, conn: &mut Conn, token: u64) -> bool {
+        if conn.pg.is_some() {
+            return self.process_pg(conn, token);
+        }
         let serve_hits = self.shared.serve_hits.load(Ordering::Relaxed);
         let mut executed = 0;
         let mut more = false;

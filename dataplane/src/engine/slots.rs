@@ -156,8 +156,35 @@ impl<T> Slots<T> {
         Some(entry)
     }
 
-    /// Applies the control plane's answers to the connections waiting for them.
+    /// Applies the control plane's answers (RESP misses and PostgreSQL replies) to the
+    /// connections waiting for them.
     pub fn poll_replies(&mut self, worker: &Worker) -> bool {
+        let mut any = self.poll_pg_replies(worker);
+        any |= self.poll_miss_replies(worker);
+        any
+    }
+
+    fn poll_pg_replies(&mut self, worker: &Worker) -> bool {
+        let queue = &worker.shared.queues[worker.id].pg_replies;
+        let mut any = false;
+        for _ in 0..queue.capacity() {
+            let Some(reply) = queue.pop() else { break };
+            any = true;
+            let slot = (reply.conn >> 32) as usize;
+            let generation = reply.conn as u32;
+            let Some(entry) = self.get_mut(slot) else {
+                continue;
+            };
+            if entry.conn.generation != generation {
+                continue;
+            }
+            worker.apply_pg_reply(&mut entry.conn, reply);
+            self.activate(slot);
+        }
+        any
+    }
+
+    fn poll_miss_replies(&mut self, worker: &Worker) -> bool {
         // Borrowed, not cloned: an Arc clone per turn is an atomic RMW on a line every core shares.
         let queue = &worker.shared.queues[worker.id].replies;
         let mut any = false;
@@ -226,6 +253,7 @@ impl<T> Slots<T> {
                     self.active.push(slot);
                 }
                 Next::Close => {
+                    worker.conn_closed(&mut entry.conn, token);
                     if let Some(entry) = self.remove(slot, worker.stats()) {
                         transport.release(entry);
                     }

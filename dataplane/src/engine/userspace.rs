@@ -4,7 +4,8 @@
 //! ```text
 //!  poll_once(now)
 //!    ├─ stack.poll            RX burst, TCP ingress, timers → events
-//!    ├─ process_events        Accepted: new session (over the limit: error reply, close)
+//!    ├─ process_events        Accepted: new session, RESP or PostgreSQL by the listening
+//!    │                        port (over the limit: error reply, close)
 //!    │                        Readable / Writable: mark, put on the active list
 //!    │                        Closed: the stack dropped it; drop the session
 //!    ├─ poll_keyspace         one atomic load
@@ -77,12 +78,19 @@ pub struct UserCore<S: StreamStack> {
     slots: Slots<Flow<S::Id>>,
     worker: Worker,
     turns: u32,
+    /// The PostgreSQL port (`cfg.pg_listen`'s), if the pgwire front is on.
+    pg_port: Option<u16>,
 }
 
 impl<S: StreamStack> UserCore<S> {
-    /// Takes `stack`, listens on `cfg.listen`'s port and sets a no-op waker for core `id`.
+    /// Takes `stack`, listens on `cfg.listen`'s port (and `cfg.pg_listen`'s, for PostgreSQL
+    /// clients) and sets a no-op waker for core `id`.
     pub fn new(id: usize, mut stack: S, shared: Arc<Shared>, cfg: Arc<EngineConfig>) -> Self {
         stack.listen(cfg.listen.port());
+        let pg_port = cfg.pg_listen.map(|a| a.port());
+        if let Some(port) = pg_port {
+            stack.listen(port);
+        }
         let _ = shared.core_wakers[id].set(Arc::new(NoWake));
         let per_core = cfg.max_connections_per_core();
         let mut slot_of = FxHashMap::default();
@@ -93,6 +101,7 @@ impl<S: StreamStack> UserCore<S> {
             slots: Slots::new(),
             worker: Worker::new(id, shared, cfg),
             turns: 0,
+            pg_port,
         }
     }
 
@@ -149,7 +158,7 @@ impl<S: StreamStack> UserCore<S> {
     fn process_events(&mut self) {
         for i in 0..self.events.len() {
             match self.events[i] {
-                StreamEvent::Accepted(id) => self.accept(id),
+                StreamEvent::Accepted { id, port } => self.accept(id, port),
                 StreamEvent::Readable(id) => {
                     if let Some(entry) = self.flow(id) {
                         entry.io.readable = true;
@@ -165,6 +174,10 @@ impl<S: StreamStack> UserCore<S> {
                 StreamEvent::Closed(id) => {
                     // The stack has freed it: drop the session, tell the stack nothing.
                     if let Some(slot) = self.streams.slot_of.remove(&id) {
+                        if let Some(entry) = self.slots.get_mut(slot) {
+                            let token = super::slots::token(slot, entry.conn.generation);
+                            self.worker.conn_closed(&mut entry.conn, token);
+                        }
                         self.slots.remove(slot, self.worker.stats());
                     }
                 }
@@ -183,18 +196,26 @@ impl<S: StreamStack> UserCore<S> {
         }
     }
 
-    fn accept(&mut self, id: S::Id) {
+    fn accept(&mut self, id: S::Id, port: u16) {
         if self.streams.slot_of.contains_key(&id) {
             return;
         }
+        let pg = self.pg_port == Some(port);
         if self.slots.open() >= self.worker.cfg.max_connections_per_core() {
             CoreStats::add(&self.worker.stats().connections_rejected, 1);
-            let _ = self.streams.stack.send(id, REJECT);
+            let _ = self
+                .streams
+                .stack
+                .send(id, if pg { super::kernel::PG_REJECT } else { REJECT });
             self.streams.stack.close(id);
             return;
         }
         let (slot, generation) = self.slots.vacant();
-        let conn = self.worker.new_conn(generation);
+        let conn = if pg {
+            self.worker.new_pg_conn(generation)
+        } else {
+            self.worker.new_conn(generation)
+        };
         let flow = Flow {
             id,
             readable: true,

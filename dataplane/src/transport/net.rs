@@ -46,7 +46,9 @@ impl<Q: Queue> StreamStack for NetStream<Q> {
         self.events.clear();
         let worked = self.stack.poll(now, &mut self.events);
         events.extend(self.events.iter().filter_map(|e| match *e {
-            NetEvent::Accepted { id, .. } => Some(StreamEvent::Accepted(id)),
+            NetEvent::Accepted { id, listener } => {
+                Some(StreamEvent::Accepted { id, port: listener })
+            }
             NetEvent::Readable(id) => Some(StreamEvent::Readable(id)),
             NetEvent::Writable(id) => Some(StreamEvent::Writable(id)),
             NetEvent::Closed(id) => Some(StreamEvent::Closed(id)),

@@ -23,7 +23,11 @@ use std::time::Instant;
 /// Something that happened to a connection since the last `poll`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamEvent<Id> {
-    Accepted(Id),
+    /// A new connection, accepted on the listening `port`.
+    Accepted {
+        id: Id,
+        port: u16,
+    },
     Readable(Id),
     Writable(Id),
     Closed(Id),
@@ -52,7 +56,7 @@ pub struct StreamCounters {
 pub trait StreamStack {
     type Id: Copy + Eq + Hash + Debug;
 
-    /// Accepts any number of connections on `port`.
+    /// Accepts any number of connections on `port` (called once per port the core serves).
     fn listen(&mut self, port: u16);
     /// Receive path and timers; appends events. True if anything was done.
     fn poll(&mut self, now: Instant, events: &mut Vec<StreamEvent<Self::Id>>) -> bool;

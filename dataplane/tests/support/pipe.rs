@@ -22,7 +22,12 @@ struct Pipe {
     server_abort: bool,
     client_reset: bool,
     blocked: bool,
+    /// The server port the client connected to.
+    port: u16,
 }
+
+/// The port [`Client::connect`] connects to (`rig::engine_config`'s listen port).
+pub const RESP_PORT: u16 = 6380;
 
 #[derive(Default)]
 pub struct Net {
@@ -35,7 +40,8 @@ pub struct PipeStack {
     net: Arc<Net>,
     /// Bytes the server may have queued toward a client before `send` takes less.
     send_room: usize,
-    pub listening: Option<u16>,
+    /// The ports `listen` was called for.
+    pub listening: Vec<u16>,
 }
 
 impl PipeStack {
@@ -45,7 +51,7 @@ impl PipeStack {
             PipeStack {
                 net: net.clone(),
                 send_room,
-                listening: None,
+                listening: Vec::new(),
             },
             net,
         )
@@ -56,7 +62,7 @@ impl StreamStack for PipeStack {
     type Id = u32;
 
     fn listen(&mut self, port: u16) {
-        self.listening = Some(port);
+        self.listening.push(port);
     }
 
     fn poll(&mut self, _now: Instant, events: &mut Vec<StreamEvent<u32>>) -> bool {
@@ -69,9 +75,9 @@ impl StreamStack for PipeStack {
                 gone.push(id);
                 continue;
             }
-            if !p.accepted {
+            if !p.accepted && self.listening.contains(&p.port) {
                 p.accepted = true;
-                events.push(StreamEvent::Accepted(id));
+                events.push(StreamEvent::Accepted { id, port: p.port });
             } else if !p.c2s.is_empty() || (p.client_fin && !p.eof_seen) {
                 events.push(StreamEvent::Readable(id));
             }
@@ -134,13 +140,23 @@ pub struct Client {
 }
 
 impl Client {
+    /// Connects to [`RESP_PORT`].
     pub fn connect(net: &Arc<Net>) -> Client {
+        Client::connect_to(net, RESP_PORT)
+    }
+
+    /// Connects to `port` (accepted once the server listens on it).
+    pub fn connect_to(net: &Arc<Net>, port: u16) -> Client {
         let id = {
             let mut next = net.next.lock().unwrap();
             *next += 1;
             *next
         };
-        net.pipes.lock().unwrap().insert(id, Pipe::default());
+        let pipe = Pipe {
+            port,
+            ..Pipe::default()
+        };
+        net.pipes.lock().unwrap().insert(id, pipe);
         Client {
             net: net.clone(),
             id,
@@ -163,6 +179,26 @@ impl Client {
         let mut pipes = self.net.pipes.lock().unwrap();
         if let Some(p) = pipes.get_mut(&self.id) {
             p.client_reset = true;
+        }
+    }
+
+    /// One PostgreSQL backend message: (tag, whole message).
+    pub fn read_pg_message(&self) -> (u8, Vec<u8>) {
+        let mut msg = self.read_exact(5, usize::MAX);
+        let len = u32::from_be_bytes([msg[1], msg[2], msg[3], msg[4]]) as usize;
+        msg.extend(self.read_exact(len - 4, usize::MAX));
+        (msg[0], msg)
+    }
+
+    /// PostgreSQL backend messages up to ReadyForQuery, included.
+    pub fn read_pg_until_ready(&self) -> Vec<u8> {
+        let mut all = Vec::new();
+        loop {
+            let (tag, msg) = self.read_pg_message();
+            all.extend(msg);
+            if tag == b'Z' {
+                return all;
+            }
         }
     }
 

@@ -1,0 +1,351 @@
+//! The PostgreSQL session of a connection accepted on the pgwire listener: startup, framing of
+//! batches, cached point lookups, and forwarding of everything else to the control plane.
+//!
+//! ```text
+//!  Startup  SSLRequest/GSSENCRequest -> 'N', wait for the real packet
+//!           CancelRequest            -> PgRequest Cancel, close
+//!           StartupMessage           -> PgRequest Startup ──▶ Auth
+//!  Auth     replies end Auth         -> next 'p' messages -> PgRequest Auth
+//!           replies end Ready(s)     ──▶ Ready
+//!  Ready    one batch (up to Sync, or one Query) at a time:
+//!           cached point lookup, hit  -> composed here (batch.rs, lookup.rs)
+//!           anything else (and misses)-> PgRequest Batch, wait for Ready(s)
+//! ```
+//!
+//! Cached answers are given only where the session's settings print the returned columns as
+//! pgline's own origin sessions did (`settings.rs` states the rule), and in binary only for
+//! types converted exactly from their text (`binary.rs`).
+//!
+//! Invariants: at most one request per session is outstanding (`waiting`); no input of the
+//! session is looked at until its reply ends (`Ready`, `Auth` or `Close`), so replies are in
+//! order without a queue. Chunks `More` are appended to the output as they come. A reply for
+//! another `seq` (a connection that closed and whose slot was reused) is dropped by the slot
+//! generation check in [`super::slots`] and by the `seq` check here. Bad input is answered with
+//! a FATAL ErrorResponse (SQLSTATE 08P01) and only that connection is closed.
+//!
+//! Thread model: owned by the connection's core. Limitations: Flush does not end a batch (a
+//! client that waits for replies after a Flush without Sync waits until it sends Sync): the
+//! contract's batch ends with Sync or Query and its reply with `PgReplyEnd::Ready`, i.e. a
+//! ReadyForQuery, which the origin does not send after a Flush; ending a batch at Flush needs
+//! a reply end meaning "done, no ReadyForQuery" and a relay that knows when the origin's
+//! answer to the flushed messages is complete. Copy and FunctionCall are refused (0A000,
+//! connection closed).
+
+mod batch;
+mod binary;
+mod forward;
+mod lookup;
+mod settings;
+
+use std::sync::atomic::Ordering;
+
+use rustc_hash::FxHashMap;
+
+use crate::pgwire::{
+    compose_error_response, compose_ssl_response, parse_frontend, parse_startup, sqlstate,
+    ErrorFields, Frontend, ParseError, Startup,
+};
+use crate::plane::{CoreStats, PgReply, PgReplyEnd, PgRequest, PgRequestKind};
+
+use super::conn::Conn;
+use super::session::Worker;
+
+pub(crate) use lookup::Statement;
+
+/// Where a session is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Waiting for the first packet (or the one after an SSLRequest).
+    Startup,
+    /// The startup was forwarded; password messages go to the control plane.
+    Auth,
+    /// The session is open.
+    Ready,
+}
+
+/// Protocol state of one PostgreSQL connection.
+pub(crate) struct PgSession {
+    pub phase: Phase,
+    /// The `seq` of the outstanding request, if any.
+    pub waiting: Option<u64>,
+    /// Transaction status from the last ReadyForQuery (`I`, `T`, `E`).
+    pub tx_status: u8,
+    /// Cached answers only once the applied LSN has reached this.
+    pub fence: u64,
+    /// The control plane knows this session (it must hear `Close`).
+    pub opened: bool,
+    /// Classification memo by statement text, for the key space generation `memo_generation`.
+    pub memo: FxHashMap<Box<[u8]>, lookup::Class>,
+    pub memo_generation: u64,
+    /// The client's prepared statements by name ("" = unnamed).
+    pub statements: FxHashMap<Box<[u8]>, Statement>,
+    /// The store key of the lookup being served (reused).
+    pub key_buf: Vec<u8>,
+    /// What the session's settings allow to be served (see `settings.rs`).
+    pub settings: settings::Settings,
+    /// Finds ParameterStatus in the replies.
+    pub scan: settings::ReplyScan,
+}
+
+impl PgSession {
+    pub fn new() -> PgSession {
+        PgSession {
+            phase: Phase::Startup,
+            waiting: None,
+            tx_status: b'I',
+            fence: 0,
+            opened: false,
+            memo: FxHashMap::default(),
+            memo_generation: 0,
+            statements: FxHashMap::default(),
+            key_buf: Vec::with_capacity(64),
+            settings: settings::Settings::default(),
+            scan: settings::ReplyScan::default(),
+        }
+    }
+}
+
+impl Worker {
+    /// [`Worker::process_requests`] for a PostgreSQL connection: returns whether complete
+    /// input is left for a later turn.
+    pub(crate) fn process_pg(&mut self, conn: &mut Conn, token: u64) -> bool {
+        let mut handled = 0;
+        let mut more = false;
+        loop {
+            let Some(pg) = conn.pg.as_ref() else {
+                return false;
+            };
+            if conn.closing || pg.waiting.is_some() || conn.input().is_empty() {
+                break;
+            }
+            if handled >= self.cfg.requests_per_turn || conn.backlog() >= self.cfg.max_reply_backlog
+            {
+                more = true;
+                break;
+            }
+            let step = match pg.phase {
+                Phase::Startup => self.pg_startup(conn, token),
+                Phase::Auth => self.pg_auth(conn, token),
+                Phase::Ready => self.pg_batch(conn, token),
+            };
+            match step {
+                Step::Done => handled += 1,
+                Step::Incomplete => break,
+                Step::Retry => {
+                    more = true;
+                    break;
+                }
+            }
+        }
+        CoreStats::add(&self.stats().commands, handled as u64);
+        if conn.rpos > 0 && (conn.rpos == conn.rbuf.len() || conn.rpos > conn.rbuf.capacity() / 2) {
+            conn.compact_input();
+        }
+        more
+    }
+
+    fn pg_startup(&mut self, conn: &mut Conn, token: u64) -> Step {
+        let (startup, consumed) = match parse_startup(&conn.rbuf[conn.rpos..], &self.pg_limits) {
+            Ok(v) => v,
+            Err(ParseError::Incomplete) => return Step::Incomplete,
+            Err(ParseError::Invalid(kind)) => {
+                pg_protocol_error(conn, kind.message().as_bytes(), self.stats());
+                return Step::Done;
+            }
+        };
+        let kind = match startup {
+            Startup::SslRequest | Startup::GssEncRequest => {
+                compose_ssl_response(&mut conn.wbuf, false);
+                conn.rpos += consumed;
+                return Step::Done;
+            }
+            Startup::Cancel { .. } => PgRequestKind::Cancel,
+            Startup::Startup(m) => {
+                if let Some(pg) = conn.pg.as_mut() {
+                    for (name, value) in m.params() {
+                        pg.settings.note_startup_param(name, value);
+                    }
+                }
+                PgRequestKind::Startup
+            }
+        };
+        let messages = conn.input()[..consumed].to_vec();
+        if !self.push_pg(conn, token, kind, messages) {
+            return Step::Retry;
+        }
+        conn.rpos += consumed;
+        if kind == PgRequestKind::Cancel {
+            if let Some(pg) = conn.pg.as_mut() {
+                pg.waiting = None;
+            }
+            conn.closing = true;
+        } else if let Some(pg) = conn.pg.as_mut() {
+            pg.opened = true;
+            pg.phase = Phase::Auth;
+        }
+        Step::Done
+    }
+
+    /// Forwards the password/SASL messages buffered during authentication.
+    fn pg_auth(&mut self, conn: &mut Conn, token: u64) -> Step {
+        let mut end = 0;
+        loop {
+            match parse_frontend(&conn.input()[end..], &self.pg_limits) {
+                Ok((Frontend::Password(_), n)) => end += n,
+                Ok((Frontend::Terminate, _)) if end == 0 => {
+                    conn.closing = true;
+                    conn.rpos = conn.rbuf.len();
+                    return Step::Done;
+                }
+                Ok(_) => {
+                    if end == 0 {
+                        pg_protocol_error(
+                            conn,
+                            b"expected a password message during authentication",
+                            self.stats(),
+                        );
+                        return Step::Done;
+                    }
+                    break;
+                }
+                Err(ParseError::Incomplete) => break,
+                Err(ParseError::Invalid(kind)) => {
+                    if end == 0 {
+                        pg_protocol_error(conn, kind.message().as_bytes(), self.stats());
+                        return Step::Done;
+                    }
+                    break;
+                }
+            }
+        }
+        if end == 0 {
+            return Step::Incomplete;
+        }
+        let messages = conn.input()[..end].to_vec();
+        if !self.push_pg(conn, token, PgRequestKind::Auth, messages) {
+            return Step::Retry;
+        }
+        conn.rpos += end;
+        Step::Done
+    }
+
+    /// Pushes a request for `conn`; on success the session waits for its reply (except for
+    /// Close and Cancel, which get none). False when the queue is full (nothing changed).
+    pub(crate) fn push_pg(
+        &mut self,
+        conn: &mut Conn,
+        token: u64,
+        kind: PgRequestKind,
+        messages: Vec<u8>,
+    ) -> bool {
+        let seq = conn.next_seq;
+        let request = PgRequest {
+            core: self.id,
+            conn: token,
+            seq,
+            session: conn.session.client_id,
+            kind,
+            messages,
+        };
+        if self.shared.queues[self.id]
+            .pg_requests
+            .push(request)
+            .is_err()
+        {
+            CoreStats::add(&self.stats().miss_queue_full, 1);
+            return false;
+        }
+        conn.next_seq += 1;
+        self.pg_pushed = true;
+        if !matches!(kind, PgRequestKind::Close | PgRequestKind::Cancel) {
+            if let Some(pg) = conn.pg.as_mut() {
+                pg.waiting = Some(seq);
+            }
+        }
+        true
+    }
+
+    /// The connection is going away: tell the control plane if it knows the session.
+    pub(crate) fn conn_closed(&mut self, conn: &mut Conn, token: u64) {
+        if !conn.pg.as_ref().is_some_and(|pg| pg.opened) {
+            return;
+        }
+        // A full queue loses the Close; the control plane also notices the dead session when
+        // its next reply finds no connection (best effort, counted).
+        let _ = self.push_pg(conn, token, PgRequestKind::Close, Vec::new());
+        if let Some(pg) = conn.pg.as_mut() {
+            pg.opened = false;
+        }
+    }
+
+    /// Appends the control plane's reply (or chunk) and moves the session on.
+    pub(crate) fn apply_pg_reply(&self, conn: &mut Conn, reply: PgReply) {
+        let Some(pg) = conn.pg.as_mut() else { return };
+        if pg.waiting != Some(reply.seq) {
+            return;
+        }
+        if reply.fence_lsn > pg.fence {
+            pg.fence = reply.fence_lsn;
+        }
+        let startup = pg.phase != Phase::Ready;
+        let settings = &mut pg.settings;
+        pg.scan.feed(&reply.bytes, |name, value| {
+            settings.note_status(name, value, startup)
+        });
+        match reply.end {
+            PgReplyEnd::More => {}
+            PgReplyEnd::Auth => pg.waiting = None,
+            PgReplyEnd::Ready(status) => {
+                pg.waiting = None;
+                pg.tx_status = status;
+                pg.phase = Phase::Ready;
+            }
+            PgReplyEnd::Close => {
+                pg.waiting = None;
+                conn.closing = true;
+                conn.rpos = conn.rbuf.len();
+            }
+        }
+        if conn.wbuf.len() == conn.wpos {
+            conn.wbuf.clear();
+            conn.wpos = 0;
+        }
+        if conn.wbuf.is_empty() {
+            conn.wbuf = reply.bytes;
+        } else {
+            conn.wbuf.extend_from_slice(&reply.bytes);
+        }
+    }
+
+    /// Whether a cached answer may be served to this session now.
+    pub(crate) fn pg_may_serve(&self, pg: &PgSession) -> bool {
+        pg.tx_status == b'I'
+            && pg.settings.plain()
+            && self.shared.serve_hits.load(Ordering::Relaxed)
+            && self.shared.replication.applied_lsn.load(Ordering::Acquire) >= pg.fence
+    }
+}
+
+/// The outcome of one step of the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Input was consumed (or the connection is closing).
+    Done,
+    /// Wait for more bytes.
+    Incomplete,
+    /// The control plane's queue is full: try again next turn.
+    Retry,
+}
+
+/// Answers bad input with a FATAL 08P01 ErrorResponse and closes the connection.
+pub(crate) fn pg_protocol_error(conn: &mut Conn, message: &[u8], stats: &CoreStats) {
+    pg_fatal(conn, sqlstate::PROTOCOL_VIOLATION, message, stats);
+}
+
+/// A FATAL ErrorResponse with `code`, then close.
+pub(crate) fn pg_fatal(conn: &mut Conn, code: &[u8; 5], message: &[u8], stats: &CoreStats) {
+    CoreStats::add(&stats.protocol_errors, 1);
+    compose_error_response(&mut conn.wbuf, &ErrorFields::fatal(code, message));
+    conn.closing = true;
+    conn.rpos = conn.rbuf.len();
+}

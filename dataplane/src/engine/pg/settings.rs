@@ -1,0 +1,205 @@
+//! The session settings guard: cached answers hold the text output pgline's own origin
+//! sessions produced (server defaults), so a client session whose settings change the text of
+//! a returned column must not get them.
+//!
+//! The rule:
+//! - no hits at all unless the session's `client_encoding` is `UTF8` (text is stored in the
+//!   server's encoding, assumed UTF-8);
+//! - no hits at all once the session may have changed a setting that is not reported but
+//!   changes output: any forwarded simple Query or Parse whose text mentions
+//!   `extra_float_digits` (floats), `bytea_output` (bytea) or `lc_monetary` (money), in any
+//!   case (SET, RESET, `set_config`, ...), or a StartupMessage carrying one of those or
+//!   `options`;
+//! - a lookup returning a column of a date/time type (date, time, timetz, timestamp,
+//!   timestamptz, interval, or an array of one) is served only while the session's `DateStyle`
+//!   is `ISO, MDY`, its `IntervalStyle` is `postgres`, and its `TimeZone` equals the one its
+//!   startup reply reported (the server's, unless the StartupMessage set `TimeZone`, in which
+//!   case such lookups are never served).
+//!
+//! The session's values come from the ParameterStatus messages of every reply the control
+//! plane sends (the startup reply, and e.g. the one `SET TimeZone` produces), scanned by
+//! [`ReplyScan`] across chunk boundaries.
+//!
+//! Invariants: flags only; the hit path reads two booleans. Thread model: the owning core.
+//! Limitations: a taint is for the session's life (a later `RESET` does not clear it);
+//! settings changed by a function or a role/database default are not seen (the origin
+//! sessions of pgline see the same role/database defaults only if they use the same role).
+
+/// Type OIDs whose text output depends on DateStyle, IntervalStyle or TimeZone (and arrays).
+const DATETIME: [u32; 12] = [
+    1082, 1083, 1266, 1114, 1184, 1186, 1182, 1183, 1270, 1115, 1185, 1187,
+];
+
+/// Words whose mention in a statement taints the session.
+const TAINT: [&[u8]; 3] = [b"extra_float_digits", b"bytea_output", b"lc_monetary"];
+
+/// Whether a column of type `oid` prints differently under other DateStyle/IntervalStyle/
+/// TimeZone.
+pub(crate) fn is_datetime(oid: u32) -> bool {
+    DATETIME.contains(&oid)
+}
+
+/// What the session's settings allow.
+#[derive(Debug, Default)]
+pub(crate) struct Settings {
+    /// The TimeZone of the startup reply; `None` until seen or when not the server's.
+    server_tz: Option<Box<[u8]>>,
+    /// The StartupMessage chose the TimeZone itself.
+    startup_tz: bool,
+    date_style_ok: bool,
+    interval_style_ok: bool,
+    tz_ok: bool,
+    encoding_ok: bool,
+    tainted: bool,
+}
+
+impl Settings {
+    /// Any hit at all.
+    pub(crate) fn plain(&self) -> bool {
+        self.encoding_ok && !self.tainted
+    }
+
+    /// Hits returning date/time columns.
+    pub(crate) fn datetime_ok(&self) -> bool {
+        self.date_style_ok && self.interval_style_ok && self.tz_ok
+    }
+
+    /// A StartupMessage parameter.
+    pub(crate) fn note_startup_param(&mut self, name: &[u8], _value: &[u8]) {
+        if name.eq_ignore_ascii_case(b"timezone") {
+            self.startup_tz = true;
+        }
+        if name == b"options" || TAINT.iter().any(|w| name.eq_ignore_ascii_case(w)) {
+            self.tainted = true;
+        }
+    }
+
+    /// A forwarded statement text.
+    pub(crate) fn note_statement(&mut self, text: &[u8]) {
+        if !self.tainted && TAINT.iter().any(|w| contains_ignore_case(text, w)) {
+            self.tainted = true;
+        }
+    }
+
+    /// A ParameterStatus; `startup`: part of the startup reply.
+    pub(crate) fn note_status(&mut self, name: &[u8], value: &[u8], startup: bool) {
+        match name {
+            b"DateStyle" => self.date_style_ok = value == b"ISO, MDY",
+            b"IntervalStyle" => self.interval_style_ok = value == b"postgres",
+            b"client_encoding" => self.encoding_ok = value == b"UTF8",
+            b"TimeZone" => {
+                if startup && !self.startup_tz && self.server_tz.is_none() {
+                    self.server_tz = Some(value.into());
+                }
+                self.tz_ok = self.server_tz.as_deref() == Some(value);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn contains_ignore_case(text: &[u8], word: &[u8]) -> bool {
+    text.windows(word.len())
+        .any(|w| w.eq_ignore_ascii_case(word))
+}
+
+/// Finds the ParameterStatus messages in a stream of backend messages delivered in chunks.
+#[derive(Debug, Default)]
+pub(crate) struct ReplyScan {
+    head: [u8; 5],
+    have: usize,
+    /// Body bytes of the current message not seen yet.
+    left: usize,
+    /// Collecting the current message's body (a ParameterStatus).
+    collect: bool,
+    body: Vec<u8>,
+}
+
+/// ParameterStatus bodies longer than this are skipped (no setting pgline reads is longer).
+const MAX_STATUS: usize = 1024;
+
+impl ReplyScan {
+    /// Feeds a chunk; calls `status(name, value)` for every complete ParameterStatus.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8], mut status: impl FnMut(&[u8], &[u8])) {
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(bytes.len());
+                if self.collect {
+                    self.body.extend_from_slice(&bytes[..n]);
+                }
+                bytes = &bytes[n..];
+                self.left -= n;
+                if self.left == 0 {
+                    self.finish(&mut status);
+                }
+                continue;
+            }
+            self.head[self.have] = bytes[0];
+            self.have += 1;
+            bytes = &bytes[1..];
+            if self.have == self.head.len() {
+                self.have = 0;
+                let [tag, a, b, c, d] = self.head;
+                self.left = (u32::from_be_bytes([a, b, c, d]) as usize).saturating_sub(4);
+                self.collect = tag == b'S' && self.left <= MAX_STATUS;
+                if self.left == 0 {
+                    self.finish(&mut status);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, status: &mut impl FnMut(&[u8], &[u8])) {
+        if self.collect {
+            let mut parts = self.body.split(|&b| b == 0);
+            if let (Some(name), Some(value)) = (parts.next(), parts.next()) {
+                status(name, value);
+            }
+        }
+        self.collect = false;
+        self.body.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_messages_are_found_across_chunks() {
+        let mut stream = Vec::new();
+        crate::pgwire::compose_parameter_status(&mut stream, b"TimeZone", b"UTC");
+        crate::pgwire::compose_ready_for_query(&mut stream, crate::pgwire::TxStatus::Idle);
+        crate::pgwire::compose_parameter_status(&mut stream, b"TimeZone", b"Asia/Tokyo");
+        for split in 0..stream.len() {
+            let mut scan = ReplyScan::default();
+            let mut seen = Vec::new();
+            let mut f = |n: &[u8], v: &[u8]| seen.push((n.to_vec(), v.to_vec()));
+            scan.feed(&stream[..split], &mut f);
+            scan.feed(&stream[split..], &mut f);
+            assert_eq!(seen.len(), 2, "split at {split}");
+            assert_eq!(seen[1].1, b"Asia/Tokyo");
+        }
+    }
+
+    #[test]
+    fn the_rule() {
+        let mut s = Settings::default();
+        assert!(!s.plain());
+        for (n, v) in [
+            (&b"client_encoding"[..], &b"UTF8"[..]),
+            (b"DateStyle", b"ISO, MDY"),
+            (b"IntervalStyle", b"postgres"),
+            (b"TimeZone", b"Etc/UTC"),
+        ] {
+            s.note_status(n, v, true);
+        }
+        assert!(s.plain() && s.datetime_ok());
+        s.note_status(b"TimeZone", b"Asia/Tokyo", false);
+        assert!(!s.datetime_ok());
+        s.note_status(b"TimeZone", b"Etc/UTC", false);
+        assert!(s.datetime_ok());
+        s.note_statement(b"set Extra_Float_Digits = 3");
+        assert!(!s.plain());
+    }
+}

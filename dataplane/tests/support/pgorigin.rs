@@ -1,0 +1,187 @@
+//! A raw PostgreSQL connection to the lab origin (SCRAM via `postgres-protocol`), and a
+//! stand-in relay thread that answers a core's `PgRequest`s by relaying them to the origin:
+//! test scaffolding for the core side of the pgwire front (the product relay lives in the
+//! control plane).
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use pgline_dataplane::pgwire::compose_auth_ok;
+use pgline_dataplane::plane::{MissRequest, PgReply, PgReplyEnd, PgRequestKind, Shared};
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend as fe;
+
+pub const ORIGIN: &str = "127.0.0.1:54329";
+pub const PASSWORD: &str = "pgline";
+
+/// Reads one backend message: (tag, whole message bytes).
+pub fn read_message(s: &mut TcpStream) -> (u8, Vec<u8>) {
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head).expect("read header");
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut msg = head.to_vec();
+    msg.resize(len + 1, 0);
+    s.read_exact(&mut msg[5..]).expect("read body");
+    (head[0], msg)
+}
+
+/// Reads until ReadyForQuery; all bytes, ReadyForQuery included.
+pub fn until_ready(s: &mut TcpStream) -> Vec<u8> {
+    let mut all = Vec::new();
+    loop {
+        let (tag, msg) = read_message(s);
+        all.extend_from_slice(&msg);
+        if tag == b'Z' {
+            return all;
+        }
+    }
+}
+
+/// An authenticated origin connection and what the origin sent after AuthenticationOk.
+pub fn connect_origin(database: &str) -> (TcpStream, Vec<u8>) {
+    let mut s = TcpStream::connect(ORIGIN).expect("origin is up (deploy/lab/pg.sh start)");
+    let mut b = BytesMut::new();
+    fe::startup_message([("user", "postgres"), ("database", database)], &mut b).expect("encode");
+    s.write_all(&b).expect("write");
+    loop {
+        let (_, msg) = read_message(&mut s);
+        let mut buf = BytesMut::from(&msg[..]);
+        let mut out = BytesMut::new();
+        match Message::parse(&mut buf).expect("parse").expect("complete") {
+            Message::AuthenticationOk => break,
+            Message::AuthenticationSasl(_) => {
+                let mut scram =
+                    ScramSha256::new(PASSWORD.as_bytes(), ChannelBinding::unsupported());
+                fe::sasl_initial_response("SCRAM-SHA-256", scram.message(), &mut out)
+                    .expect("encode");
+                s.write_all(&out).expect("write");
+                out.clear();
+                let (_, m) = read_message(&mut s);
+                let Message::AuthenticationSaslContinue(c) =
+                    Message::parse(&mut BytesMut::from(&m[..]))
+                        .expect("p")
+                        .expect("c")
+                else {
+                    panic!("expected SASLContinue")
+                };
+                scram.update(c.data()).expect("server-first");
+                fe::sasl_response(scram.message(), &mut out).expect("encode");
+                s.write_all(&out).expect("write");
+                let (_, m) = read_message(&mut s);
+                let Message::AuthenticationSaslFinal(f) =
+                    Message::parse(&mut BytesMut::from(&m[..]))
+                        .expect("p")
+                        .expect("c")
+                else {
+                    panic!("expected SASLFinal")
+                };
+                scram.finish(f.data()).expect("server signature");
+            }
+            _ => panic!("unexpected auth message (lab origin uses SCRAM)"),
+        }
+    }
+    let tail = until_ready(&mut s);
+    (s, tail)
+}
+
+/// A simple query on a raw connection; its reply bytes.
+pub fn simple(s: &mut TcpStream, sql: &str) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    fe::query(sql, &mut b).expect("encode");
+    s.write_all(&b).expect("write");
+    until_ready(s)
+}
+
+/// What the stand-in relay saw.
+#[derive(Default)]
+pub struct Seen {
+    pub requests: Vec<(PgRequestKind, Vec<u8>)>,
+    pub misses: Vec<MissRequest>,
+}
+
+/// The stand-in relay for core 0; stops when dropped.
+pub struct Relay {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    pub seen: Arc<Mutex<Seen>>,
+}
+
+impl Relay {
+    /// Every session gets its own origin connection to `database`.
+    pub fn start(shared: Arc<Shared>, database: &str) -> Relay {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (flag, log, db) = (stop.clone(), seen.clone(), database.to_string());
+        let thread = std::thread::spawn(move || {
+            let mut sessions: std::collections::HashMap<u64, TcpStream> = Default::default();
+            while !flag.load(Ordering::Relaxed) {
+                if let Some(m) = shared.queues[0].misses.pop() {
+                    log.lock().expect("log").misses.push(m);
+                }
+                let Some(req) = shared.queues[0].pg_requests.pop() else {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                };
+                log.lock()
+                    .expect("log")
+                    .requests
+                    .push((req.kind, req.messages.clone()));
+                let (bytes, end) = match req.kind {
+                    PgRequestKind::Startup => {
+                        let (s, tail) = connect_origin(&db);
+                        sessions.insert(req.session, s);
+                        let mut out = Vec::new();
+                        compose_auth_ok(&mut out);
+                        out.extend_from_slice(&tail);
+                        (out, PgReplyEnd::Ready(b'I'))
+                    }
+                    PgRequestKind::Batch => {
+                        let s = sessions.get_mut(&req.session).expect("session");
+                        s.write_all(&req.messages).expect("write origin");
+                        let out = until_ready(s);
+                        let status = out[out.len() - 1];
+                        (out, PgReplyEnd::Ready(status))
+                    }
+                    PgRequestKind::Close => {
+                        sessions.remove(&req.session);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                let reply = PgReply {
+                    conn: req.conn,
+                    seq: req.seq,
+                    bytes,
+                    end,
+                    fence_lsn: 0,
+                };
+                shared.queues[0]
+                    .pg_replies
+                    .push(reply)
+                    .expect("reply queue");
+                shared.wake_core(0);
+            }
+        });
+        Relay {
+            stop,
+            thread: Some(thread),
+            seen,
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

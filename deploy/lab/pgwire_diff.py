@@ -6,7 +6,8 @@ origin and pgline over the same database: a read runs on both and the answers ar
 (the raw result: RowDescription fields, every value's bytes and the CommandComplete tag; the
 same as psycopg loads it: description, Python values, statusmessage/rowcount; errors by
 SQLSTATE and diagnostics), once with a text cursor and once with a binary cursor; a write runs once
-through pgline, and on the origin in a transaction that is rolled back.
+through pgline, and on the origin in a transaction that is rolled back. Each read runs twice
+through pgline (a cache miss, then likely a hit), both compared. One session per side.
 
 psycopg prepares a statement server-side after it ran prepare_threshold (5) times, so repeated
 corpus lines also go through named prepared statements.
@@ -113,9 +114,12 @@ def main():
             pairs = [("psycopg", rolled_back(origin, sql, params),
                       outcome(pgline, sql, params, False))]
         else:
-            pairs = [(f"psycopg-{'binary' if b else 'text'}",
-                      outcome(origin, sql, params, b), outcome(pgline, sql, params, b))
-                     for b in (False, True)]
+            pairs = []
+            for b in (False, True):
+                kind = f"psycopg-{'binary' if b else 'text'}"
+                expected = outcome(origin, sql, params, b)
+                pairs.append((kind, expected, outcome(pgline, sql, params, b)))
+                pairs.append((kind + "-repeat", expected, outcome(pgline, sql, params, b)))
         for client, expected, got in pairs:
             runs += 1
             if expected == got:

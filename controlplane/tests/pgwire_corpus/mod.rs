@@ -5,7 +5,11 @@
 //! learn what pgline should have answered. The reads right after a write are then compared on
 //! both paths, so a stale cached answer shows as a difference.
 //!
-//! Clients: `psql` (one process per statement, `-X -A`, verbose errors, stdout and stderr
+//! Each client keeps one session per side for the whole corpus (pgline promises read-your-writes
+//! within a session, not across sessions), and runs every read twice through pgline: the first
+//! may be a cache miss, the second then a hit.
+//!
+//! Clients: `psql` (one `-X -A` process per side fed on stdin, verbose errors, stdout and stderr
 //! compared), tokio-postgres (extended protocol: prepared statement, text-format parameters,
 //! binary results compared byte for byte, column descriptions, SQLSTATE and error fields,
 //! CommandComplete row counts) and psycopg 3 (`deploy/lab/pgwire_diff.py`, in a venv made by
@@ -144,48 +148,115 @@ fn diff(client: &str, s: &Stmt, expected: String, got: String) -> Option<Diff> {
 
 // ---------------------------------------------------------------------------------------- psql
 
-/// psql's stdout and stderr for `sql` (with `rollback`: inside BEGIN ... ROLLBACK, whose own
-/// tags are cut off).
-pub fn run_psql(ep: &Endpoint, sql: &str, rollback: bool) -> String {
-    let mut cmd = Command::new("psql");
-    cmd.env("PGPASSWORD", &ep.password)
-        .env("PGCONNECT_TIMEOUT", "10")
-        .args(["-X", "-A", "-v", "VERBOSITY=verbose", "-h", &ep.host])
-        .args(["-p", &ep.port.to_string(), "-U", &ep.user, "-d", &ep.db]);
-    if rollback {
-        cmd.args(["-c", "BEGIN", "-c", sql, "-c", "ROLLBACK"]);
-    } else {
-        cmd.args(["-c", sql]);
-    }
-    let out = cmd.output().expect("psql runs");
-    let mut stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if rollback {
-        stdout = stdout
-            .strip_prefix("BEGIN\n")
-            .unwrap_or(&stdout)
-            .to_string();
-        stdout = stdout
-            .strip_suffix("ROLLBACK\n")
-            .unwrap_or(&stdout)
-            .to_string();
-    }
-    // Not the exit status: with several -c it is the last command's (ROLLBACK's); an error
-    // shows in stderr anyway.
-    format!(
-        "stdout {:?} | stderr {:?}",
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    )
+/// One psql process (one session) fed statements on stdin; after each, `\echo` and `\warn` print
+/// a marker on stdout and stderr, so each statement's output is read up to its markers.
+pub struct PsqlSession {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: std::sync::mpsc::Receiver<String>,
+    err: std::sync::mpsc::Receiver<String>,
+    seq: u64,
 }
 
-/// Runs the corpus with psql in lockstep; the differences found.
+fn lines_of(r: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(r).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+impl PsqlSession {
+    pub fn start(ep: &Endpoint) -> PsqlSession {
+        use std::process::Stdio;
+        let mut child = Command::new("psql")
+            .env("PGPASSWORD", &ep.password)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .args(["-X", "-A", "-v", "VERBOSITY=verbose", "-h", &ep.host])
+            .args(["-p", &ep.port.to_string(), "-U", &ep.user, "-d", &ep.db])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("psql starts");
+        let stdin = child.stdin.take().expect("stdin");
+        let out = lines_of(child.stdout.take().expect("stdout"));
+        let err = lines_of(child.stderr.take().expect("stderr"));
+        PsqlSession {
+            child,
+            stdin,
+            out,
+            err,
+            seq: 0,
+        }
+    }
+
+    /// Runs `sql` (one line); its stdout and stderr.
+    pub fn run(&mut self, sql: &str) -> (String, String) {
+        use std::io::Write;
+        self.seq += 1;
+        let marker = format!("__pgdiff_{}__", self.seq);
+        let input = format!("{sql}\n\\echo {marker}\n\\warn {marker}\n");
+        self.stdin.write_all(input.as_bytes()).expect("psql stdin");
+        self.stdin.flush().expect("psql stdin");
+        let read = |rx: &std::sync::mpsc::Receiver<String>, what: &str| {
+            let mut text = String::new();
+            loop {
+                match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+                    Ok(line) if line == marker => return text,
+                    Ok(line) => {
+                        text.push_str(&line);
+                        text.push('\n');
+                    }
+                    Err(e) => panic!("psql {what} ended before {marker} ({e}): {text}"),
+                }
+            }
+        };
+        (read(&self.out, "stdout"), read(&self.err, "stderr"))
+    }
+
+    /// psql's output for `sql` as one comparable text; with `rollback` inside BEGIN ... ROLLBACK.
+    pub fn outcome(&mut self, sql: &str, rollback: bool) -> String {
+        if rollback {
+            self.run("BEGIN;");
+        }
+        let (out, err) = self.run(sql);
+        if rollback {
+            self.run("ROLLBACK;");
+        }
+        format!("stdout {out:?} | stderr {err:?}")
+    }
+}
+
+impl Drop for PsqlSession {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = self.stdin.write_all(b"\\q\n");
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the corpus with psql in lockstep (one psql session per side); reads run twice through
+/// pgline (a cache miss, then likely a hit), both compared.
 pub fn diff_psql(origin: &Endpoint, pgline: &Endpoint, corpus: &[Stmt]) -> Vec<Diff> {
+    let mut o = PsqlSession::start(origin);
+    let mut p = PsqlSession::start(pgline);
     let mut diffs = Vec::new();
     for s in corpus {
         let sql = s.inlined();
-        let expected = run_psql(origin, &sql, s.write);
-        let got = run_psql(pgline, &sql, false);
-        diffs.extend(diff("psql", s, expected, got));
+        let expected = o.outcome(&sql, s.write);
+        let got = p.outcome(&sql, false);
+        diffs.extend(diff("psql", s, expected.clone(), got));
+        if !s.write {
+            let again = p.outcome(&sql, false);
+            diffs.extend(diff("psql-repeat", s, expected, again));
+        }
     }
     diffs
 }
@@ -330,7 +401,8 @@ pub async fn connect(ep: &Endpoint) -> tokio_postgres::Client {
     client
 }
 
-/// Runs the corpus with tokio-postgres in lockstep (one session per side for the whole corpus).
+/// Runs the corpus with tokio-postgres in lockstep (one session per side for the whole corpus);
+/// reads run twice through pgline, both compared.
 pub async fn diff_tokio(origin: &Endpoint, pgline: &Endpoint, corpus: &[Stmt]) -> Vec<Diff> {
     let o = connect(origin).await;
     let p = connect(pgline).await;
@@ -338,7 +410,11 @@ pub async fn diff_tokio(origin: &Endpoint, pgline: &Endpoint, corpus: &[Stmt]) -
     for s in corpus {
         let expected = run_tokio(&o, s, s.write).await;
         let got = run_tokio(&p, s, false).await;
-        diffs.extend(diff("tokio-postgres", s, expected, got));
+        diffs.extend(diff("tokio-postgres", s, expected.clone(), got));
+        if !s.write {
+            let again = run_tokio(&p, s, false).await;
+            diffs.extend(diff("tokio-postgres-repeat", s, expected, again));
+        }
     }
     diffs
 }

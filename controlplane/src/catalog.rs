@@ -50,6 +50,8 @@ pub struct ColumnInfo {
     pub typmod: i32,
     /// `pg_type.typlen` of the base type (RowDescription's data type size).
     pub typlen: i16,
+    /// The column's declared `atttypmod` (a domain column's is -1), as pgoutput reports it.
+    pub declared_typmod: i32,
 }
 
 #[derive(Debug, Clone)]
@@ -139,12 +141,13 @@ const TABLES_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
 /// section): attnum, name, base type OID (domains resolved through every level, as
 /// `getBaseTypeAndTypmod` does for RowDescription), the base type's SQL name, the declared type
 /// OID, the typmod RowDescription reports (for a domain: the innermost domain's `typtypmod`), the
-/// base type's `typlen`, and the column's 1-based position in the primary key (NULL if not in
-/// it). One round trip per table.
+/// base type's `typlen`, the column's 1-based position in the primary key (NULL if not in it)
+/// and its declared `atttypmod`. One round trip per table.
 const COLUMNS_SQL: &str = "SELECT a.attnum::int4, a.attname::text, b.typid, \
        format_type(b.typid, NULL), a.atttypid, b.typmod, bt.typlen::int4, \
        (SELECT k.ord FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) \
-         WHERE i.indrelid = a.attrelid AND i.indisprimary AND k.attnum = a.attnum)::int4 \
+         WHERE i.indrelid = a.attrelid AND i.indisprimary AND k.attnum = a.attnum)::int4, \
+       a.atttypmod \
      FROM pg_attribute a \
      CROSS JOIN LATERAL ( \
        WITH RECURSIVE d(typid, typmod, depth) AS ( \
@@ -529,6 +532,7 @@ async fn load_table(
             attnum: row.get::<_, i32>(0) as i16,
             typmod: row.get(5),
             typlen: row.get::<_, i32>(6) as i16,
+            declared_typmod: row.get(8),
         });
     }
     keyed.sort_unstable();

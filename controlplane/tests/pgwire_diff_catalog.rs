@@ -4,6 +4,7 @@
 //! RowDescription is read raw off the wire (tokio-postgres does not expose typlen).
 
 mod common;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -11,7 +12,7 @@ use std::net::TcpStream;
 use bytes::BytesMut;
 use pgline_controlplane::catalog::Catalog;
 use pgline_controlplane::config::CatalogConfig;
-use pgline_dataplane::keyspace::PgColumn;
+use pgline_dataplane::keyspace::{PgColumn, PgTable};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use postgres_protocol::message::frontend as fe;
 
@@ -131,6 +132,17 @@ fn parse_row_description(body: &[u8]) -> Vec<Field> {
     out
 }
 
+/// `table` describes the columns of `sql`'s RowDescription exactly.
+fn assert_describes(raw: &mut Raw, table: &PgTable, sql: &str) {
+    let fields = raw.row_description(sql);
+    assert_eq!(fields.len(), table.columns.len(), "{sql}: column count");
+    for (f, c) in fields.iter().zip(table.columns.iter()) {
+        assert_eq!(f.table_oid, table.id, "{sql}: table OID of {}", f.name);
+        assert_eq!(&f.column, c, "{sql}: column {}", f.name);
+        assert_eq!(f.format, 0);
+    }
+}
+
 const SCHEMA: &str = "\
     CREATE DOMAIN short_name AS varchar(12);\
     CREATE DOMAIN nested_name AS short_name;\
@@ -158,13 +170,7 @@ async fn pg_tables_match_the_origin_row_description() {
         (Some("other"), "Mixed", "SELECT * FROM other.\"Mixed\""),
     ] {
         let table = ks.pg_table_named(schema, name).expect("published");
-        let fields = raw.row_description(sql);
-        assert_eq!(fields.len(), table.columns.len(), "{sql}: column count");
-        for (f, c) in fields.iter().zip(table.columns.iter()) {
-            assert_eq!(f.table_oid, table.id, "{sql}: table OID of {}", f.name);
-            assert_eq!(&f.column, c, "{sql}: column {}", f.name);
-            assert_eq!(f.format, 0);
-        }
+        assert_describes(&mut raw, table, sql);
         // tokio-postgres agrees on the types and typmods (extended protocol, Describe).
         let stmt = client.prepare(sql).await.expect("prepare");
         for (col, c) in stmt.columns().iter().zip(table.columns.iter()) {
@@ -203,4 +209,51 @@ async fn pg_tables_match_the_origin_row_description() {
     let m = ks.pg_table_named(Some("other"), "Mixed").expect("Mixed");
     assert_eq!(&*m.key_names, &["Key".to_string()]);
     assert_eq!(m.columns[0].type_oid, 2950);
+}
+
+/// A running pgline publishes the tables in the key space the cores read, and re-publishes a
+/// table whose definition changed (a typmod change alone included) once the WAL shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_pg_tables_follow_ddl() {
+    let db = common::TestDb::create("pgmeta_ddl").await;
+    let origin = db.client().await;
+    origin
+        .batch_execute(
+            "CREATE TABLE t (id int PRIMARY KEY, label varchar(20), price numeric(10,2));
+             INSERT INTO t SELECT g, 'x' || g, g FROM generate_series(1, 5) g;",
+        )
+        .await
+        .expect("schema");
+    let p = support::start(support::config(&db, 1)).await;
+    let mut raw = Raw::connect(&db.name);
+    let published = || {
+        p.shared
+            .keyspace
+            .snapshot()
+            .pg_table_named(None, "t")
+            .cloned()
+    };
+    let t = published().expect("t published at start");
+    assert_describes(&mut raw, &t, "SELECT * FROM t");
+
+    for (ddl, check) in [
+        ("ALTER TABLE t ALTER COLUMN label TYPE varchar(30)", "label"),
+        (
+            "ALTER TABLE t ALTER COLUMN price TYPE numeric(12,3)",
+            "price",
+        ),
+        ("ALTER TABLE t ADD COLUMN extra timestamptz", "extra"),
+    ] {
+        origin.batch_execute(ddl).await.expect("ddl");
+        // The next write carries the new Relation message.
+        origin
+            .batch_execute("UPDATE t SET label = label WHERE id = 1")
+            .await
+            .expect("write");
+        support::sync(&p, &origin).await;
+        let t = published().expect("t still published");
+        assert!(t.columns.iter().any(|c| &*c.name == check), "{ddl}");
+        assert_describes(&mut raw, &t, "SELECT * FROM t");
+    }
+    p.shutdown().await;
 }

@@ -130,7 +130,17 @@ async fn corpus_self_check() {
     )
     .await;
     let _ = std::fs::remove_file(&dir);
-    for client in ["psql", "tokio-postgres", "psycopg-text", "psycopg-binary"] {
+    let clients = [
+        "psql",
+        "psql-repeat",
+        "tokio-postgres",
+        "tokio-postgres-repeat",
+        "tokio-postgres-simple",
+        "psycopg-text",
+        "psycopg-binary",
+        "psycopg-text-repeat",
+    ];
+    for client in clients {
         assert!(
             diffs
                 .iter()

@@ -393,6 +393,43 @@ async fn run_tokio(client: &tokio_postgres::Client, s: &Stmt, rollback: bool) ->
     out
 }
 
+/// The outcome of `sql` over the simple query protocol (text results), as text.
+async fn run_simple(client: &tokio_postgres::Client, sql: &str, rollback: bool) -> String {
+    use tokio_postgres::SimpleQueryMessage as M;
+    if rollback {
+        if let Err(e) = client.batch_execute("BEGIN").await {
+            return format!("BEGIN failed: {e}");
+        }
+    }
+    let out = match client.simple_query(sql).await {
+        Ok(msgs) => {
+            let mut parts = Vec::new();
+            for m in msgs {
+                match m {
+                    M::RowDescription(cols) => {
+                        let names: Vec<&str> = cols.iter().map(|c| c.name()).collect();
+                        parts.push(format!("columns {names:?}"));
+                    }
+                    M::Row(row) => {
+                        let vals: Vec<Option<&str>> = (0..row.len()).map(|i| row.get(i)).collect();
+                        parts.push(format!("{vals:?}"));
+                    }
+                    M::CommandComplete(n) => parts.push(format!("complete {n}")),
+                    _ => parts.push("other".into()),
+                }
+            }
+            parts.join(" | ")
+        }
+        Err(e) => describe_error(&e),
+    };
+    if rollback {
+        if let Err(e) = client.batch_execute("ROLLBACK").await {
+            return format!("{out}; ROLLBACK failed: {e}");
+        }
+    }
+    out
+}
+
 pub async fn connect(ep: &Endpoint) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(&ep.conn_string(), tokio_postgres::NoTls)
         .await
@@ -401,20 +438,32 @@ pub async fn connect(ep: &Endpoint) -> tokio_postgres::Client {
     client
 }
 
-/// Runs the corpus with tokio-postgres in lockstep (one session per side for the whole corpus);
-/// reads run twice through pgline, both compared.
+/// Runs the corpus with tokio-postgres in lockstep (one session per side for the whole corpus):
+/// each statement over the simple protocol (a write: for real through pgline), then prepared
+/// (a read: twice through pgline; a write: on both sides in a rolled-back transaction).
 pub async fn diff_tokio(origin: &Endpoint, pgline: &Endpoint, corpus: &[Stmt]) -> Vec<Diff> {
     let o = connect(origin).await;
     let p = connect(pgline).await;
     let mut diffs = Vec::new();
     for s in corpus {
-        let expected = run_tokio(&o, s, s.write).await;
+        // Simple protocol, text results (statements with parameters get them inlined).
+        let sql = s.inlined();
+        let expected = run_simple(&o, &sql, s.write).await;
+        let got = run_simple(&p, &sql, false).await;
+        diffs.extend(diff("tokio-postgres-simple", s, expected, got));
+        if s.write {
+            // The write is done: prepared, it runs again on both sides in a transaction that
+            // is rolled back (through pgline: a pinned transaction).
+            let expected = run_tokio(&o, s, true).await;
+            let got = run_tokio(&p, s, true).await;
+            diffs.extend(diff("tokio-postgres", s, expected, got));
+            continue;
+        }
+        let expected = run_tokio(&o, s, false).await;
         let got = run_tokio(&p, s, false).await;
         diffs.extend(diff("tokio-postgres", s, expected.clone(), got));
-        if !s.write {
-            let again = run_tokio(&p, s, false).await;
-            diffs.extend(diff("tokio-postgres-repeat", s, expected, again));
-        }
+        let again = run_tokio(&p, s, false).await;
+        diffs.extend(diff("tokio-postgres-repeat", s, expected, again));
     }
     diffs
 }

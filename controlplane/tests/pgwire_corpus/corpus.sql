@@ -42,6 +42,37 @@ SELECT * FROM users WHERE id=11;
 SELECT * FROM users u WHERE u.id = 12;
 SELECT * FROM accounts WHERE tenant = 1 AND id = 1;
 SELECT * FROM accounts WHERE tenant = 3 AND id = 10;
+-- point lookup shapes a key cache must not get wrong
+SELECT * FROM users WHERE id = '5';
+SELECT * FROM users WHERE id = 5.0;
+SELECT * FROM users WHERE id = +5;
+SELECT * FROM users WHERE id = 05;
+SELECT * FROM users WHERE 6 = id;
+SELECT * FROM users WHERE id = 6 AND true;
+SELECT * FROM users WHERE id = 6 LIMIT 1;
+SELECT * FROM users WHERE id = 6 ORDER BY id;
+SELECT id AS x, name AS "Y" FROM users WHERE id = 6;
+SELECT users.* FROM users WHERE id = 6;
+SELECT *, id FROM users WHERE id = 6;
+SELECT name, name FROM users WHERE id = 6;
+SELECT ID, NAME FROM USERS WHERE ID = 6;
+SELECT "Name" FROM users WHERE id = 6;
+SELECT * FROM kv WHERE k = 'k1 ';
+SELECT * FROM kv WHERE k = 'K1';
+SELECT * FROM kv WHERE k = E'k\x31';
+SELECT * FROM app.profiles WHERE user_id = 2;
+SELECT * FROM app.profiles WHERE user_id = 3;
+SELECT "Display Name" FROM app.profiles WHERE user_id = $1; --@params ["4"]
+SELECT * FROM profiles WHERE user_id = 2;
+SELECT 1; SELECT * FROM users WHERE id = 1;
+SELECT * FROM users WHERE id = $1; --@params [" 7 "]
+SELECT * FROM users WHERE id = $1; --@params ["+7"]
+SELECT * FROM users WHERE id = $1; --@params ["007"]
+SELECT * FROM kv WHERE k = $1; --@params ["k1 "]
+SELECT * FROM kv WHERE k = $1; --@params [""]
+SELECT * FROM users WHERE id = $1::int8; --@params ["8"]
+SELECT * FROM users WHERE id = $1::text::int; --@params ["8"]
+SELECT * FROM sessions WHERE id = $1; --@params ["{00000000-0000-4000-8000-000000000004}"]
 -- point lookups by parameter
 SELECT * FROM users WHERE id = $1; --@params ["1"]
 SELECT * FROM users WHERE id = $1; --@params ["2"]

@@ -65,3 +65,8 @@ FROM generate_series(1, 3) t, generate_series(1, 10) i;
 
 CREATE TABLE kv (k text PRIMARY KEY, v text, n int);
 INSERT INTO kv SELECT 'k' || g, 'v' || g, g FROM generate_series(1, 20) g;
+
+CREATE SCHEMA app;
+CREATE TABLE app.profiles (user_id int PRIMARY KEY, bio text, "Display Name" varchar(30));
+INSERT INTO app.profiles SELECT g, CASE WHEN g % 2 = 0 THEN 'bio ' || g END, 'D' || g
+FROM generate_series(1, 10) g;

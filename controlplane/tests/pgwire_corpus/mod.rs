@@ -10,10 +10,15 @@
 //! may be a cache miss, the second then a hit.
 //!
 //! Clients: `psql` (one `-X -A` process per side fed on stdin, verbose errors, stdout and stderr
-//! compared), tokio-postgres (extended protocol: prepared statement, text-format parameters,
-//! binary results compared byte for byte, column descriptions, SQLSTATE and error fields,
-//! CommandComplete row counts) and psycopg 3 (`deploy/lab/pgwire_diff.py`, in a venv made by
-//! `deploy/lab/pgwire_venv.sh`).
+//! compared), tokio-postgres (the simple protocol with text results, then the extended protocol:
+//! prepared statement, text-format parameters, binary results compared byte for byte, column
+//! descriptions, SQLSTATE and error fields, CommandComplete row counts) and psycopg 3
+//! (`deploy/lab/pgwire_diff.py`: raw RowDescription fields, value bytes and CommandComplete tags
+//! with text and binary cursors, in a venv made by `deploy/lab/pgwire_venv.sh`).
+//!
+//! A difference is reported as `[client] corpus.sql:LINE: statement`, then what the origin
+//! answered and what pgline answered. Not covered: transaction blocks written in the corpus
+//! (every line runs in its own implicit transaction, the rolled-back writes aside).
 #![allow(dead_code)]
 
 use std::path::PathBuf;

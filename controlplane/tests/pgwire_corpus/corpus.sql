@@ -4,7 +4,8 @@
 -- which cannot bind, gets them inlined as quoted literals. Lines starting with INSERT, UPDATE or
 -- DELETE are writes: run once through pgline; the origin side runs them in a transaction it
 -- rolls back, to know the expected answer. Every write is undone further down, so the corpus
--- can run again (the next client) on the same data.
+-- can run again (the next client) on the same data. Transaction control lines (BEGIN, COMMIT,
+-- ROLLBACK, SAVEPOINT, ...) run once on each side; a write inside a transaction block is refused.
 -- point lookups by literal
 SELECT * FROM users WHERE id = 1;
 SELECT * FROM users WHERE id = 7;
@@ -254,6 +255,34 @@ SELECT $1; --@params ["1"]
 SELECT 1 FROM users WHERE id = 1 FOR UPDATE;
 SELECT pg_catalog.current_setting('nosuch.setting');
 SELECT (SELECT id FROM users);
+-- transaction blocks (read-only: see the header)
+BEGIN;
+SELECT * FROM users WHERE id = 1;
+SELECT * FROM kv WHERE k = $1; --@params ["k4"]
+SELECT count(*) FROM orders;
+COMMIT;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT * FROM users WHERE id = 2;
+SELECT current_setting('transaction_isolation');
+COMMIT;
+BEGIN;
+SELECT 1 / 0;
+SELECT * FROM users WHERE id = 1;
+ROLLBACK;
+SELECT * FROM users WHERE id = 1;
+BEGIN READ ONLY;
+SELECT * FROM kv WHERE k = 'k5';
+SAVEPOINT s1;
+SELECT nosuch FROM kv;
+SELECT * FROM kv WHERE k = 'k5';
+ROLLBACK TO SAVEPOINT s1;
+SELECT * FROM kv WHERE k = 'k5';
+RELEASE SAVEPOINT s1;
+COMMIT;
+COMMIT;
+START TRANSACTION;
+SELECT * FROM sessions WHERE id = '00000000-0000-4000-8000-000000000009';
+END;
 -- writes interleaved with reads of the same rows
 INSERT INTO kv VALUES ('w1', 'first', 100) RETURNING *;
 SELECT * FROM kv WHERE k = 'w1';

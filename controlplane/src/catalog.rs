@@ -11,11 +11,16 @@
 //! [`CatalogCell`] (readers: the admin API, tests), the same way it publishes the key space to the
 //! cores. Tables can be added and removed at run time (`add_table`/`remove_table` in
 //! `crate::admin`); [`publication_add`]/[`publication_drop`] keep a table-list publication in step.
+//!
+//! The key space it builds ([`Catalog::keyspace`]) also carries a `PgTable` per cached table for
+//! the PostgreSQL front: the columns in the order of the store's columns section with the type
+//! OID, typmod and typlen PostgreSQL reports for them in RowDescription (domains resolved to
+//! their base type and typmod at every level), and the key columns.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use pgline_dataplane::keyspace::KeySpace;
+use pgline_dataplane::keyspace::{KeySpace, PgColumn, PgTable};
 
 use crate::config::CatalogConfig;
 use crate::rowjson::{json_kind, JsonColumn};
@@ -39,6 +44,14 @@ pub struct ColumnInfo {
     pub declared_type_oid: u32,
     /// SQL name of the type, for casts in fill queries (`format_type`).
     pub type_name: String,
+    /// `pg_attribute.attnum` (dropped columns leave gaps).
+    pub attnum: i16,
+    /// The type modifier RowDescription reports: `atttypmod`, or for a domain its base's.
+    pub typmod: i32,
+    /// `pg_type.typlen` of the base type (RowDescription's data type size).
+    pub typlen: i16,
+    /// The column's declared `atttypmod` (a domain column's is -1), as pgoutput reports it.
+    pub declared_typmod: i32,
 }
 
 #[derive(Debug, Clone)]
@@ -54,6 +67,35 @@ pub struct TableInfo {
 }
 
 impl TableInfo {
+    /// The table as the PostgreSQL front describes it: columns in the order of the store's
+    /// columns section (`fill::encode_row` writes `columns` in this order), each with what
+    /// RowDescription reports for it in `SELECT * FROM t`.
+    pub fn pg_table(&self) -> PgTable {
+        let columns: Vec<PgColumn> = self
+            .columns
+            .iter()
+            .map(|c| PgColumn {
+                name: c.name.as_str().into(),
+                attnum: c.attnum,
+                type_oid: c.type_oid,
+                typlen: c.typlen,
+                typmod: c.typmod,
+            })
+            .collect();
+        PgTable {
+            id: self.id,
+            schema: self.schema.as_str().into(),
+            name: self.name.as_str().into(),
+            columns: columns.into(),
+            key_columns: self.key_columns.clone().into(),
+            key_names: self
+                .key_columns
+                .iter()
+                .map(|&i| self.columns[i].name.clone())
+                .collect(),
+        }
+    }
+
     /// `"schema"."name"`, quoted for SQL.
     pub fn qualified(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
@@ -95,16 +137,27 @@ const TABLES_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
        AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) \
      ORDER BY 2, 3";
 
-const COLUMNS_SQL: &str = "SELECT a.attnum::int4, a.attname::text, \
-       (CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END)::oid, \
-       format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL), \
-       a.atttypid \
-     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+/// One row per live column of table `$1`, in `attnum` order (the order of the store's columns
+/// section): attnum, name, base type OID (domains resolved through every level, as
+/// `getBaseTypeAndTypmod` does for RowDescription), the base type's SQL name, the declared type
+/// OID, the typmod RowDescription reports (for a domain: the innermost domain's `typtypmod`), the
+/// base type's `typlen`, the column's 1-based position in the primary key (NULL if not in it)
+/// and its declared `atttypmod`. One round trip per table.
+const COLUMNS_SQL: &str = "SELECT a.attnum::int4, a.attname::text, b.typid, \
+       format_type(b.typid, NULL), a.atttypid, b.typmod, bt.typlen::int4, \
+       (SELECT k.ord FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) \
+         WHERE i.indrelid = a.attrelid AND i.indisprimary AND k.attnum = a.attnum)::int4, \
+       a.atttypmod \
+     FROM pg_attribute a \
+     CROSS JOIN LATERAL ( \
+       WITH RECURSIVE d(typid, typmod, depth) AS ( \
+         SELECT a.atttypid, a.atttypmod, 0 \
+         UNION ALL \
+         SELECT t.typbasetype, t.typtypmod, d.depth + 1 \
+           FROM d JOIN pg_type t ON t.oid = d.typid WHERE t.typtype = 'd') \
+       SELECT d.typid, d.typmod FROM d ORDER BY d.depth DESC LIMIT 1) b \
+     JOIN pg_type bt ON bt.oid = b.typid \
      WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
-
-const KEY_SQL: &str = "SELECT k.attnum::int4 FROM pg_index i, \
-       unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) \
-     WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord";
 
 const RESOLVE_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
@@ -256,6 +309,7 @@ impl Catalog {
             for p in &self.tables[id].prefixes {
                 ks.add(p, *id);
             }
+            ks.add_pg_table(self.tables[id].pg_table());
         }
         ks
     }
@@ -465,23 +519,24 @@ async fn load_table(
     name: String,
 ) -> Result<TableInfo, CatalogError> {
     let mut columns = Vec::new();
-    let mut attnums = Vec::new();
+    let mut keyed: Vec<(i32, usize)> = Vec::new();
     for row in client.query(COLUMNS_SQL, &[&oid]).await? {
-        attnums.push(row.get::<_, i32>(0));
+        if let Some(ord) = row.get::<_, Option<i32>>(7) {
+            keyed.push((ord, columns.len()));
+        }
         columns.push(ColumnInfo {
             name: row.get(1),
             type_oid: row.get(2),
             declared_type_oid: row.get(4),
             type_name: row.get(3),
+            attnum: row.get::<_, i32>(0) as i16,
+            typmod: row.get(5),
+            typlen: row.get::<_, i32>(6) as i16,
+            declared_typmod: row.get(8),
         });
     }
-    let mut key_columns = Vec::new();
-    for row in client.query(KEY_SQL, &[&oid]).await? {
-        let attnum: i32 = row.get(0);
-        if let Some(i) = attnums.iter().position(|a| *a == attnum) {
-            key_columns.push(i);
-        }
-    }
+    keyed.sort_unstable();
+    let key_columns: Vec<usize> = keyed.into_iter().map(|(_, i)| i).collect();
     if key_columns.is_empty() {
         return Err(CatalogError::NoPrimaryKey(format!("{schema}.{name}")));
     }

@@ -580,10 +580,11 @@ impl Writer {
         let known = self.catalog.get(rel.id).cloned();
         let same = known.as_ref().is_some_and(|t| {
             t.columns.len() == rel.columns.len()
-                && t.columns
-                    .iter()
-                    .zip(&rel.columns)
-                    .all(|(a, b)| a.name == b.name && a.declared_type_oid == b.type_oid)
+                && t.columns.iter().zip(&rel.columns).all(|(a, b)| {
+                    a.name == b.name
+                        && a.declared_type_oid == b.type_oid
+                        && a.declared_typmod == b.type_modifier
+                })
         });
         if same {
             return;

@@ -52,17 +52,17 @@ impl Pool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a freshly authenticated connection, handed back when the pool is full.
-    pub fn join(&self, b: Backend) -> Result<(), Backend> {
+    /// Adds a freshly authenticated connection; hands it back when the pool is full.
+    pub fn join(&self, b: Backend) -> Option<Backend> {
         let mut inner = self.lock();
         if inner.total >= self.size {
-            return Err(b);
+            return Some(b);
         }
         inner.total += 1;
         inner.idle.push(b);
         drop(inner);
         self.notify.notify_one();
-        Ok(())
+        None
     }
 
     /// Takes an idle connection (the most recently used), waiting up to `wait` for one.

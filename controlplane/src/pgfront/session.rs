@@ -226,7 +226,7 @@ impl Session {
                 b'Z' => {
                     out.buf.extend_from_slice(&frame);
                     let pool = self.pool.as_ref().expect("set at startup");
-                    if let Err(extra) = pool.join(b) {
+                    if let Some(extra) = pool.join(b) {
                         tokio::spawn(extra.terminate());
                     }
                     return out.finish(PgReplyEnd::Ready(b'I'), 0).await;

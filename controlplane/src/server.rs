@@ -196,16 +196,22 @@ impl Pgline {
                 entry_counts: entry_counts.clone(),
             },
         );
-        let pg_relay = if cfg.pgwire.enabled {
-            let relay = RelayState::new(shared.clone(), RelayConfig::from_config(&cfg)?);
-            tasks.push(tokio::spawn(crate::pgfront::run(
-                relay.clone(),
-                pg_wake,
-                shutdown_rx.clone(),
-            )));
-            Some(relay)
-        } else {
-            None
+        let pg_relay = match cfg.pgwire.enabled.then(|| RelayConfig::from_config(&cfg)) {
+            Some(Ok(relay_cfg)) => {
+                let relay = RelayState::new(shared.clone(), relay_cfg);
+                tasks.push(tokio::spawn(crate::pgfront::run(
+                    relay.clone(),
+                    pg_wake,
+                    shutdown_rx.clone(),
+                )));
+                Some(relay)
+            }
+            Some(Err(e)) => {
+                // A Unix-socket-only origin: RESP still works; PostgreSQL clients get no relay.
+                tracing::warn!(error = %e, "pgwire relay not started");
+                None
+            }
+            None => None,
         };
         tasks.push(tokio::spawn(writer.run(
             wake,

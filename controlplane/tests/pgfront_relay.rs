@@ -280,6 +280,35 @@ async fn scram_startup_and_wrong_password() {
     assert_eq!(first_values(&r.bytes), vec![role.clone()]);
     assert_eq!(d.p.pg_relay().unwrap().pool_counts(&role, &db.name), (1, 1));
 
+    // Session state pins a session to its backend for good; DISCARD ALL cleans it on close.
+    let relay = d.p.pg_relay().unwrap().clone();
+    assert_eq!(
+        d.startup(3, &role, &db.name, PASSWORD).await.end,
+        PgReplyEnd::Ready(b'I')
+    );
+    assert_eq!(relay.pool_counts(&role, &db.name), (2, 2));
+    let r = d.query(3, "SET application_name = 'pinned'").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert_eq!(relay.pool_counts(&role, &db.name), (1, 2));
+    for _ in 0..2 {
+        let r = d.query(1, "SHOW application_name").await;
+        assert_eq!(first_values(&r.bytes), vec!["pgf"]);
+        let r = d.query(3, "SHOW application_name").await;
+        assert_eq!(first_values(&r.bytes), vec!["pinned"]);
+    }
+    d.push(3, PgRequestKind::Close, Vec::new());
+    let until = Instant::now() + Duration::from_secs(10);
+    while relay.pool_counts(&role, &db.name) != (2, 2) {
+        assert!(Instant::now() < until);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = d.query(1, "SHOW application_name").await;
+    assert_eq!(
+        first_values(&r.bytes),
+        vec!["pgf"],
+        "DISCARD ALL reset the pinned backend"
+    );
+
     let bad = d.startup(2, &role, &db.name, "wrong").await;
     assert_eq!(bad.end, PgReplyEnd::Close);
     assert_eq!(error_code(&bad.bytes).as_deref(), Some("28P01"));

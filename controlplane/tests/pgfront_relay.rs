@@ -432,6 +432,21 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
     assert!(r.chunks.iter().all(|&c| c <= 64 * 1024));
     assert_eq!(first_values(&r.bytes)[0].len(), 1 << 20);
 
+    // Per-statement statistics, keyed by normalized text.
+    let stats = d.p.pg_relay().unwrap().statement_stats();
+    let get = |k: &str| {
+        stats
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_else(|| panic!("no stats for {k:?} in {stats:?}"))
+    };
+    let prepared = get("SELECT v || ? || pg_backend_pid() FROM t WHERE id = $1");
+    assert_eq!((prepared.calls, prepared.errors), (2, 0));
+    assert!(prepared.mean_us() > 0 && prepared.p99_us() >= prepared.mean_us());
+    assert!(get("SELECT repeat(?, ?)").bytes > 1 << 20);
+    assert_eq!(get("SELECT v FROM t WHERE id = ?").calls, 1);
+
     // Closing a session mid-transaction rolls back and returns its backend.
     assert_eq!(d.query(2, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));
     d.query(2, "UPDATE t SET v = 'rolled back' WHERE id = 2")

@@ -34,6 +34,7 @@ mod backend;
 mod plan;
 mod pool;
 mod session;
+mod stats;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -48,6 +49,7 @@ use tokio_postgres::config::Host;
 pub use backend::OriginAddr;
 pub use plan::{backend_name, leaves_session_state, PlanError, FENCE_SQL};
 pub use pool::PoolError;
+pub use stats::{normalize, StatementStats};
 
 use crate::config::{Config, ConfigError};
 
@@ -124,6 +126,7 @@ pub struct RelayState {
     /// pgline's (pid, secret) -> session id.
     keys: Mutex<HashMap<(i32, i32), u64>>,
     next_pid: AtomicI32,
+    stats: stats::Stats,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -139,6 +142,7 @@ impl RelayState {
             sessions: Mutex::default(),
             keys: Mutex::default(),
             next_pid: AtomicI32::new(1_000_000),
+            stats: stats::Stats::default(),
         })
     }
 
@@ -154,6 +158,11 @@ impl RelayState {
         lock(&self.pools)
             .get(&(user.to_owned(), database.to_owned()))
             .map_or((0, 0), |p| p.counts())
+    }
+
+    /// Per-statement figures of forwarded batches (normalized text -> stats).
+    pub fn statement_stats(&self) -> Vec<(String, StatementStats)> {
+        self.stats.snapshot()
     }
 
     /// Open sessions.

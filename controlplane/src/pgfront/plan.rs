@@ -155,6 +155,7 @@ fn plan_frame(
             match stmts.get(name).filter(|_| !name.is_empty()) {
                 Some(st) => {
                     ensure_prepared(st, prepared, plan);
+                    plan.sql.push(st.text.clone());
                     let portal_len = f.body.len() - rest.len();
                     let tail = &rest[name.len() + 1..];
                     let mut body = Vec::with_capacity(f.body.len() + 24);
@@ -308,6 +309,8 @@ pub struct Tracker {
     last_client: usize,
     /// The LSN the fence query returned.
     pub fence: Option<u64>,
+    /// An ErrorResponse went to the client.
+    pub failed: bool,
 }
 
 impl Tracker {
@@ -322,6 +325,7 @@ impl Tracker {
             error: false,
             last_client,
             fence: None,
+            failed: false,
         }
     }
 
@@ -366,6 +370,7 @@ impl Tracker {
         let done = match (&act, tag) {
             (Act::Query { hidden }, _) => {
                 if !hidden {
+                    self.failed |= tag == b'E';
                     out.extend_from_slice(frame);
                 } else if tag == b'D' {
                     self.fence = parse_fence_row(frame);
@@ -389,6 +394,7 @@ impl Tracker {
                 }
                 out.extend_from_slice(frame);
                 self.error = true;
+                self.failed = true;
                 self.i += 1;
                 return Step::Continue;
             }

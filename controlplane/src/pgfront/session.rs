@@ -32,6 +32,8 @@ struct Out<'a> {
     conn: u64,
     seq: u64,
     buf: Vec<u8>,
+    /// Bytes sent so far.
+    sent: usize,
 }
 
 impl Out<'_> {
@@ -50,7 +52,8 @@ impl Out<'_> {
         self.send(last, end, fence_lsn).await;
     }
 
-    async fn send(&self, bytes: Vec<u8>, end: PgReplyEnd, fence_lsn: u64) {
+    async fn send(&mut self, bytes: Vec<u8>, end: PgReplyEnd, fence_lsn: u64) {
+        self.sent += bytes.len();
         let reply = PgReply {
             conn: self.conn,
             seq: self.seq,
@@ -69,6 +72,7 @@ fn out_for<'a>(relay: &'a RelayState, req: &PgRequest) -> Out<'a> {
         conn: req.conn,
         seq: req.seq,
         buf: Vec::new(),
+        sent: 0,
     }
 }
 
@@ -268,8 +272,13 @@ impl Session {
         let sql = std::mem::take(&mut plan.sql);
         let relay = self.relay.clone();
         let mut out = out_for(&relay, &req);
-        match self.execute(&mut b, plan, &mut out).await {
-            Ok((status, fence)) => {
+        let started = std::time::Instant::now();
+        let result = self.execute(&mut b, plan, &mut out).await;
+        let bytes = out.sent + out.buf.len();
+        let failed = !matches!(result, Ok((_, _, false)));
+        relay.stats.record(&sql, started.elapsed(), bytes, failed);
+        match result {
+            Ok((status, fence, _)) => {
                 self.status = status;
                 let mut fence = fence;
                 if status == b'I' && fence.is_none() {
@@ -306,14 +315,14 @@ impl Session {
         }
     }
 
-    /// Sends the plan and streams the replies; returns the client's final status and the
-    /// fence when it was pipelined.
+    /// Sends the plan and streams the replies; returns the client's final status, the fence
+    /// when it was pipelined, and whether the client got an error.
     async fn execute(
         &self,
         b: &mut Backend,
         plan: Plan,
         out: &mut Out<'_>,
-    ) -> std::io::Result<(u8, Option<u64>)> {
+    ) -> std::io::Result<(u8, Option<u64>, bool)> {
         b.write(&plan.out).await?;
         self.set_running(b);
         let mut tracker = Tracker::new(plan.acts);
@@ -333,13 +342,14 @@ impl Session {
                 Step::ClientDone(s) => {
                     *lock(&self.cancel) = CancelState::Idle;
                     if !tracker.has_hidden_tail() {
-                        return Ok((s, None));
+                        return Ok((s, None, tracker.failed));
                     }
                     status = Some(s);
                 }
                 Step::HiddenDone => {
                     let s = status.unwrap_or(b'I');
-                    return Ok((s, tracker.fence.filter(|_| s == b'I')));
+                    let fence = tracker.fence.filter(|_| s == b'I');
+                    return Ok((s, fence, tracker.failed));
                 }
             }
             if status.is_none() {

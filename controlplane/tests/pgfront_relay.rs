@@ -1,7 +1,9 @@
-//! The PostgreSQL relay (`pgfront`) driven through the core queues against a real origin: a real
-//! `Pgline` runs with the pgwire front on; the test plays the core, pushing `PgRequest`s built
-//! with `postgres_protocol`'s frontend encoders on `queues[0].pg_requests` and reading the
-//! `PgReply`s.
+//! The PostgreSQL relay (`pgfront`) driven through the core queues against a real origin. A real
+//! `Pgline` runs with the pgwire front on (its WAL consumer checks the fences); the test plays
+//! the core of a relay of its own, built the way `Pgline::start` builds it but on a `Shared`
+//! whose queues no running core drains (the real cores pop `pg_replies`), pushing `PgRequest`s
+//! built with `postgres_protocol`'s frontend encoders on `queues[0].pg_requests` and reading
+//! the `PgReply`s.
 
 mod common;
 mod support;
@@ -12,17 +14,31 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
 use common::TestDb;
+use pgline_controlplane::pgfront::{self, RelayConfig, RelayState};
 use pgline_controlplane::server::Pgline;
-use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequest, PgRequestKind};
+use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
+use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequest, PgRequestKind, Shared, Wake};
 use postgres_protocol::authentication::sasl;
 use postgres_protocol::message::frontend;
+use tokio::sync::{watch, Notify};
 
 const PASSWORD: &str = "relay-secret";
 
 struct Driver {
     p: Arc<Pgline>,
+    shared: Arc<Shared>,
+    relay: Arc<RelayState>,
     seq: AtomicU64,
     stash: Mutex<Vec<PgReply>>,
+    _stop: watch::Sender<bool>,
+}
+
+struct NotifyWake(Arc<Notify>);
+
+impl Wake for NotifyWake {
+    fn wake(&self) {
+        self.0.notify_one();
+    }
 }
 
 /// A whole reply (its chunks joined).
@@ -45,8 +61,8 @@ impl Driver {
             kind,
             messages,
         };
-        assert!(self.p.shared.queues[0].pg_requests.push(req).is_ok());
-        self.p.shared.control_waker.wake();
+        assert!(self.shared.queues[0].pg_requests.push(req).is_ok());
+        self.shared.control_waker.wake();
         seq
     }
 
@@ -61,7 +77,7 @@ impl Driver {
         loop {
             {
                 let mut stash = self.stash.lock().unwrap();
-                while let Some(x) = self.p.shared.queues[0].pg_replies.pop() {
+                while let Some(x) = self.shared.queues[0].pg_replies.pop() {
                     stash.push(x);
                 }
                 while let Some(i) = stash.iter().position(|x| x.conn == conn && x.seq == seq) {
@@ -239,17 +255,33 @@ async fn setup(tag: &str) -> (TestDb, Driver, String) {
         .unwrap();
     let mut cfg = support::config(&db, 1);
     cfg.pgwire.listen = "127.0.0.1:0".into();
+    let relay_cfg = RelayConfig::from_config(&cfg).unwrap();
     let p = Pgline::start(cfg).await.expect("pgline starts");
-    assert!(p.pg_relay().is_some());
+    assert!(p.pg_relay().is_some() && p.pg_addr().is_some());
+    let wake = Arc::new(Notify::new());
+    let shared = Arc::new(Shared::new(
+        p.shared.store.clone(),
+        KeySpaceCell::new(KeySpace::default()),
+        1,
+        64,
+        Arc::new(NotifyWake(wake.clone())),
+    ));
+    let relay = RelayState::new(shared.clone(), relay_cfg);
+    let (stop, stop_rx) = watch::channel(false);
+    tokio::spawn(pgfront::run(relay.clone(), wake, stop_rx));
     let d = Driver {
         p,
+        shared,
+        relay,
         seq: AtomicU64::new(1),
         stash: Mutex::default(),
+        _stop: stop,
     };
     (db, d, role)
 }
 
 async fn teardown(db: TestDb, d: Driver, role: &str) {
+    let _ = d._stop.send(true);
     d.p.shutdown().await;
     let client = db.client().await;
     let _ = client.batch_execute(&format!("DROP OWNED BY {role}")).await;
@@ -278,10 +310,10 @@ async fn scram_startup_and_wrong_password() {
     );
     let r = d.query(1, "SELECT current_user").await;
     assert_eq!(first_values(&r.bytes), vec![role.clone()]);
-    assert_eq!(d.p.pg_relay().unwrap().pool_counts(&role, &db.name), (1, 1));
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (1, 1));
 
     // Session state pins a session to its backend for good; DISCARD ALL cleans it on close.
-    let relay = d.p.pg_relay().unwrap().clone();
+    let relay = d.relay.clone();
     assert_eq!(
         d.startup(3, &role, &db.name, PASSWORD).await.end,
         PgReplyEnd::Ready(b'I')
@@ -433,7 +465,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
     assert_eq!(first_values(&r.bytes)[0].len(), 1 << 20);
 
     // Per-statement statistics, keyed by normalized text.
-    let stats = d.p.pg_relay().unwrap().statement_stats();
+    let stats = d.relay.statement_stats();
     let get = |k: &str| {
         stats
             .iter()
@@ -452,7 +484,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
     d.query(2, "UPDATE t SET v = 'rolled back' WHERE id = 2")
         .await;
     d.push(2, PgRequestKind::Close, Vec::new());
-    let relay = d.p.pg_relay().unwrap().clone();
+    let relay = d.relay.clone();
     let until = Instant::now() + Duration::from_secs(10);
     while relay.pool_counts(&role, &db.name) != (2, 2) || relay.sessions() != 1 {
         assert!(
@@ -523,4 +555,38 @@ async fn cancel_reaches_the_running_query() {
     let r = d.reply(1, seq).await;
     assert_eq!(error_code(&r.bytes), None);
     teardown(db, d, &role).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
+    let db = TestDb::create("pgf_wiring").await;
+    let mut cfg = support::config(&db, 1);
+    cfg.pgwire.listen = "127.0.0.1:0".into();
+    let p = Pgline::start(cfg.clone()).await.expect("pgline starts");
+    // A request on the real cores' queue is drained by pgline's relay once woken (a cancel
+    // with an unknown key: no reply, nothing else happens).
+    let q = &p.shared.queues[0].pg_requests;
+    let req = PgRequest {
+        core: 0,
+        conn: 1,
+        seq: 1,
+        session: 1,
+        kind: PgRequestKind::Cancel,
+        messages: msgs(|b| frontend::cancel_request(1, 2, b)),
+    };
+    assert!(q.push(req).is_ok());
+    p.shared.control_waker.wake();
+    let until = Instant::now() + Duration::from_secs(5);
+    while !q.is_empty() {
+        assert!(Instant::now() < until, "the relay never drained the queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(p.pg_relay().unwrap().sessions(), 0);
+    p.shutdown().await;
+
+    cfg.pgwire.enabled = false;
+    let p = Pgline::start(cfg).await.expect("pgline starts");
+    assert!(p.pg_relay().is_none());
+    assert_eq!(p.pg_addr(), None);
+    p.shutdown().await;
 }

@@ -464,6 +464,12 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
     assert!(r.chunks.iter().all(|&c| c <= 64 * 1024));
     assert_eq!(first_values(&r.bytes)[0].len(), 1 << 20);
 
+    // COPY FROM STDIN cannot run through batches: refused with CopyFail, the session goes on.
+    let r = d.query(1, "COPY t FROM STDIN").await;
+    assert_eq!(tags(&r.bytes), "GEZ");
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("57014"));
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+
     // Per-statement statistics, keyed by normalized text.
     let stats = d.relay.statement_stats();
     let get = |k: &str| {

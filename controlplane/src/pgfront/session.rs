@@ -25,6 +25,19 @@ use super::plan::{self, Plan, Step, Stmt, Tracker};
 use super::pool::Pool;
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
 
+/// How a batch went on its backend.
+#[derive(Default)]
+struct Outcome {
+    /// The status of the client's last ReadyForQuery, once it went out.
+    status: Option<u8>,
+    /// The pipelined fence's LSN (only when the batch ended idle).
+    fence: Option<u64>,
+    /// An ErrorResponse went to the client.
+    failed: bool,
+    /// The connection failed; it must be dropped.
+    broken: Option<std::io::Error>,
+}
+
 /// The reply being streamed for one request.
 struct Out<'a> {
     relay: &'a RelayState,
@@ -103,6 +116,8 @@ pub(super) struct Session {
     /// Left session state behind: keeps its backend until the end.
     sticky: bool,
     status: u8,
+    /// The backend of the client's open transaction died after its reply went out.
+    lost: bool,
     closed: bool,
 }
 
@@ -124,6 +139,7 @@ impl Session {
             pinned: None,
             sticky: false,
             status: b'I',
+            lost: false,
             closed: false,
         }
     }
@@ -254,6 +270,16 @@ impl Session {
     }
 
     async fn batch(&mut self, req: PgRequest) {
+        if std::mem::take(&mut self.lost) {
+            let mut out = out_for(&self.relay, &req);
+            out.buf = compose_error(
+                "ERROR",
+                "08006",
+                "pgline: the origin connection of this transaction was lost; it is rolled back",
+            );
+            out.buf.extend_from_slice(&compose_ready(b'I'));
+            return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
+        }
         let mut b = match self.backend().await {
             Ok(b) => b,
             Err((code, msg)) => return self.fatal(&req, code, &msg).await,
@@ -266,96 +292,121 @@ impl Session {
                 return self.fatal(&req, "08P01", &format!("pgline: {e}")).await;
             }
         };
-        if idle_before {
+        // Behind a COPY the fence query would land in the copy stream: asked afterwards then.
+        let copy = plan
+            .sql
+            .iter()
+            .any(|s| s.to_ascii_lowercase().contains("copy"));
+        if idle_before && !copy {
             plan::add_fence(&mut plan);
         }
         let sql = std::mem::take(&mut plan.sql);
         let relay = self.relay.clone();
         let mut out = out_for(&relay, &req);
         let started = std::time::Instant::now();
-        let result = self.execute(&mut b, plan, &mut out).await;
+        let o = self.execute(&mut b, plan, &mut out).await;
         let bytes = out.sent + out.buf.len();
-        let failed = !matches!(result, Ok((_, _, false)));
+        let failed = o.failed || o.status.is_none();
         relay.stats.record(&sql, started.elapsed(), bytes, failed);
-        match result {
-            Ok((status, fence, _)) => {
-                self.status = status;
-                let mut fence = fence;
-                if status == b'I' && fence.is_none() {
-                    fence = match b.simple(plan::FENCE_SQL).await {
-                        Ok(v) => v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)),
-                        Err(_) => None,
-                    };
-                }
-                if sql.iter().any(|s| plan::clears_prepared(s)) {
-                    b.prepared.clear();
-                }
-                self.sticky |= sql.iter().any(|s| plan::leaves_session_state(s));
-                if status == b'I' && !self.sticky {
-                    self.put_back(b);
-                } else {
-                    self.pinned = Some(b);
-                }
-                out.finish(PgReplyEnd::Ready(status), fence.unwrap_or(0))
-                    .await;
-            }
-            Err(e) => {
-                tracing::warn!(session = self.id, error = %e, "pgwire: origin connection failed mid-batch");
-                self.discard();
-                self.status = b'I';
-                self.sticky = false;
+        if let Some(e) = &o.broken {
+            tracing::warn!(session = self.id, error = %e, "pgwire: origin connection failed");
+        }
+        let Some(status) = o.status else {
+            // The client's reply is incomplete: close it with an error (unless the origin sent
+            // one before going away) and ReadyForQuery; its transaction, if any, is gone.
+            self.discard();
+            self.status = b'I';
+            self.sticky = false;
+            if !o.failed {
                 out.buf.extend_from_slice(&compose_error(
-                    "FATAL",
+                    "ERROR",
                     "08006",
                     "pgline: the origin connection failed during the request",
                 ));
-                out.buf.extend_from_slice(&compose_ready(b'I'));
-                out.finish(PgReplyEnd::Ready(b'I'), 0).await;
+            }
+            out.buf.extend_from_slice(&compose_ready(b'I'));
+            return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
+        };
+        self.status = status;
+        let mut fence = o.fence;
+        if o.broken.is_some() {
+            // Only the hidden fence was lost: the client's reply is whole.
+            self.discard();
+            self.sticky = false;
+            if status != b'I' {
+                // The transaction died with the backend: the next batch tells the client.
+                self.status = b'I';
+                self.lost = true;
+            }
+        } else {
+            if status == b'I' && fence.is_none() {
+                fence = match b.simple(plan::FENCE_SQL).await {
+                    Ok(v) => v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)),
+                    Err(_) => None,
+                };
+            }
+            if sql.iter().any(|s| plan::clears_prepared(s)) {
+                b.prepared.clear();
+            }
+            self.sticky |= sql.iter().any(|s| plan::leaves_session_state(s));
+            if status == b'I' && !self.sticky {
+                self.put_back(b);
+            } else {
+                self.pinned = Some(b);
             }
         }
+        out.finish(PgReplyEnd::Ready(status), fence.unwrap_or(0))
+            .await;
     }
 
-    /// Sends the plan and streams the replies; returns the client's final status, the fence
-    /// when it was pipelined, and whether the client got an error.
-    async fn execute(
-        &self,
-        b: &mut Backend,
-        plan: Plan,
-        out: &mut Out<'_>,
-    ) -> std::io::Result<(u8, Option<u64>, bool)> {
-        b.write(&plan.out).await?;
-        self.set_running(b);
+    /// Sends the plan and streams the replies (see [`Outcome`]).
+    async fn execute(&self, b: &mut Backend, plan: Plan, out: &mut Out<'_>) -> Outcome {
         let mut tracker = Tracker::new(plan.acts);
-        let mut status = None;
+        let mut o = Outcome::default();
+        if let Err(e) = b.write(&plan.out).await {
+            o.broken = Some(e);
+            return o;
+        }
+        self.set_running(b);
         loop {
-            let frame = b.read_frame().await?;
+            let frame = match b.read_frame().await {
+                Ok(f) => f,
+                Err(e) => {
+                    o.broken = Some(e);
+                    break;
+                }
+            };
             match tracker.on_message(&frame, &mut out.buf, &mut b.prepared) {
                 Step::Continue => {}
                 Step::CopyIn => {
                     let mut buf = bytes::BytesMut::new();
-                    postgres_protocol::message::frontend::copy_fail(
+                    let _ = postgres_protocol::message::frontend::copy_fail(
                         "COPY FROM STDIN is not supported through pgline",
                         &mut buf,
-                    )?;
-                    b.write(&buf).await?;
+                    );
+                    if let Err(e) = b.write(&buf).await {
+                        o.broken = Some(e);
+                        break;
+                    }
                 }
                 Step::ClientDone(s) => {
                     *lock(&self.cancel) = CancelState::Idle;
+                    o.status = Some(s);
                     if !tracker.has_hidden_tail() {
-                        return Ok((s, None, tracker.failed));
+                        break;
                     }
-                    status = Some(s);
                 }
                 Step::HiddenDone => {
-                    let s = status.unwrap_or(b'I');
-                    let fence = tracker.fence.filter(|_| s == b'I');
-                    return Ok((s, fence, tracker.failed));
+                    o.fence = tracker.fence.filter(|_| o.status == Some(b'I'));
+                    break;
                 }
             }
-            if status.is_none() {
+            if o.status.is_none() {
                 out.spill().await;
             }
         }
+        o.failed = tracker.failed;
+        o
     }
 
     /// Marks the batch as running on `b`; sends a cancel that arrived while it was queued.

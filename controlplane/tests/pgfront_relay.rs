@@ -596,3 +596,37 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
     assert_eq!(p.pg_addr(), None);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_of_the_origin_user_refill_themselves() {
+    let (db, d, role) = setup("pgf_refill").await;
+    let (_, _, user, password) = common::origin_base();
+    let r = d.startup(1, &user, &db.name, &password).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let r = d.startup(2, &role, &db.name, PASSWORD).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let admin = db.client().await;
+    for s in [1, 2] {
+        let pid = first_values(&d.query(s, "SELECT pg_backend_pid()::text").await.bytes)[0].clone();
+        admin
+            .batch_execute(&format!("SELECT pg_terminate_backend({pid})"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for s in [1, 2] {
+        let r = d.query(s, "SELECT 1").await;
+        assert!(error_code(&r.bytes).is_some());
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    assert_eq!(d.relay.pool_counts(&user, &db.name), (0, 0));
+    // pgline has the password of origin.url's user: that pool opens a new connection...
+    let r = d.query(1, "SELECT current_user").await;
+    assert_eq!(first_values(&r.bytes), vec![user.clone()]);
+    assert_eq!(d.relay.pool_counts(&user, &db.name), (1, 1));
+    // ...while a pool of another user has no way to: the session must reconnect.
+    let r = d.query(2, "SELECT 1").await;
+    assert_eq!(r.end, PgReplyEnd::Close);
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("08006"));
+    teardown(db, d, &role).await;
+}

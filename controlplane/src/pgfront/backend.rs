@@ -11,6 +11,7 @@ use std::io;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use postgres_protocol::authentication::{md5_hash, sasl};
 use postgres_protocol::message::{backend::Header, frontend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -106,6 +107,79 @@ impl Backend {
         let mut buf = BytesMut::new();
         frontend::terminate(&mut buf);
         let _ = self.write(&buf).await;
+    }
+}
+
+/// What pgline needs to open origin connections for a pool by itself: the startup message of
+/// the pool's first client and the password of `origin.url` (only for that URL's user).
+#[derive(Clone)]
+pub struct Opener {
+    pub origin: OriginAddr,
+    pub timeout: Duration,
+    pub user: String,
+    pub password: Vec<u8>,
+    pub startup: Vec<u8>,
+}
+
+impl Backend {
+    /// Opens and authenticates a connection with `o`'s startup message and password
+    /// (cleartext, md5, SCRAM-SHA-256), up to ReadyForQuery.
+    pub async fn open(o: &Opener) -> io::Result<Backend> {
+        let mut b = Backend::connect(&o.origin, o.timeout).await?;
+        b.write(&o.startup).await?;
+        let mut scram: Option<sasl::ScramSha256> = None;
+        let auth_err = |e: io::Error| io::Error::new(io::ErrorKind::PermissionDenied, e);
+        loop {
+            let f = b.read_frame().await?;
+            let mut buf = BytesMut::new();
+            match (
+                f[0],
+                f.get(5..9)
+                    .map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]])),
+            ) {
+                (b'R', Some(0)) => continue,
+                (b'R', Some(3)) => frontend::password_message(&o.password, &mut buf)?,
+                (b'R', Some(5)) => {
+                    let salt: [u8; 4] = f
+                        .get(9..13)
+                        .and_then(|s| s.try_into().ok())
+                        .ok_or_else(|| io::Error::other("short md5 salt"))?;
+                    let hash = md5_hash(o.user.as_bytes(), &o.password, salt);
+                    frontend::password_message(hash.as_bytes(), &mut buf)?;
+                }
+                (b'R', Some(10)) => {
+                    let s =
+                        sasl::ScramSha256::new(&o.password, sasl::ChannelBinding::unsupported());
+                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut buf)?;
+                    scram = Some(s);
+                }
+                (b'R', Some(11 | 12)) => {
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| io::Error::other("SASL message before SASL start"))?;
+                    if f[8] == 11 {
+                        s.update(&f[9..]).map_err(auth_err)?;
+                        frontend::sasl_response(s.message(), &mut buf)?;
+                    } else {
+                        s.finish(&f[9..]).map_err(auth_err)?;
+                        continue;
+                    }
+                }
+                (b'R', _) => return Err(io::Error::other("unsupported authentication request")),
+                (b'E', _) => {
+                    let text = String::from_utf8_lossy(&f[5..]).replace('\0', " ");
+                    return Err(io::Error::other(format!("origin refused: {}", text.trim())));
+                }
+                (b'K', _) if f.len() >= 13 => {
+                    b.pid = i32::from_be_bytes([f[5], f[6], f[7], f[8]]);
+                    b.secret = i32::from_be_bytes([f[9], f[10], f[11], f[12]]);
+                    continue;
+                }
+                (b'Z', _) => return Ok(b),
+                _ => continue,
+            }
+            b.write(&buf).await?;
+        }
     }
 }
 

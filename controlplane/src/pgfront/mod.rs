@@ -65,6 +65,8 @@ pub struct RelayConfig {
     pub pool_size: usize,
     pub connect_timeout: Duration,
     pub max_sessions: usize,
+    /// User and password of `origin.url`: pools of that user open connections on demand.
+    pub credentials: Option<(String, Vec<u8>)>,
 }
 
 impl RelayConfig {
@@ -92,6 +94,10 @@ impl RelayConfig {
             pool_size: cfg.pgwire.pool_size,
             connect_timeout: Duration::from_millis(cfg.pgwire.connect_timeout_ms),
             max_sessions: cfg.pgwire.max_sessions,
+            credentials: pg
+                .get_user()
+                .zip(pg.get_password())
+                .map(|(u, p)| (u.to_owned(), p.to_vec())),
         })
     }
 }

@@ -2,10 +2,12 @@
 //! exist.
 //!
 //! pgline never holds its clients' passwords, so it cannot open a connection for a user by
-//! itself: a pool grows only by the connections clients authenticate at startup (one joins
-//! while the pool has room, see [`Pool::join`]). A batch takes an idle connection or waits for
-//! one; when every connection of a pool has died, batches fail until a client authenticates
-//! again.
+//! itself: a pool grows by the connections clients authenticate at startup (one joins while
+//! the pool has room, see [`Pool::join`]). A batch takes an idle connection or waits for one;
+//! when every connection of a pool has died, batches fail until a client authenticates again.
+//! The exception is the user of `origin.url`, whose password pgline has: its pools open
+//! connections on demand (with their first client's startup parameters), see
+//! [`Pool::set_opener`].
 //!
 //! Thread model: shared by the sessions of that (user, database); a std mutex guards the idle
 //! list (held for a push or pop, never across an await), a `Notify` wakes waiters.
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::backend::Backend;
+use super::backend::{Backend, Opener};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
@@ -23,6 +25,8 @@ pub enum PoolError {
     Empty,
     #[error("no origin connection became free in time")]
     Timeout,
+    #[error("cannot open an origin connection")]
+    Open,
 }
 
 struct Inner {
@@ -34,6 +38,9 @@ pub struct Pool {
     size: usize,
     inner: Mutex<Inner>,
     notify: Notify,
+    /// Set when pgline holds this pool's password (the user of `origin.url`): the pool then
+    /// also grows on demand, and refills after its connections died.
+    opener: Mutex<Option<Opener>>,
 }
 
 impl Pool {
@@ -45,7 +52,23 @@ impl Pool {
                 total: 0,
             }),
             notify: Notify::new(),
+            opener: Mutex::new(None),
         }
+    }
+
+    /// Lets the pool open connections itself (kept: the first opener set wins).
+    pub fn set_opener(&self, o: Opener) {
+        let mut slot = self.opener.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(o);
+        }
+    }
+
+    fn opener(&self) -> Option<Opener> {
+        self.opener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -72,18 +95,37 @@ impl Pool {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let opener = self.opener();
+            let open = {
                 let mut inner = self.lock();
                 if let Some(b) = inner.idle.pop() {
                     return Ok(b);
                 }
-                if inner.total == 0 {
+                if opener.is_some() && inner.total < self.size {
+                    inner.total += 1;
+                    true
+                } else if inner.total == 0 {
                     return Err(PoolError::Empty);
+                } else {
+                    false
                 }
+            };
+            if !open {
+                if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    return Err(PoolError::Timeout);
+                }
+                continue;
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(PoolError::Timeout);
-            }
+            // A slot is reserved: open a connection for it.
+            let Some(o) = opener else { continue };
+            return match Backend::open(&o).await {
+                Ok(b) => Ok(b),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pgwire: cannot open an origin connection");
+                    self.discard();
+                    Err(PoolError::Open)
+                }
+            };
         }
     }
 

@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex};
 use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequest, PgRequestKind};
 use tokio::sync::mpsc;
 
-use super::backend::{compose_error, compose_message, compose_ready, Backend};
+use super::backend::{compose_error, compose_message, compose_ready, Backend, Opener};
 use super::plan::{self, Plan, Step, Stmt, Tracker};
-use super::pool::Pool;
+use super::pool::{Pool, PoolError};
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
 
 /// How a batch went on its backend.
@@ -111,6 +111,9 @@ pub(super) struct Session {
     pool: Option<Arc<Pool>>,
     /// The origin connection being authenticated.
     auth: Option<Backend>,
+    /// The client's StartupMessage.
+    startup: Vec<u8>,
+    user: String,
     stmts: HashMap<String, Stmt>,
     pinned: Option<Backend>,
     /// Left session state behind: keeps its backend until the end.
@@ -135,6 +138,8 @@ impl Session {
             cancel,
             pool: None,
             auth: None,
+            startup: Vec::new(),
+            user: String::new(),
             stmts: HashMap::new(),
             pinned: None,
             sticky: false,
@@ -173,6 +178,8 @@ impl Session {
             return self.fatal(&req, "08P01", "invalid startup packet").await;
         };
         self.pool = Some(self.relay.pool(&user, &database));
+        self.startup.clone_from(&req.messages);
+        self.user = user;
         let cfg = &self.relay.cfg;
         match Backend::connect(&cfg.origin, cfg.connect_timeout).await {
             Ok(mut b) => match b.write(&req.messages).await {
@@ -249,6 +256,18 @@ impl Session {
                     if let Some(extra) = pool.join(b) {
                         tokio::spawn(extra.terminate());
                     }
+                    let cfg = &self.relay.cfg;
+                    if let Some((user, password)) = &cfg.credentials {
+                        if *user == self.user {
+                            pool.set_opener(Opener {
+                                origin: cfg.origin.clone(),
+                                timeout: cfg.connect_timeout,
+                                user: user.clone(),
+                                password: password.clone(),
+                                startup: std::mem::take(&mut self.startup),
+                            });
+                        }
+                    }
                     return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
                 }
                 _ => out.buf.extend_from_slice(&frame),
@@ -264,9 +283,13 @@ impl Session {
         let Some(pool) = self.pool.clone() else {
             return Err(("08P01", "pgline: batch before startup".into()));
         };
-        pool.take(POOL_WAIT)
-            .await
-            .map_err(|e| ("53300", format!("pgline: {e}")))
+        pool.take(POOL_WAIT).await.map_err(|e| {
+            let code = match e {
+                PoolError::Timeout => "53300",
+                PoolError::Empty | PoolError::Open => "08006",
+            };
+            (code, format!("pgline: {e}"))
+        })
     }
 
     async fn batch(&mut self, req: PgRequest) {
@@ -282,6 +305,13 @@ impl Session {
         }
         let mut b = match self.backend().await {
             Ok(b) => b,
+            Err(("53300", msg)) => {
+                // Busy, not broken: the client may try again.
+                let mut out = out_for(&self.relay, &req);
+                out.buf = compose_error("ERROR", "53300", &msg);
+                out.buf.extend_from_slice(&compose_ready(self.status));
+                return out.finish(PgReplyEnd::Ready(self.status), 0).await;
+            }
             Err((code, msg)) => return self.fatal(&req, code, &msg).await,
         };
         let idle_before = self.status == b'I' && !self.sticky;

@@ -24,7 +24,8 @@
 //! - pgline's own (pid, secret) per session is registered for cancel from startup to the end of
 //!   the session; the origin's keys never reach the client.
 //!
-//! Limitations: the pool only grows by the connections clients authenticate (see `pool`);
+//! Limitations: a pool grows by the connections its clients authenticate, and on demand only
+//! for `origin.url`'s user (see `pool`);
 //! sessions of one (user, database) share backends whatever their startup parameters
 //! (`application_name`, `client_encoding`, `options`...), so a session should not rely on
 //! parameters different from the pool's first client's; COPY FROM STDIN is refused (CopyFail);

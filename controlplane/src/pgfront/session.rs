@@ -357,6 +357,19 @@ impl Session {
             out.buf.extend_from_slice(&compose_ready(b'I'));
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         };
+        let fence = self.settle(b, &o, status, &sql).await;
+        out.finish(PgReplyEnd::Ready(status), fence.unwrap_or(0))
+            .await;
+    }
+
+    /// After the client's reply: where the backend goes, the session's state, the fence.
+    async fn settle(
+        &mut self,
+        mut b: Backend,
+        o: &Outcome,
+        status: u8,
+        sql: &[String],
+    ) -> Option<u64> {
         self.status = status;
         let mut fence = o.fence;
         if o.broken.is_some() {
@@ -370,10 +383,15 @@ impl Session {
             }
         } else {
             if status == b'I' && fence.is_none() {
-                fence = match b.simple(plan::FENCE_SQL).await {
-                    Ok(v) => v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)),
-                    Err(_) => None,
-                };
+                match b.simple(plan::FENCE_SQL).await {
+                    Ok(v) => fence = v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)),
+                    Err(_) => {
+                        // The connection died after the reply: drop it; no fence this time.
+                        self.discard();
+                        self.sticky = false;
+                        return None;
+                    }
+                }
             }
             if sql.iter().any(|s| plan::clears_prepared(s)) {
                 b.prepared.clear();
@@ -385,8 +403,7 @@ impl Session {
                 self.pinned = Some(b);
             }
         }
-        out.finish(PgReplyEnd::Ready(status), fence.unwrap_or(0))
-            .await;
+        fence
     }
 
     /// Sends the plan and streams the replies (see [`Outcome`]).

@@ -441,6 +441,34 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
     assert_eq!(error_code(&r.bytes).as_deref(), Some("26000"));
     assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
 
+    // Parse of a name still open fails like PostgreSQL's (42P05), and what follows is skipped.
+    let parse_s9 = |b: &mut BytesMut| frontend::parse("s9", "SELECT 9", [], b).unwrap();
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                parse_s9(b);
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "1Z");
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                parse_s9(b);
+                bind(b, "s9", &[]);
+                frontend::execute("", 0, b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "EZ");
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("42P05"));
+
     // Fence after a write: at least the commit's end, and pgline's WAL consumer reaches it.
     let r = d
         .query(2, "UPDATE t SET v = 'w' WHERE id = 1 RETURNING (pg_current_wal_insert_lsn() - '0/0')::text")

@@ -15,8 +15,12 @@
 //! backend accepted or is about to accept in this batch (a Parse that fails or is skipped after
 //! an error is removed again).
 //!
-//! Limitations: a Parse reusing a client name that is still open replaces it instead of failing
-//! with 42P05; FunctionCall (`F`) and copy sub-protocol messages are refused.
+//! A Parse reusing a client name that is still open fails with 42P05 raised by pgline (its
+//! message text is PostgreSQL's, its other fields are not).
+//!
+//! Limitations: FunctionCall (`F`) and copy sub-protocol messages are refused; the unnamed
+//! statement lives on one backend, so it must be bound in the batch that parsed it (or while the
+//! session is pinned).
 
 use std::collections::{HashMap, HashSet};
 
@@ -112,6 +116,9 @@ pub enum Act {
     },
     /// Answered by pgline at this place (ParseComplete, CloseComplete).
     Local(&'static [u8]),
+    /// An ErrorResponse pgline sends at this place; the backend, which never saw the message,
+    /// is told nothing, so the messages up to Sync are skipped by pgline alone.
+    Fail(Vec<u8>),
 }
 
 /// A batch ready for one backend.
@@ -135,8 +142,15 @@ pub fn plan_batch(
         _ => return Err(PlanError::Unterminated),
     }
     let mut plan = Plan::default();
+    // After an error pgline raised itself, the backend must not see the messages up to Sync
+    // (PostgreSQL would skip them).
+    let mut skipping = false;
     for f in frames {
+        if skipping && f.tag != b'S' {
+            continue;
+        }
         plan_frame(f, stmts, prepared, &mut plan)?;
+        skipping = matches!(plan.acts.last(), Some(Act::Fail(_)));
     }
     Ok(plan)
 }
@@ -240,6 +254,13 @@ fn plan_parse(
     if oids.len() != n {
         return Err(PlanError::Malformed);
     }
+    if stmts.contains_key(name) {
+        let msg = format!("prepared statement \"{name}\" already exists");
+        plan.acts.push(Act::Fail(super::backend::compose_error(
+            "ERROR", "42P05", &msg,
+        )));
+        return Ok(());
+    }
     let st = Stmt {
         backend_name: backend_name(text, &oids),
         text: text.to_owned(),
@@ -336,6 +357,11 @@ impl Tracker {
             match act {
                 Act::Sync | Act::Query { .. } => break,
                 Act::Local(bytes) if !self.error => out.extend_from_slice(bytes),
+                Act::Fail(bytes) if !self.error => {
+                    out.extend_from_slice(bytes);
+                    self.error = true;
+                    self.failed = true;
+                }
                 _ if self.error => {
                     if let Act::Parse { name: Some(n), .. } = act {
                         prepared.remove(n);
@@ -408,7 +434,7 @@ impl Tracker {
             (Act::Close, _) => tag == b'3',
             (Act::DescribeStatement | Act::DescribePortal, _) => tag == b'T' || tag == b'n',
             (Act::Execute, _) => matches!(tag, b'C' | b'I' | b's'),
-            (Act::Local(_), _) => false,
+            (Act::Local(_) | Act::Fail(_), _) => false,
         };
         out.extend_from_slice(frame);
         self.complete_if(done)

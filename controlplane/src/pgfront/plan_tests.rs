@@ -165,3 +165,32 @@ fn session_state_detection() {
     assert!(clears_prepared("deallocate all"));
     assert!(!clears_prepared("DEALLOCATE foo"));
 }
+
+#[test]
+fn reused_open_name_fails_locally_and_skips_to_sync() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("s", "SELECT 1", [], b).unwrap();
+        frontend::sync(b);
+    });
+    plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let m = msgs(|b| {
+        frontend::parse("s", "SELECT 2", [], b).unwrap();
+        b.extend_from_slice(&frame(b'B', b"\0s\0\0\0\0\0\0\0"));
+        frontend::execute("", 0, b).unwrap();
+        frontend::close(b'S', "s", b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    assert_eq!(tags(&plan.out), b"S", "the backend sees only the Sync");
+    assert_eq!(stmts["s"].text, "SELECT 1", "the skipped Close did not run");
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    assert_eq!(
+        t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared),
+        Step::ClientDone(b'I')
+    );
+    assert_eq!(tags(&out), b"EZ");
+    assert!(t.failed);
+}

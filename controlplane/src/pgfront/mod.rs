@@ -195,11 +195,13 @@ impl RelayState {
         self.shared.wake_core(core);
     }
 
-    /// Forgets a session (its task ended).
-    fn end_session(&self, id: u64) {
-        if let Some(h) = lock(&self.sessions).remove(&id) {
-            lock(&self.keys).remove(&h.key);
+    /// Forgets a session (its task ended); `key` tells it from a later session with the same id.
+    fn end_session(&self, id: u64, key: (i32, i32)) {
+        let mut sessions = lock(&self.sessions);
+        if sessions.get(&id).is_some_and(|h| h.key == key) {
+            sessions.remove(&id);
         }
+        lock(&self.keys).remove(&key);
     }
 
     /// Sends a cancel for the batch `session` runs now, or marks it for the batch on its way.
@@ -294,7 +296,7 @@ impl RelayState {
             session::Session::new(this.clone(), id, (pid, secret), cancel)
                 .run(rx)
                 .await;
-            this.end_session(id);
+            this.end_session(id, (pid, secret));
         });
     }
 

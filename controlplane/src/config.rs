@@ -18,7 +18,9 @@ use pgline_hugepages::PageLevel;
 use serde::{Deserialize, Serialize};
 
 mod nic;
+mod pgwire;
 pub use nic::{NicConfig, NicMode};
+pub use pgwire::PgwireConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -43,6 +45,7 @@ pub const SECTIONS: &[&str] = &[
     "catalog",
     "log",
     "api",
+    "pgwire",
 ];
 
 /// Keys whose value is always a string when it comes from an environment variable, even if it
@@ -60,6 +63,7 @@ pub struct Config {
     pub catalog: CatalogConfig,
     pub log: LogConfig,
     pub api: ApiConfig,
+    pub pgwire: PgwireConfig,
 }
 
 pub const DEFAULT_ORIGIN_URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
@@ -543,6 +547,7 @@ impl Config {
         self.nic.validate()?;
         self.replication.validate()?;
         self.api.validate()?;
+        self.pgwire.validate()?;
         self.store.page_level()?;
         self.store().validate().map_err(|e| ConfigError::Invalid {
             key: "store",
@@ -591,7 +596,7 @@ impl Config {
             ..Limits::default()
         };
         EngineConfig {
-            pg_listen: None,
+            pg_listen: self.pgwire.listen_addr(),
             listen: self
                 .resp
                 .listen

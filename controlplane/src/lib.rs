@@ -16,6 +16,7 @@ pub mod dpdk_port;
 pub mod fill;
 pub mod keytext;
 pub mod metrics;
+pub mod pgfront;
 pub mod rowjson;
 pub mod server;
 pub mod wal;

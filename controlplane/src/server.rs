@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use crate::admin::TableStates;
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
 use crate::config::{Config, ConfigError, NicMode, Runtime};
+use crate::pgfront::{RelayConfig, RelayState};
 use crate::wal::{self, PublicationScope, ReplicationState, WalConfig};
 use crate::writer::{AdminCmd, EntryCounts, Writer, WriterParts};
 
@@ -49,11 +50,14 @@ pub enum StartError {
     },
 }
 
-struct NotifyWake(Arc<Notify>);
+/// The control waker: wakes the store writer (misses) and the PostgreSQL relay (pg requests).
+struct NotifyWake(Vec<Arc<Notify>>);
 
 impl Wake for NotifyWake {
     fn wake(&self) {
-        self.0.notify_one();
+        for n in &self.0 {
+            n.notify_one();
+        }
     }
 }
 
@@ -90,6 +94,10 @@ pub struct Pgline {
     /// `nic.mode = "mem"`: the far end of each core's in-memory port.
     mem_ports: Mutex<Vec<MemQueue>>,
     api_addr: Option<SocketAddr>,
+    /// The PostgreSQL listener of core 0 (`[pgwire]`), None when the front is off.
+    pg_addr: Option<SocketAddr>,
+    /// The PostgreSQL relay, None when the front is off.
+    pg_relay: Option<Arc<RelayState>>,
 }
 
 impl Pgline {
@@ -137,12 +145,13 @@ impl Pgline {
             "store region reserved"
         );
         let wake = Arc::new(Notify::new());
+        let pg_wake = Arc::new(Notify::new());
         let shared = Arc::new(Shared::new(
             reader,
             KeySpaceCell::new(catalog.keyspace()),
             cfg.resp.cores,
             cfg.resp.miss_queue,
-            Arc::new(NotifyWake(wake.clone())),
+            Arc::new(NotifyWake(vec![wake.clone(), pg_wake.clone()])),
         ));
         let repl = Arc::new(ReplicationState::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -187,6 +196,23 @@ impl Pgline {
                 entry_counts: entry_counts.clone(),
             },
         );
+        let pg_relay = match cfg.pgwire.enabled.then(|| RelayConfig::from_config(&cfg)) {
+            Some(Ok(relay_cfg)) => {
+                let relay = RelayState::new(shared.clone(), relay_cfg);
+                tasks.push(tokio::spawn(crate::pgfront::run(
+                    relay.clone(),
+                    pg_wake,
+                    shutdown_rx.clone(),
+                )));
+                Some(relay)
+            }
+            Some(Err(e)) => {
+                // A Unix-socket-only origin: RESP still works; PostgreSQL clients get no relay.
+                tracing::warn!(error = %e, "pgwire relay not started");
+                None
+            }
+            None => None,
+        };
         tasks.push(tokio::spawn(writer.run(
             wake,
             wal_rx,
@@ -196,6 +222,7 @@ impl Pgline {
 
         let (engine, mem_ports) = start_engine(&cfg, shared.clone())?;
         let local_addr = engine.local_addr();
+        let pg_addr = engine.pg_local_addr();
         tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
         let api_listener = if cfg.api.enabled {
             let l = crate::api::bind(&cfg.api)
@@ -230,6 +257,8 @@ impl Pgline {
             started_at: Instant::now(),
             mem_ports: Mutex::new(mem_ports),
             api_addr,
+            pg_addr,
+            pg_relay,
         });
         if let Some(listener) = api_listener {
             tracing::info!(
@@ -273,6 +302,17 @@ impl Pgline {
         tokio::time::timeout(timeout, probe)
             .await
             .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
+    }
+
+    /// The bound PostgreSQL listener address of core 0; None with `pgwire.enabled = false`.
+    pub fn pg_addr(&self) -> Option<SocketAddr> {
+        self.pg_addr
+    }
+
+    /// The PostgreSQL relay (pool and session counts, for tests and diagnostics); None with
+    /// `pgwire.enabled = false`.
+    pub fn pg_relay(&self) -> Option<&Arc<RelayState>> {
+        self.pg_relay.as_ref()
     }
 
     /// The HTTP API's address; None with `api.enabled = false`.

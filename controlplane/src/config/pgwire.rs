@@ -1,0 +1,114 @@
+//! The `[pgwire]` section: the PostgreSQL wire-protocol front (clients connect to the cores on
+//! `listen`; the control plane's relay, `crate::pgfront`, runs their statements on pooled
+//! origin connections).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::{check, ConfigError};
+
+pub const DEFAULT_PG_LISTEN: &str = "127.0.0.1:6432";
+pub const DEFAULT_PG_POOL_SIZE: usize = 20;
+pub const DEFAULT_PG_CONNECT_TIMEOUT_MS: u64 = 3_000;
+pub const DEFAULT_PG_MAX_SESSIONS: usize = 10_000;
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct PgwireConfig {
+    /// Serve the PostgreSQL protocol on `listen`.
+    pub enabled: bool,
+    pub listen: String,
+    /// Origin connections kept per (user, database).
+    pub pool_size: usize,
+    /// Opening a TCP connection to the origin (authentication itself waits for the client).
+    pub connect_timeout_ms: u64,
+    /// Client sessions open at once; more are refused with SQLSTATE 53300.
+    pub max_sessions: usize,
+}
+
+impl Default for PgwireConfig {
+    fn default() -> Self {
+        PgwireConfig {
+            enabled: true,
+            listen: DEFAULT_PG_LISTEN.into(),
+            pool_size: DEFAULT_PG_POOL_SIZE,
+            connect_timeout_ms: DEFAULT_PG_CONNECT_TIMEOUT_MS,
+            max_sessions: DEFAULT_PG_MAX_SESSIONS,
+        }
+    }
+}
+
+impl PgwireConfig {
+    /// The listen address when the front is enabled.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        if self.enabled {
+            self.listen.parse().ok()
+        } else {
+            None
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Invalid {
+                key: "pgwire.listen",
+                reason: format!("{:?} is not an ip:port address ({e})", self.listen),
+            })?;
+        check(
+            (1..=10_000).contains(&self.pool_size),
+            "pgwire.pool_size",
+            "must be 1..=10000",
+        )?;
+        check(
+            self.connect_timeout_ms >= 1,
+            "pgwire.connect_timeout_ms",
+            "must be > 0",
+        )?;
+        check(
+            self.max_sessions >= 1,
+            "pgwire.max_sessions",
+            "must be >= 1",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_values_are_named() {
+        let d = PgwireConfig::default();
+        assert!(d.validate().is_ok());
+        assert_eq!(d.listen_addr(), Some("127.0.0.1:6432".parse().unwrap()));
+        let off = PgwireConfig {
+            enabled: false,
+            ..PgwireConfig::default()
+        };
+        assert_eq!(off.listen_addr(), None);
+        let bad = PgwireConfig {
+            pool_size: 0,
+            ..PgwireConfig::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::Invalid {
+                key: "pgwire.pool_size",
+                ..
+            })
+        ));
+        let bad = PgwireConfig {
+            listen: "nope".into(),
+            ..PgwireConfig::default()
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::Invalid {
+                key: "pgwire.listen",
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,248 @@
+//! One origin connection of the relay: raw protocol 3.0 over a tokio `TcpStream`, framed with
+//! `postgres_protocol`'s backend `Header`.
+//!
+//! Invariants: a frame larger than [`MAX_FRAME`] is a protocol error; `prepared` holds the
+//! statement names (`pgl_...`) this connection has (see `plan`).
+//!
+//! Thread model: owned by one session task at a time (or idle in its pool).
+
+use std::collections::HashSet;
+use std::io;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use postgres_protocol::authentication::{md5_hash, sasl};
+use postgres_protocol::message::{backend::Header, frontend};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub use crate::wal::conn::MAX_FRAME;
+
+/// Where the origin listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginAddr {
+    pub host: String,
+    pub port: u16,
+}
+
+/// An origin connection.
+pub struct Backend {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    /// The origin's own BackendKeyData (for cancel).
+    pub pid: i32,
+    pub secret: i32,
+    /// Backend statement names this connection has prepared.
+    pub prepared: HashSet<String>,
+}
+
+impl Backend {
+    /// Opens a TCP connection to the origin (no startup yet).
+    pub async fn connect(addr: &OriginAddr, timeout: Duration) -> io::Result<Backend> {
+        let stream = open(addr, timeout).await?;
+        Ok(Backend {
+            stream,
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            pid: 0,
+            secret: 0,
+            prepared: HashSet::new(),
+        })
+    }
+
+    pub async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes).await
+    }
+
+    /// One whole backend message, tag and length word included.
+    pub async fn read_frame(&mut self) -> io::Result<Bytes> {
+        loop {
+            if let Some(header) = Header::parse(&self.rbuf)? {
+                let total = usize::try_from(header.len())
+                    .ok()
+                    .and_then(|l| l.checked_add(1))
+                    .filter(|&t| t <= MAX_FRAME)
+                    .ok_or_else(|| io::Error::other("backend frame too large"))?;
+                if self.rbuf.len() >= total {
+                    return Ok(self.rbuf.split_to(total).freeze());
+                }
+                self.rbuf.reserve(total - self.rbuf.len());
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    }
+
+    /// Runs pgline's own simple query; `Ok(Some(first column of the first row))` on success,
+    /// `Ok(None)` when the origin answered with an error (the connection is still usable).
+    pub async fn simple(&mut self, sql: &str) -> io::Result<Option<Option<String>>> {
+        let mut buf = BytesMut::new();
+        frontend::query(sql, &mut buf)?;
+        self.write(&buf).await?;
+        self.read_simple().await
+    }
+
+    /// Reads one simple query's replies up to ReadyForQuery (see [`Backend::simple`]).
+    pub async fn read_simple(&mut self) -> io::Result<Option<Option<String>>> {
+        let mut first = None;
+        let mut failed = false;
+        loop {
+            let f = self.read_frame().await?;
+            match f[0] {
+                b'D' if first.is_none() => first = Some(first_text(&f)),
+                b'E' => failed = true,
+                b'G' => {
+                    let mut buf = BytesMut::new();
+                    frontend::copy_fail("pgline: no COPY data", &mut buf)?;
+                    self.write(&buf).await?;
+                }
+                b'Z' => return Ok((!failed).then(|| first.flatten())),
+                _ => {}
+            }
+        }
+    }
+
+    /// Says goodbye (best effort).
+    pub async fn terminate(mut self) {
+        let mut buf = BytesMut::new();
+        frontend::terminate(&mut buf);
+        let _ = self.write(&buf).await;
+    }
+}
+
+/// What pgline needs to open origin connections for a pool by itself: the startup message of
+/// the pool's first client and the password of `origin.url` (only for that URL's user).
+#[derive(Clone)]
+pub struct Opener {
+    pub origin: OriginAddr,
+    pub timeout: Duration,
+    pub user: String,
+    pub password: Vec<u8>,
+    pub startup: Vec<u8>,
+}
+
+impl Backend {
+    /// Opens and authenticates a connection with `o`'s startup message and password
+    /// (cleartext, md5, SCRAM-SHA-256), up to ReadyForQuery.
+    pub async fn open(o: &Opener) -> io::Result<Backend> {
+        let mut b = Backend::connect(&o.origin, o.timeout).await?;
+        b.write(&o.startup).await?;
+        let mut scram: Option<sasl::ScramSha256> = None;
+        let auth_err = |e: io::Error| io::Error::new(io::ErrorKind::PermissionDenied, e);
+        loop {
+            let f = b.read_frame().await?;
+            let mut buf = BytesMut::new();
+            match (
+                f[0],
+                f.get(5..9)
+                    .map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]])),
+            ) {
+                (b'R', Some(0)) => continue,
+                (b'R', Some(3)) => frontend::password_message(&o.password, &mut buf)?,
+                (b'R', Some(5)) => {
+                    let salt: [u8; 4] = f
+                        .get(9..13)
+                        .and_then(|s| s.try_into().ok())
+                        .ok_or_else(|| io::Error::other("short md5 salt"))?;
+                    let hash = md5_hash(o.user.as_bytes(), &o.password, salt);
+                    frontend::password_message(hash.as_bytes(), &mut buf)?;
+                }
+                (b'R', Some(10)) => {
+                    let s =
+                        sasl::ScramSha256::new(&o.password, sasl::ChannelBinding::unsupported());
+                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut buf)?;
+                    scram = Some(s);
+                }
+                (b'R', Some(11 | 12)) => {
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| io::Error::other("SASL message before SASL start"))?;
+                    if f[8] == 11 {
+                        s.update(&f[9..]).map_err(auth_err)?;
+                        frontend::sasl_response(s.message(), &mut buf)?;
+                    } else {
+                        s.finish(&f[9..]).map_err(auth_err)?;
+                        continue;
+                    }
+                }
+                (b'R', _) => return Err(io::Error::other("unsupported authentication request")),
+                (b'E', _) => {
+                    let text = String::from_utf8_lossy(&f[5..]).replace('\0', " ");
+                    return Err(io::Error::other(format!("origin refused: {}", text.trim())));
+                }
+                (b'K', _) if f.len() >= 13 => {
+                    b.pid = i32::from_be_bytes([f[5], f[6], f[7], f[8]]);
+                    b.secret = i32::from_be_bytes([f[9], f[10], f[11], f[12]]);
+                    continue;
+                }
+                (b'Z', _) => return Ok(b),
+                _ => continue,
+            }
+            b.write(&buf).await?;
+        }
+    }
+}
+
+/// The text of a DataRow's first column.
+fn first_text(frame: &[u8]) -> Option<String> {
+    let body = frame.get(5..)?;
+    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
+    let text = body.get(6..6 + usize::try_from(len).ok()?)?;
+    Some(String::from_utf8_lossy(text).into_owned())
+}
+
+async fn open(addr: &OriginAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect((addr.host.as_str(), addr.port)))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Sends a CancelRequest for the origin backend `(pid, secret)` on a new connection.
+pub async fn send_cancel(
+    addr: &OriginAddr,
+    timeout: Duration,
+    pid: i32,
+    secret: i32,
+) -> io::Result<()> {
+    let mut stream = open(addr, timeout).await?;
+    let mut buf = BytesMut::new();
+    frontend::cancel_request(pid, secret, &mut buf);
+    stream.write_all(&buf).await?;
+    // The origin closes the connection once it has read the request.
+    let mut sink = [0u8; 16];
+    let _ = tokio::time::timeout(timeout, stream.read(&mut sink)).await;
+    Ok(())
+}
+
+/// A complete backend message: `tag`, length word, body.
+pub fn compose_message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(5 + body.len());
+    m.push(tag);
+    m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+/// An ErrorResponse with severity, SQLSTATE and message.
+pub fn compose_error(severity: &str, code: &str, message: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (k, v) in [
+        (b'S', severity),
+        (b'V', severity),
+        (b'C', code),
+        (b'M', message),
+    ] {
+        body.push(k);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    compose_message(b'E', &body)
+}
+
+/// ReadyForQuery with `status`.
+pub fn compose_ready(status: u8) -> Vec<u8> {
+    compose_message(b'Z', &[status])
+}

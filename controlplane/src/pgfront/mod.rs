@@ -1,0 +1,369 @@
+//! The PostgreSQL relay: the control-plane side of the pgwire front.
+//!
+//! Purpose: the cores speak the protocol with clients and hand the control plane what they do not
+//! serve themselves as [`PgRequest`]s on `queues[core].pg_requests`; this module answers with
+//! [`PgReply`]s on `queues[core].pg_replies` (then `wake_core`). It authenticates each client by
+//! relaying its startup and password exchange to a new origin connection (trust, md5, SCRAM all
+//! work: no TLS, no channel binding), pools origin connections per (user, database) in
+//! transaction-pooling mode, rewrites named prepared statements per backend (`plan`), streams
+//! replies in chunks of at most [`CHUNK`] bytes, forwards cancels and measures the session fence
+//! (the origin's WAL position after a batch that ends idle).
+//!
+//! Place on the path: off the hit path. Every forwarded batch costs one origin round trip (the
+//! fence query is pipelined behind the client's messages when the session starts idle).
+//!
+//! Thread model: one dispatcher task ([`run`]) drains the cores' queues when the control waker
+//! fires (and every 20 ms), and feeds one task per session through an unbounded channel; a
+//! session task handles its requests one at a time (the core sends one batch at a time per
+//! session). Cancels are handled by the dispatcher without waiting for the session.
+//!
+//! Invariants:
+//! - Replies to a request keep their order: only its session task pushes them.
+//! - A backend is owned by exactly one place: its pool's idle list, a running batch, or a session
+//!   pinned to it.
+//! - pgline's own (pid, secret) per session is registered for cancel from startup to the end of
+//!   the session; the origin's keys never reach the client.
+//!
+//! Limitations: a pool grows by the connections its clients authenticate, and on demand only
+//! for `origin.url`'s user (see `pool`);
+//! sessions of one (user, database) share backends whatever their startup parameters
+//! (`application_name`, `client_encoding`, `options`...), so a session should not rely on
+//! parameters different from the pool's first client's; COPY FROM STDIN is refused (CopyFail);
+//! NotificationResponses reach a session only with the replies of its own batches.
+
+mod backend;
+mod plan;
+mod pool;
+mod session;
+mod stats;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pgline_dataplane::plane::{PgReply, PgRequest, PgRequestKind, Shared};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio_postgres::config::Host;
+
+pub use backend::OriginAddr;
+pub use plan::{backend_name, leaves_session_state, PlanError, FENCE_SQL};
+pub use pool::PoolError;
+pub use stats::{normalize, StatementStats};
+
+use crate::config::{Config, ConfigError};
+
+/// Largest `bytes` of one [`PgReply`].
+pub const CHUNK: usize = 64 * 1024;
+/// How long a batch waits for a free origin connection of its pool.
+pub const POOL_WAIT: Duration = Duration::from_secs(30);
+
+/// The relay's settings.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub origin: OriginAddr,
+    pub pool_size: usize,
+    pub connect_timeout: Duration,
+    pub max_sessions: usize,
+    /// User and password of `origin.url`: pools of that user open connections on demand.
+    pub credentials: Option<(String, Vec<u8>)>,
+}
+
+impl RelayConfig {
+    /// From `[pgwire]` and the origin's first TCP host in `origin.url`.
+    pub fn from_config(cfg: &Config) -> Result<RelayConfig, ConfigError> {
+        let pg = cfg.origin.pg_config()?;
+        let ports = pg.get_ports();
+        let origin = pg
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .find_map(|(i, h)| match h {
+                Host::Tcp(name) => Some(OriginAddr {
+                    host: name.clone(),
+                    port: ports.get(i).or(ports.first()).copied().unwrap_or(5432),
+                }),
+                _ => None,
+            })
+            .ok_or_else(|| ConfigError::Invalid {
+                key: "origin.url",
+                reason: "the PostgreSQL front needs a TCP host".into(),
+            })?;
+        Ok(RelayConfig {
+            origin,
+            pool_size: cfg.pgwire.pool_size,
+            connect_timeout: Duration::from_millis(cfg.pgwire.connect_timeout_ms),
+            max_sessions: cfg.pgwire.max_sessions,
+            credentials: pg
+                .get_user()
+                .zip(pg.get_password())
+                .map(|(u, p)| (u.to_owned(), p.to_vec())),
+        })
+    }
+}
+
+/// Where a session's cancel goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CancelState {
+    Idle,
+    /// A batch is on its way to a backend; `pending`: a cancel arrived meanwhile.
+    Queued {
+        pending: bool,
+    },
+    /// A batch runs on the origin backend with this key.
+    Running {
+        pid: i32,
+        secret: i32,
+    },
+}
+
+struct SessionHandle {
+    tx: mpsc::UnboundedSender<PgRequest>,
+    cancel: Arc<Mutex<CancelState>>,
+    key: (i32, i32),
+}
+
+/// State shared by the dispatcher and the session tasks.
+pub struct RelayState {
+    shared: Arc<Shared>,
+    cfg: RelayConfig,
+    pools: Mutex<HashMap<(String, String), Arc<pool::Pool>>>,
+    sessions: Mutex<HashMap<u64, SessionHandle>>,
+    /// pgline's (pid, secret) -> session id.
+    keys: Mutex<HashMap<(i32, i32), u64>>,
+    next_pid: AtomicI32,
+    stats: stats::Stats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl RelayState {
+    pub fn new(shared: Arc<Shared>, cfg: RelayConfig) -> Arc<RelayState> {
+        Arc::new(RelayState {
+            shared,
+            cfg,
+            pools: Mutex::default(),
+            sessions: Mutex::default(),
+            keys: Mutex::default(),
+            next_pid: AtomicI32::new(1_000_000),
+            stats: stats::Stats::default(),
+        })
+    }
+
+    fn pool(&self, user: &str, database: &str) -> Arc<pool::Pool> {
+        lock(&self.pools)
+            .entry((user.to_owned(), database.to_owned()))
+            .or_insert_with(|| Arc::new(pool::Pool::new(self.cfg.pool_size)))
+            .clone()
+    }
+
+    /// (idle, total) origin connections of the (user, database) pool.
+    pub fn pool_counts(&self, user: &str, database: &str) -> (usize, usize) {
+        lock(&self.pools)
+            .get(&(user.to_owned(), database.to_owned()))
+            .map_or((0, 0), |p| p.counts())
+    }
+
+    /// Per-statement figures of forwarded batches (normalized text -> stats).
+    pub fn statement_stats(&self) -> Vec<(String, StatementStats)> {
+        self.stats.snapshot()
+    }
+
+    /// Open sessions.
+    pub fn sessions(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// Pushes a reply for `core` (waiting while its queue is full) and wakes the core.
+    async fn push_reply(&self, core: usize, mut reply: PgReply) {
+        let Some(q) = self.shared.queues.get(core) else {
+            return;
+        };
+        loop {
+            match q.pg_replies.push(reply) {
+                Ok(()) => break,
+                Err(back) => {
+                    reply = back;
+                    self.shared.wake_core(core);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+        self.shared.wake_core(core);
+    }
+
+    /// Forgets a session (its task ended); `key` tells it from a later session with the same id.
+    fn end_session(&self, id: u64, key: (i32, i32)) {
+        let mut sessions = lock(&self.sessions);
+        if sessions.get(&id).is_some_and(|h| h.key == key) {
+            sessions.remove(&id);
+        }
+        lock(&self.keys).remove(&key);
+    }
+
+    /// Sends a cancel for the batch `session` runs now, or marks it for the batch on its way.
+    fn cancel_session(self: &Arc<Self>, id: u64) {
+        let slot = match lock(&self.sessions).get(&id) {
+            Some(h) => h.cancel.clone(),
+            None => return,
+        };
+        let mut state = lock(&slot);
+        match *state {
+            CancelState::Running { pid, secret } => self.spawn_cancel(pid, secret),
+            CancelState::Queued { .. } => *state = CancelState::Queued { pending: true },
+            CancelState::Idle => {}
+        }
+    }
+
+    fn spawn_cancel(&self, pid: i32, secret: i32) {
+        let origin = self.cfg.origin.clone();
+        let timeout = self.cfg.connect_timeout;
+        tokio::spawn(async move {
+            if let Err(e) = backend::send_cancel(&origin, timeout, pid, secret).await {
+                tracing::warn!(error = %e, "pgwire: cancel to the origin failed");
+            }
+        });
+    }
+
+    /// Routes one request from a core.
+    fn dispatch(self: &Arc<Self>, req: PgRequest) {
+        match req.kind {
+            PgRequestKind::Cancel => {
+                let Some((pid, secret)) = parse_cancel(&req.messages) else {
+                    return;
+                };
+                let session = lock(&self.keys).get(&(pid, secret)).copied();
+                if let Some(id) = session {
+                    self.cancel_session(id);
+                }
+            }
+            PgRequestKind::Startup => self.start_session(req),
+            kind => {
+                let sessions = lock(&self.sessions);
+                match sessions.get(&req.session) {
+                    Some(h) => {
+                        if kind == PgRequestKind::Batch {
+                            *lock(&h.cancel) = CancelState::Queued { pending: false };
+                        }
+                        if kind == PgRequestKind::Close {
+                            // Whatever still runs for a client that left is cancelled.
+                            let running = *lock(&h.cancel);
+                            if let CancelState::Running { pid, secret } = running {
+                                self.spawn_cancel(pid, secret);
+                            }
+                        }
+                        let _ = h.tx.send(req);
+                    }
+                    None if kind == PgRequestKind::Close => {}
+                    None => {
+                        let this = self.clone();
+                        tokio::spawn(async move { session::refuse_unknown(&this, req).await });
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_session(self: &Arc<Self>, req: PgRequest) {
+        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
+        let secret = random_i32();
+        let cancel = Arc::new(Mutex::new(CancelState::Idle));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = req.session;
+        {
+            let mut sessions = lock(&self.sessions);
+            if sessions.len() >= self.cfg.max_sessions {
+                let this = self.clone();
+                tokio::spawn(async move { session::refuse_full(&this, req).await });
+                return;
+            }
+            sessions.insert(
+                id,
+                SessionHandle {
+                    tx: tx.clone(),
+                    cancel: cancel.clone(),
+                    key: (pid, secret),
+                },
+            );
+        }
+        lock(&self.keys).insert((pid, secret), id);
+        let _ = tx.send(req);
+        let this = self.clone();
+        tokio::spawn(async move {
+            session::Session::new(this.clone(), id, (pid, secret), cancel)
+                .run(rx)
+                .await;
+            this.end_session(id, (pid, secret));
+        });
+    }
+
+    fn drain(self: &Arc<Self>) {
+        for core in 0..self.shared.cores() {
+            while let Some(req) = self.shared.queues[core].pg_requests.pop() {
+                self.dispatch(req);
+            }
+        }
+    }
+}
+
+/// (pid, secret) of a 16-byte CancelRequest.
+fn parse_cancel(m: &[u8]) -> Option<(i32, i32)> {
+    if m.len() != 16 || m[4..8] != 80_877_102i32.to_be_bytes() {
+        return None;
+    }
+    let pid = i32::from_be_bytes(m[8..12].try_into().ok()?);
+    let secret = i32::from_be_bytes(m[12..16].try_into().ok()?);
+    Some((pid, secret))
+}
+
+/// A cancel secret: SipHash under the process's random keys (`RandomState`) of a counter and
+/// the time; not guessable from outside without those keys.
+fn random_i32() -> i32 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish() as i32
+}
+
+/// The relay's loop: drains the cores' PostgreSQL requests when `wake` fires (the control
+/// waker) and every 20 ms, until `shutdown`. Open sessions end when it returns.
+pub async fn run(state: Arc<RelayState>, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = wake.notified() => state.drain(),
+            _ = tick.tick() => state.drain(),
+        }
+    }
+    lock(&state.sessions).clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancel_requests_parse() {
+        let mut m = Vec::new();
+        m.extend_from_slice(&16i32.to_be_bytes());
+        m.extend_from_slice(&80_877_102i32.to_be_bytes());
+        m.extend_from_slice(&7i32.to_be_bytes());
+        m.extend_from_slice(&(-9i32).to_be_bytes());
+        assert_eq!(parse_cancel(&m), Some((7, -9)));
+        assert_eq!(parse_cancel(&m[..12]), None);
+        m[7] = 0;
+        assert_eq!(parse_cancel(&m), None);
+        assert_ne!(random_i32(), random_i32());
+    }
+}

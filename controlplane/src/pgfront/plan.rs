@@ -1,0 +1,516 @@
+//! Batch planning and reply tracking: the client's frontend messages rewritten for one backend,
+//! and the backend's replies filtered back into what the client must see.
+//!
+//! Named prepared statements are the session's (client name -> [`Stmt`]); on a backend they live
+//! under a name derived from their text and parameter types ([`backend_name`]), so sessions that
+//! prepare the same statement share it. [`plan_batch`] rewrites names, drops a Parse the backend
+//! already has (its ParseComplete is synthesized), injects a hidden Parse before a Bind/Describe
+//! of a statement the backend lacks, and answers Close of a statement locally. [`Tracker`] walks
+//! the backend's replies in step with the planned messages: it emits the synthesized replies at
+//! their place, hides the replies to injected messages, and mirrors the protocol's error rule
+//! (after an ErrorResponse, messages up to Sync get no reply).
+//!
+//! Invariants: replies reach the client in the order PostgreSQL would have sent them for the
+//! client's own messages; `prepared` (the backend's statement names) only ever holds names the
+//! backend accepted or is about to accept in this batch (a Parse that fails or is skipped after
+//! an error is removed again).
+//!
+//! A Parse reusing a client name that is still open fails with 42P05 raised by pgline (its
+//! message text is PostgreSQL's, its other fields are not).
+//!
+//! Limitations: FunctionCall (`F`) and copy sub-protocol messages are refused; the unnamed
+//! statement lives on one backend, so it must be bound in the batch that parsed it (or while the
+//! session is pinned).
+
+use std::collections::{HashMap, HashSet};
+
+use bytes::{BufMut, BytesMut};
+use postgres_protocol::message::frontend;
+
+pub const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";
+pub const CLOSE_COMPLETE: &[u8] = b"3\0\0\0\x04";
+
+/// Why a batch cannot be planned (the client's fault).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("malformed frontend message")]
+    Malformed,
+    #[error("unsupported frontend message {0:?}")]
+    Unsupported(char),
+    #[error("batch does not end with Sync or Query")]
+    Unterminated,
+}
+
+/// A frontend message: its tag and body (length word stripped).
+#[derive(Debug, Clone, Copy)]
+pub struct Frame<'a> {
+    pub tag: u8,
+    pub body: &'a [u8],
+}
+
+/// Splits a run of complete frontend messages.
+pub fn parse_frames(mut buf: &[u8]) -> Result<Vec<Frame<'_>>, PlanError> {
+    let mut frames = Vec::new();
+    while !buf.is_empty() {
+        if buf.len() < 5 {
+            return Err(PlanError::Malformed);
+        }
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        if len < 4 || buf.len() < 1 + len {
+            return Err(PlanError::Malformed);
+        }
+        frames.push(Frame {
+            tag: buf[0],
+            body: &buf[5..1 + len],
+        });
+        buf = &buf[1 + len..];
+    }
+    Ok(frames)
+}
+
+/// A NUL-terminated string at the start of `b`, and the rest after the NUL.
+pub fn cstr(b: &[u8]) -> Result<(&str, &[u8]), PlanError> {
+    let end = b.iter().position(|&c| c == 0).ok_or(PlanError::Malformed)?;
+    let s = std::str::from_utf8(&b[..end]).map_err(|_| PlanError::Malformed)?;
+    Ok((s, &b[end + 1..]))
+}
+
+/// A named statement of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stmt {
+    pub text: String,
+    pub oids: Vec<u32>,
+    pub backend_name: String,
+}
+
+/// `pgl_<16 hex>`: FNV-1a over the text and the parameter type OIDs (stable across runs).
+pub fn backend_name(text: &str, oids: &[u32]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    text.bytes().for_each(&mut eat);
+    eat(0);
+    oids.iter().flat_map(|o| o.to_be_bytes()).for_each(&mut eat);
+    format!("pgl_{h:016x}")
+}
+
+/// What one planned message expects back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Act {
+    /// `name`: the backend statement name it creates; `hidden`: injected by pgline.
+    Parse {
+        hidden: bool,
+        name: Option<String>,
+    },
+    Bind,
+    DescribeStatement,
+    DescribePortal,
+    Execute,
+    Close,
+    Sync,
+    /// `hidden`: pgline's own (the fence).
+    Query {
+        hidden: bool,
+    },
+    /// Answered by pgline at this place (ParseComplete, CloseComplete).
+    Local(&'static [u8]),
+    /// An ErrorResponse pgline sends at this place; the backend, which never saw the message,
+    /// is told nothing, so the messages up to Sync are skipped by pgline alone.
+    Fail(Vec<u8>),
+}
+
+/// A batch ready for one backend.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub out: BytesMut,
+    pub acts: Vec<Act>,
+    /// SQL texts of the batch (Query strings and Parse texts), for session-state detection.
+    pub sql: Vec<String>,
+}
+
+/// Rewrites `messages` for a backend whose prepared statement names are `prepared`.
+pub fn plan_batch(
+    messages: &[u8],
+    stmts: &mut HashMap<String, Stmt>,
+    prepared: &mut HashSet<String>,
+) -> Result<Plan, PlanError> {
+    let frames = parse_frames(messages)?;
+    match frames.last() {
+        Some(f) if f.tag == b'S' || f.tag == b'Q' => {}
+        _ => return Err(PlanError::Unterminated),
+    }
+    let mut plan = Plan::default();
+    // After an error pgline raised itself, the backend must not see the messages up to Sync
+    // (PostgreSQL would skip them).
+    let mut skipping = false;
+    for f in frames {
+        if skipping && f.tag != b'S' {
+            continue;
+        }
+        plan_frame(f, stmts, prepared, &mut plan)?;
+        skipping = matches!(plan.acts.last(), Some(Act::Fail(_)));
+    }
+    Ok(plan)
+}
+
+fn plan_frame(
+    f: Frame<'_>,
+    stmts: &mut HashMap<String, Stmt>,
+    prepared: &mut HashSet<String>,
+    plan: &mut Plan,
+) -> Result<(), PlanError> {
+    match f.tag {
+        b'P' => plan_parse(f.body, stmts, prepared, plan)?,
+        b'B' => {
+            let (_portal, rest) = cstr(f.body)?;
+            let (name, _) = cstr(rest)?;
+            match stmts.get(name).filter(|_| !name.is_empty()) {
+                Some(st) => {
+                    ensure_prepared(st, prepared, plan);
+                    plan.sql.push(st.text.clone());
+                    let portal_len = f.body.len() - rest.len();
+                    let tail = &rest[name.len() + 1..];
+                    let mut body = Vec::with_capacity(f.body.len() + 24);
+                    body.extend_from_slice(&f.body[..portal_len]);
+                    body.extend_from_slice(st.backend_name.as_bytes());
+                    body.push(0);
+                    body.extend_from_slice(tail);
+                    put_frame(&mut plan.out, b'B', &body);
+                }
+                None => put_frame(&mut plan.out, b'B', f.body),
+            }
+            plan.acts.push(Act::Bind);
+        }
+        b'D' | b'C' => {
+            let (&variant, rest) = f.body.split_first().ok_or(PlanError::Malformed)?;
+            let (name, _) = cstr(rest)?;
+            let statement = variant == b'S' && !name.is_empty();
+            if statement && f.tag == b'C' {
+                stmts.remove(name);
+                plan.acts.push(Act::Local(CLOSE_COMPLETE));
+                return Ok(());
+            }
+            match stmts.get(name).filter(|_| statement) {
+                Some(st) => {
+                    ensure_prepared(st, prepared, plan);
+                    let mut body = vec![variant];
+                    body.extend_from_slice(st.backend_name.as_bytes());
+                    body.push(0);
+                    put_frame(&mut plan.out, f.tag, &body);
+                }
+                None => put_frame(&mut plan.out, f.tag, f.body),
+            }
+            plan.acts.push(match (f.tag, variant) {
+                (b'C', _) => Act::Close,
+                (_, b'S') => Act::DescribeStatement,
+                _ => Act::DescribePortal,
+            });
+        }
+        b'E' | b'S' | b'H' | b'Q' => {
+            put_frame(&mut plan.out, f.tag, f.body);
+            match f.tag {
+                b'E' => plan.acts.push(Act::Execute),
+                b'S' => plan.acts.push(Act::Sync),
+                b'Q' => {
+                    plan.sql.push(cstr(f.body)?.0.to_owned());
+                    plan.acts.push(Act::Query { hidden: false });
+                }
+                _ => {}
+            }
+        }
+        other => return Err(PlanError::Unsupported(char::from(other))),
+    }
+    Ok(())
+}
+
+fn plan_parse(
+    body: &[u8],
+    stmts: &mut HashMap<String, Stmt>,
+    prepared: &mut HashSet<String>,
+    plan: &mut Plan,
+) -> Result<(), PlanError> {
+    let (name, rest) = cstr(body)?;
+    let (text, rest) = cstr(rest)?;
+    plan.sql.push(text.to_owned());
+    if name.is_empty() {
+        put_frame(&mut plan.out, b'P', body);
+        plan.acts.push(Act::Parse {
+            hidden: false,
+            name: None,
+        });
+        return Ok(());
+    }
+    let n = rest
+        .get(..2)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+        .ok_or(PlanError::Malformed)?;
+    let oids: Vec<u32> = rest[2..]
+        .chunks_exact(4)
+        .take(n)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if oids.len() != n {
+        return Err(PlanError::Malformed);
+    }
+    if stmts.contains_key(name) {
+        let msg = format!("prepared statement \"{name}\" already exists");
+        plan.acts.push(Act::Fail(super::backend::compose_error(
+            "ERROR", "42P05", &msg,
+        )));
+        return Ok(());
+    }
+    let st = Stmt {
+        backend_name: backend_name(text, &oids),
+        text: text.to_owned(),
+        oids,
+    };
+    if prepared.contains(&st.backend_name) {
+        plan.acts.push(Act::Local(PARSE_COMPLETE));
+    } else {
+        write_parse(&st, &mut plan.out);
+        prepared.insert(st.backend_name.clone());
+        plan.acts.push(Act::Parse {
+            hidden: false,
+            name: Some(st.backend_name.clone()),
+        });
+    }
+    stmts.insert(name.to_owned(), st);
+    Ok(())
+}
+
+fn ensure_prepared(st: &Stmt, prepared: &mut HashSet<String>, plan: &mut Plan) {
+    if prepared.insert(st.backend_name.clone()) {
+        write_parse(st, &mut plan.out);
+        plan.acts.push(Act::Parse {
+            hidden: true,
+            name: Some(st.backend_name.clone()),
+        });
+    }
+}
+
+fn write_parse(st: &Stmt, out: &mut BytesMut) {
+    // Text and name come from a parsed message (no NUL inside), so encoding cannot fail.
+    let _ = frontend::parse(&st.backend_name, &st.text, st.oids.iter().copied(), out);
+}
+
+fn put_frame(out: &mut BytesMut, tag: u8, body: &[u8]) {
+    out.put_u8(tag);
+    out.put_u32(body.len() as u32 + 4);
+    out.put_slice(body);
+}
+
+/// Appends pgline's fence query to a plan (its reply is hidden; see [`Tracker::fence`]).
+pub fn add_fence(plan: &mut Plan) {
+    let _ = frontend::query(FENCE_SQL, &mut plan.out);
+    plan.acts.push(Act::Query { hidden: true });
+}
+
+pub const FENCE_SQL: &str = "SELECT pg_current_wal_lsn()";
+
+/// What the last backend message meant for the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Continue,
+    /// The backend wants COPY data: answer CopyFail.
+    CopyIn,
+    /// The client's last ReadyForQuery went out, with this status.
+    ClientDone(u8),
+    /// A hidden query finished.
+    HiddenDone,
+}
+
+/// Follows the backend's replies through a [`Plan`]'s acts.
+#[derive(Debug)]
+pub struct Tracker {
+    acts: Vec<Act>,
+    i: usize,
+    error: bool,
+    last_client: usize,
+    /// The LSN the fence query returned.
+    pub fence: Option<u64>,
+    /// An ErrorResponse went to the client.
+    pub failed: bool,
+}
+
+impl Tracker {
+    pub fn new(acts: Vec<Act>) -> Tracker {
+        let last_client = acts
+            .iter()
+            .rposition(|a| matches!(a, Act::Sync | Act::Query { hidden: false }))
+            .unwrap_or(usize::MAX);
+        Tracker {
+            acts,
+            i: 0,
+            error: false,
+            last_client,
+            fence: None,
+            failed: false,
+        }
+    }
+
+    /// Emits the synthesized replies due before the next backend reply; skips what an error
+    /// made the backend skip.
+    fn advance(&mut self, out: &mut Vec<u8>, prepared: &mut HashSet<String>) {
+        while let Some(act) = self.acts.get(self.i) {
+            match act {
+                Act::Sync | Act::Query { .. } => break,
+                Act::Local(bytes) if !self.error => out.extend_from_slice(bytes),
+                Act::Fail(bytes) if !self.error => {
+                    out.extend_from_slice(bytes);
+                    self.error = true;
+                    self.failed = true;
+                }
+                _ if self.error => {
+                    if let Act::Parse { name: Some(n), .. } = act {
+                        prepared.remove(n);
+                    }
+                }
+                _ => break,
+            }
+            self.i += 1;
+        }
+    }
+
+    /// Takes one whole backend message (`frame`, tag included); appends what the client sees.
+    pub fn on_message(
+        &mut self,
+        frame: &[u8],
+        out: &mut Vec<u8>,
+        prepared: &mut HashSet<String>,
+    ) -> Step {
+        let tag = frame[0];
+        let hidden_now = matches!(self.acts.get(self.i), Some(Act::Query { hidden: true }));
+        if matches!(tag, b'N' | b'S' | b'A') {
+            if !hidden_now {
+                out.extend_from_slice(frame);
+            }
+            return Step::Continue;
+        }
+        self.advance(out, prepared);
+        let Some(act) = self.acts.get(self.i).cloned() else {
+            out.extend_from_slice(frame);
+            return Step::Continue;
+        };
+        let done = match (&act, tag) {
+            (Act::Query { hidden }, _) => {
+                if !hidden {
+                    self.failed |= tag == b'E';
+                    out.extend_from_slice(frame);
+                } else if tag == b'D' {
+                    self.fence = parse_fence_row(frame);
+                }
+                match tag {
+                    b'Z' => return self.ready(frame),
+                    b'G' => return Step::CopyIn,
+                    _ => return Step::Continue,
+                }
+            }
+            (Act::Sync, _) => {
+                out.extend_from_slice(frame);
+                if tag == b'Z' {
+                    return self.ready(frame);
+                }
+                return Step::Continue;
+            }
+            (_, b'E') => {
+                if let Act::Parse { name: Some(n), .. } = &act {
+                    prepared.remove(n);
+                }
+                out.extend_from_slice(frame);
+                self.error = true;
+                self.failed = true;
+                self.i += 1;
+                return Step::Continue;
+            }
+            (Act::Parse { hidden, .. }, _) => {
+                if !hidden {
+                    out.extend_from_slice(frame);
+                }
+                return self.complete_if(tag == b'1');
+            }
+            (Act::Bind, _) => tag == b'2',
+            (Act::Close, _) => tag == b'3',
+            (Act::DescribeStatement | Act::DescribePortal, _) => tag == b'T' || tag == b'n',
+            (Act::Execute, _) => matches!(tag, b'C' | b'I' | b's'),
+            (Act::Local(_) | Act::Fail(_), _) => false,
+        };
+        out.extend_from_slice(frame);
+        self.complete_if(done)
+    }
+
+    fn complete_if(&mut self, done: bool) -> Step {
+        if done {
+            self.i += 1;
+        }
+        Step::Continue
+    }
+
+    fn ready(&mut self, frame: &[u8]) -> Step {
+        let idx = self.i;
+        self.i += 1;
+        self.error = false;
+        if idx == self.last_client {
+            Step::ClientDone(frame.get(5).copied().unwrap_or(b'I'))
+        } else if matches!(self.acts.get(idx), Some(Act::Query { hidden: true })) {
+            Step::HiddenDone
+        } else {
+            Step::Continue
+        }
+    }
+
+    /// Whether hidden acts (the fence) follow the client's last one.
+    pub fn has_hidden_tail(&self) -> bool {
+        self.acts.len() > self.last_client.saturating_add(1)
+    }
+}
+
+/// The LSN in a DataRow with one text column `X/Y`.
+fn parse_fence_row(frame: &[u8]) -> Option<u64> {
+    let body = frame.get(5..)?;
+    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
+    let text = body.get(6..6 + usize::try_from(len).ok()?)?;
+    crate::wal::conn::parse_lsn(std::str::from_utf8(text).ok()?)
+}
+
+/// Whether a statement leaves session state on its backend that a later batch on another
+/// backend would miss, so the session must keep its backend for good: `SET` (but not
+/// `SET LOCAL`, `SET TRANSACTION`, `SET CONSTRAINTS`), `LISTEN`, `PREPARE`, `DECLARE ... WITH
+/// HOLD`, `CREATE TEMP`/`TEMPORARY` objects, `LOAD`, session-level advisory locks and
+/// `set_config(...)`. Errs on the side of pinning; `RESET` and `DISCARD` pin nothing.
+pub fn leaves_session_state(sql: &str) -> bool {
+    let lower = sql.to_ascii_lowercase();
+    if (lower.contains("pg_advisory_lock") || lower.contains("pg_try_advisory_lock"))
+        || lower.contains("set_config(")
+    {
+        return true;
+    }
+    lower.split(';').any(|stmt| {
+        let words: Vec<&str> = stmt.split_whitespace().take(4).collect();
+        match words.as_slice() {
+            ["set", second, ..] => !matches!(*second, "local" | "transaction" | "constraints"),
+            ["listen", ..] | ["prepare", ..] | ["load", ..] => true,
+            ["declare", ..] => stmt.contains("with hold"),
+            ["create", "temp" | "temporary", ..] => true,
+            ["create", "local" | "global", "temp" | "temporary", ..] => true,
+            _ => false,
+        }
+    })
+}
+
+/// Whether a statement drops every prepared statement of its backend.
+pub fn clears_prepared(sql: &str) -> bool {
+    let lower = sql.to_ascii_lowercase();
+    lower.split(';').any(|stmt| {
+        let words: Vec<&str> = stmt.split_whitespace().take(3).collect();
+        matches!(
+            words.as_slice(),
+            ["discard", "all"] | ["deallocate", "all"] | ["deallocate", "prepare", "all"]
+        )
+    })
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,196 @@
+use super::*;
+
+fn msgs(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    f(&mut b);
+    b.to_vec()
+}
+
+fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    put_frame(&mut b, tag, body);
+    b.to_vec()
+}
+
+fn tags(out: &[u8]) -> Vec<u8> {
+    parse_frames(out).unwrap().iter().map(|f| f.tag).collect()
+}
+
+#[test]
+fn named_parse_is_rewritten_then_deduplicated() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("s1", "SELECT $1::int", [23u32], b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let bname = backend_name("SELECT $1::int", &[23]);
+    assert!(prepared.contains(&bname));
+    let frames = parse_frames(&plan.out).unwrap();
+    assert_eq!(cstr(frames[0].body).unwrap().0, bname);
+    // Same statement again under another client name: the Parse is dropped, answered locally.
+    let m2 = msgs(|b| {
+        frontend::parse("s2", "SELECT $1::int", [23u32], b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&m2, &mut stmts, &mut prepared).unwrap();
+    assert_eq!(tags(&plan.out), b"S");
+    assert_eq!(plan.acts, vec![Act::Local(PARSE_COMPLETE), Act::Sync]);
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    let step = t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    assert_eq!(step, Step::ClientDone(b'I'));
+    assert_eq!(tags(&out), b"1Z");
+}
+
+#[test]
+fn bind_on_fresh_backend_injects_hidden_parse_and_close_is_local() {
+    let mut stmts = HashMap::new();
+    let mut first = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("s", "SELECT 1", [], b).unwrap();
+        frontend::sync(b);
+    });
+    plan_batch(&m, &mut stmts, &mut first).unwrap();
+    let mut fresh = HashSet::new();
+    let m = msgs(|b| {
+        b.extend_from_slice(&frame(b'B', b"\0s\0\0\0\0\0\0\0"));
+        frontend::execute("", 0, b).unwrap();
+        frontend::close(b'S', "s", b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&m, &mut stmts, &mut fresh).unwrap();
+    assert_eq!(tags(&plan.out), b"PBES");
+    assert!(stmts.is_empty());
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    for (tag, body) in [
+        (b'1', &b""[..]),
+        (b'2', b""),
+        (b'D', b"\0\x01\0\0\0\x011"),
+        (b'C', b"SELECT 1\0"),
+    ] {
+        assert_eq!(
+            t.on_message(&frame(tag, body), &mut out, &mut fresh),
+            Step::Continue
+        );
+    }
+    assert_eq!(
+        t.on_message(&frame(b'Z', b"I"), &mut out, &mut fresh),
+        Step::ClientDone(b'I')
+    );
+    assert_eq!(tags(&out), b"2DC3Z");
+}
+
+#[test]
+fn error_skips_to_sync_and_forgets_failed_parse() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("bad", "SELEC 1", [], b).unwrap();
+        frontend::parse("other", "SELECT 2", [], b).unwrap();
+        frontend::sync(b);
+    });
+    let mut plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    add_fence(&mut plan);
+    let mut t = Tracker::new(plan.acts);
+    assert!(t.has_hidden_tail());
+    let mut out = Vec::new();
+    t.on_message(&frame(b'E', b"C42601\0\0"), &mut out, &mut prepared);
+    assert_eq!(
+        t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared),
+        Step::ClientDone(b'I')
+    );
+    assert!(prepared.is_empty(), "{prepared:?}");
+    assert_eq!(tags(&out), b"EZ");
+    // The fence's reply is hidden; its LSN is kept.
+    let mut out = Vec::new();
+    t.on_message(&frame(b'T', b"\0\x01x\0"), &mut out, &mut prepared);
+    t.on_message(
+        &frame(b'D', b"\0\x01\0\0\0\x0916/B374D8"),
+        &mut out,
+        &mut prepared,
+    );
+    t.on_message(&frame(b'C', b"SELECT 1\0"), &mut out, &mut prepared);
+    assert_eq!(
+        t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared),
+        Step::HiddenDone
+    );
+    assert!(out.is_empty());
+    assert_eq!(t.fence, Some(0x16_00B3_74D8));
+}
+
+#[test]
+fn unterminated_and_malformed_batches_are_refused() {
+    let mut s = HashMap::new();
+    let mut p = HashSet::new();
+    let m = msgs(|b| frontend::execute("", 0, b).unwrap());
+    assert_eq!(
+        plan_batch(&m, &mut s, &mut p).unwrap_err(),
+        PlanError::Unterminated
+    );
+    assert_eq!(
+        plan_batch(b"S\0\0\0\x09", &mut s, &mut p).unwrap_err(),
+        PlanError::Malformed
+    );
+}
+
+#[test]
+fn session_state_detection() {
+    for sql in [
+        "SET search_path = x",
+        "set statement_timeout to 5",
+        "LISTEN ch",
+        "PREPARE p AS SELECT 1",
+        "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
+        "CREATE TEMP TABLE t (a int)",
+        "select 1; create temporary table t (a int)",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT set_config('a.b', 'c', false)",
+    ] {
+        assert!(leaves_session_state(sql), "{sql}");
+    }
+    for sql in [
+        "SET LOCAL search_path = x",
+        "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        "SELECT pg_advisory_xact_lock(1)",
+        "DECLARE c CURSOR FOR SELECT 1",
+        "RESET ALL",
+        "SELECT * FROM settings",
+    ] {
+        assert!(!leaves_session_state(sql), "{sql}");
+    }
+    assert!(clears_prepared("DISCARD ALL"));
+    assert!(clears_prepared("deallocate all"));
+    assert!(!clears_prepared("DEALLOCATE foo"));
+}
+
+#[test]
+fn reused_open_name_fails_locally_and_skips_to_sync() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("s", "SELECT 1", [], b).unwrap();
+        frontend::sync(b);
+    });
+    plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let m = msgs(|b| {
+        frontend::parse("s", "SELECT 2", [], b).unwrap();
+        b.extend_from_slice(&frame(b'B', b"\0s\0\0\0\0\0\0\0"));
+        frontend::execute("", 0, b).unwrap();
+        frontend::close(b'S', "s", b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    assert_eq!(tags(&plan.out), b"S", "the backend sees only the Sync");
+    assert_eq!(stmts["s"].text, "SELECT 1", "the skipped Close did not run");
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    assert_eq!(
+        t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared),
+        Step::ClientDone(b'I')
+    );
+    assert_eq!(tags(&out), b"EZ");
+    assert!(t.failed);
+}

@@ -1,0 +1,152 @@
+//! The backend pool of one (user, database): idle origin connections and a bound on how many
+//! exist.
+//!
+//! pgline never holds its clients' passwords, so it cannot open a connection for a user by
+//! itself: a pool grows by the connections clients authenticate at startup (one joins while
+//! the pool has room, see [`Pool::join`]). A batch takes an idle connection or waits for one;
+//! when every connection of a pool has died, batches fail until a client authenticates again.
+//! The exception is the user of `origin.url`, whose password pgline has: its pools open
+//! connections on demand (with their first client's startup parameters), see
+//! [`Pool::set_opener`].
+//!
+//! Thread model: shared by the sessions of that (user, database); a std mutex guards the idle
+//! list (held for a push or pop, never across an await), a `Notify` wakes waiters.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::backend::{Backend, Opener};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("no origin connection left for this user and database")]
+    Empty,
+    #[error("no origin connection became free in time")]
+    Timeout,
+    #[error("cannot open an origin connection")]
+    Open,
+}
+
+struct Inner {
+    idle: Vec<Backend>,
+    total: usize,
+}
+
+pub struct Pool {
+    size: usize,
+    inner: Mutex<Inner>,
+    notify: Notify,
+    /// Set when pgline holds this pool's password (the user of `origin.url`): the pool then
+    /// also grows on demand, and refills after its connections died.
+    opener: Mutex<Option<Opener>>,
+}
+
+impl Pool {
+    pub fn new(size: usize) -> Pool {
+        Pool {
+            size,
+            inner: Mutex::new(Inner {
+                idle: Vec::new(),
+                total: 0,
+            }),
+            notify: Notify::new(),
+            opener: Mutex::new(None),
+        }
+    }
+
+    /// Lets the pool open connections itself (kept: the first opener set wins).
+    pub fn set_opener(&self, o: Opener) {
+        let mut slot = self.opener.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(o);
+        }
+    }
+
+    fn opener(&self) -> Option<Opener> {
+        self.opener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a freshly authenticated connection; hands it back when the pool is full.
+    pub fn join(&self, b: Backend) -> Option<Backend> {
+        let mut inner = self.lock();
+        if inner.total >= self.size {
+            return Some(b);
+        }
+        inner.total += 1;
+        inner.idle.push(b);
+        drop(inner);
+        self.notify.notify_one();
+        None
+    }
+
+    /// Takes an idle connection (the most recently used), waiting up to `wait` for one.
+    pub async fn take(&self, wait: Duration) -> Result<Backend, PoolError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let opener = self.opener();
+            let open = {
+                let mut inner = self.lock();
+                if let Some(b) = inner.idle.pop() {
+                    return Ok(b);
+                }
+                if opener.is_some() && inner.total < self.size {
+                    inner.total += 1;
+                    true
+                } else if inner.total == 0 {
+                    return Err(PoolError::Empty);
+                } else {
+                    false
+                }
+            };
+            if !open {
+                if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    return Err(PoolError::Timeout);
+                }
+                continue;
+            }
+            // A slot is reserved: open a connection for it.
+            let Some(o) = opener else { continue };
+            return match Backend::open(&o).await {
+                Ok(b) => Ok(b),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pgwire: cannot open an origin connection");
+                    self.discard();
+                    Err(PoolError::Open)
+                }
+            };
+        }
+    }
+
+    /// Returns a taken connection.
+    pub fn put(&self, b: Backend) {
+        self.lock().idle.push(b);
+        self.notify.notify_one();
+    }
+
+    /// A taken connection is gone (broken or closed).
+    pub fn discard(&self) {
+        let mut inner = self.lock();
+        inner.total = inner.total.saturating_sub(1);
+        drop(inner);
+        // Waiters must see an empty pool rather than wait out their timeout.
+        self.notify.notify_waiters();
+    }
+
+    /// (idle, total).
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = self.lock();
+        (inner.idle.len(), inner.total)
+    }
+}

@@ -1,0 +1,660 @@
+//! The PostgreSQL relay (`pgfront`) driven through the core queues against a real origin. A real
+//! `Pgline` runs with the pgwire front on (its WAL consumer checks the fences); the test plays
+//! the core of a relay of its own, built the way `Pgline::start` builds it but on a `Shared`
+//! whose queues no running core drains (the real cores pop `pg_replies`), pushing `PgRequest`s
+//! built with `postgres_protocol`'s frontend encoders on `queues[0].pg_requests` and reading
+//! the `PgReply`s.
+
+mod common;
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, BytesMut};
+use common::TestDb;
+use pgline_controlplane::pgfront::{self, RelayConfig, RelayState};
+use pgline_controlplane::server::Pgline;
+use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
+use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequest, PgRequestKind, Shared, Wake};
+use postgres_protocol::authentication::sasl;
+use postgres_protocol::message::frontend;
+use tokio::sync::{watch, Notify};
+
+const PASSWORD: &str = "relay-secret";
+
+struct Driver {
+    p: Arc<Pgline>,
+    shared: Arc<Shared>,
+    relay: Arc<RelayState>,
+    seq: AtomicU64,
+    stash: Mutex<Vec<PgReply>>,
+    _stop: watch::Sender<bool>,
+}
+
+struct NotifyWake(Arc<Notify>);
+
+impl Wake for NotifyWake {
+    fn wake(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// A whole reply (its chunks joined).
+#[derive(Debug)]
+struct Reply {
+    bytes: Vec<u8>,
+    end: PgReplyEnd,
+    fence: u64,
+    chunks: Vec<usize>,
+}
+
+impl Driver {
+    fn push(&self, session: u64, kind: PgRequestKind, messages: Vec<u8>) -> u64 {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let req = PgRequest {
+            core: 0,
+            conn: session,
+            seq,
+            session,
+            kind,
+            messages,
+        };
+        assert!(self.shared.queues[0].pg_requests.push(req).is_ok());
+        self.shared.control_waker.wake();
+        seq
+    }
+
+    async fn reply(&self, conn: u64, seq: u64) -> Reply {
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut r = Reply {
+            bytes: Vec::new(),
+            end: PgReplyEnd::More,
+            fence: 0,
+            chunks: Vec::new(),
+        };
+        loop {
+            {
+                let mut stash = self.stash.lock().unwrap();
+                while let Some(x) = self.shared.queues[0].pg_replies.pop() {
+                    stash.push(x);
+                }
+                while let Some(i) = stash.iter().position(|x| x.conn == conn && x.seq == seq) {
+                    let x = stash.remove(i);
+                    r.chunks.push(x.bytes.len());
+                    r.bytes.extend_from_slice(&x.bytes);
+                    r.fence = x.fence_lsn;
+                    r.end = x.end;
+                    if x.end != PgReplyEnd::More {
+                        return r;
+                    }
+                }
+            }
+            assert!(Instant::now() < until, "no reply for {conn}/{seq}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn request(&self, session: u64, kind: PgRequestKind, messages: Vec<u8>) -> Reply {
+        let seq = self.push(session, kind, messages);
+        self.reply(session, seq).await
+    }
+
+    async fn query(&self, session: u64, sql: &str) -> Reply {
+        self.request(
+            session,
+            PgRequestKind::Batch,
+            msgs(|b| frontend::query(sql, b).unwrap()),
+        )
+        .await
+    }
+
+    /// Startup as `user`; answers SCRAM/md5/cleartext with `password`. Returns the final reply.
+    async fn startup(&self, session: u64, user: &str, db: &str, password: &str) -> Reply {
+        let m = msgs(|b| {
+            frontend::startup_message(
+                [
+                    ("user", user),
+                    ("database", db),
+                    ("application_name", "pgf"),
+                ],
+                b,
+            )
+            .unwrap()
+        });
+        let mut r = self.request(session, PgRequestKind::Startup, m).await;
+        let mut scram: Option<sasl::ScramSha256> = None;
+        while r.end == PgReplyEnd::Auth {
+            let (_, body) = frames(&r.bytes).into_iter().last().expect("auth request");
+            let code = i32::from_be_bytes(body[..4].try_into().unwrap());
+            let answer = msgs(|b| match code {
+                10 => {
+                    let s = sasl::ScramSha256::new(
+                        password.as_bytes(),
+                        sasl::ChannelBinding::unsupported(),
+                    );
+                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), b).unwrap();
+                    scram = Some(s);
+                }
+                11 => {
+                    let s = scram.as_mut().unwrap();
+                    s.update(&body[4..]).unwrap();
+                    frontend::sasl_response(s.message(), b).unwrap();
+                }
+                3 => frontend::password_message(password.as_bytes(), b).unwrap(),
+                other => panic!("auth request {other}"),
+            });
+            r = self.request(session, PgRequestKind::Auth, answer).await;
+        }
+        if let (Some(s), PgReplyEnd::Ready(_)) = (scram.as_mut(), r.end) {
+            // The server's final SCRAM message passed the relay intact: it verifies.
+            let (_, body) = frames(&r.bytes)
+                .into_iter()
+                .find(|(t, b)| *t == b'R' && b[..4] == 12i32.to_be_bytes())
+                .expect("SASLFinal");
+            s.finish(&body[4..]).expect("server signature verifies");
+        }
+        r
+    }
+}
+
+fn msgs(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    f(&mut b);
+    b.to_vec()
+}
+
+/// Bind of text parameters to `stmt` (unnamed portal, text results).
+fn bind(b: &mut BytesMut, stmt: &str, params: &[&str]) {
+    let mut body = BytesMut::new();
+    body.put_u8(0);
+    body.put_slice(stmt.as_bytes());
+    body.put_u8(0);
+    body.put_i16(0);
+    body.put_i16(params.len() as i16);
+    for p in params {
+        body.put_i32(p.len() as i32);
+        body.put_slice(p.as_bytes());
+    }
+    body.put_i16(0);
+    b.put_u8(b'B');
+    b.put_i32(body.len() as i32 + 4);
+    b.put_slice(&body);
+}
+
+fn frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while b.len() >= 5 {
+        let len = u32::from_be_bytes(b[1..5].try_into().unwrap()) as usize;
+        out.push((b[0], b[5..1 + len].to_vec()));
+        b = &b[1 + len..];
+    }
+    assert!(b.is_empty(), "trailing bytes");
+    out
+}
+
+fn tags(b: &[u8]) -> String {
+    frames(b).iter().map(|(t, _)| char::from(*t)).collect()
+}
+
+fn error_code(b: &[u8]) -> Option<String> {
+    let (_, body) = frames(b).into_iter().find(|(t, _)| *t == b'E')?;
+    let mut rest = &body[..];
+    while let Some((&k, tail)) = rest.split_first() {
+        let end = tail.iter().position(|&c| c == 0)?;
+        if k == b'C' {
+            return Some(String::from_utf8_lossy(&tail[..end]).into_owned());
+        }
+        rest = &tail[end + 1..];
+    }
+    None
+}
+
+/// First column of each DataRow.
+fn first_values(b: &[u8]) -> Vec<String> {
+    frames(b)
+        .into_iter()
+        .filter(|(t, _)| *t == b'D')
+        .map(|(_, body)| {
+            let len = i32::from_be_bytes(body[2..6].try_into().unwrap()) as usize;
+            String::from_utf8_lossy(&body[6..6 + len]).into_owned()
+        })
+        .collect()
+}
+
+/// pgline's (pid, secret) from a startup reply.
+fn backend_key(b: &[u8]) -> (i32, i32) {
+    let (_, body) = frames(b).into_iter().find(|(t, _)| *t == b'K').expect("K");
+    (
+        i32::from_be_bytes(body[..4].try_into().unwrap()),
+        i32::from_be_bytes(body[4..8].try_into().unwrap()),
+    )
+}
+
+/// A pgline with the front on, a test database with table `t` and a login role with a
+/// password; returns the role name (dropped by [`drop_role`]).
+async fn setup(tag: &str) -> (TestDb, Driver, String) {
+    let db = TestDb::create(tag).await;
+    let role = format!("{}_r", db.name);
+    let admin = common::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'"
+        ))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE t (id int PRIMARY KEY, v text);
+             INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g;
+             GRANT ALL ON t TO {role};"
+        ))
+        .await
+        .unwrap();
+    let mut cfg = support::config(&db, 1);
+    cfg.pgwire.listen = "127.0.0.1:0".into();
+    let relay_cfg = RelayConfig::from_config(&cfg).unwrap();
+    let p = Pgline::start(cfg).await.expect("pgline starts");
+    assert!(p.pg_relay().is_some() && p.pg_addr().is_some());
+    let wake = Arc::new(Notify::new());
+    let shared = Arc::new(Shared::new(
+        p.shared.store.clone(),
+        KeySpaceCell::new(KeySpace::default()),
+        1,
+        64,
+        Arc::new(NotifyWake(wake.clone())),
+    ));
+    let relay = RelayState::new(shared.clone(), relay_cfg);
+    let (stop, stop_rx) = watch::channel(false);
+    tokio::spawn(pgfront::run(relay.clone(), wake, stop_rx));
+    let d = Driver {
+        p,
+        shared,
+        relay,
+        seq: AtomicU64::new(1),
+        stash: Mutex::default(),
+        _stop: stop,
+    };
+    (db, d, role)
+}
+
+async fn teardown(db: TestDb, d: Driver, role: &str) {
+    let _ = d._stop.send(true);
+    d.p.shutdown().await;
+    let client = db.client().await;
+    let _ = client.batch_execute(&format!("DROP OWNED BY {role}")).await;
+    drop(client);
+    drop(db);
+    let admin = common::admin_client().await;
+    let _ = admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_startup_and_wrong_password() {
+    let (db, d, role) = setup("pgf_auth").await;
+    let ok = d.startup(1, &role, &db.name, PASSWORD).await;
+    assert_eq!(ok.end, PgReplyEnd::Ready(b'I'), "{}", tags(&ok.bytes));
+    let t = tags(&ok.bytes);
+    assert!(
+        t.starts_with('R') && t.contains('S') && t.ends_with("KZ"),
+        "{t}"
+    );
+    let (pid, _) = backend_key(&ok.bytes);
+    assert!(
+        pid >= 1_000_000,
+        "pgline's own pid, not the origin's: {pid}"
+    );
+    let r = d.query(1, "SELECT current_user").await;
+    assert_eq!(first_values(&r.bytes), vec![role.clone()]);
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (1, 1));
+
+    // Session state pins a session to its backend for good; DISCARD ALL cleans it on close.
+    let relay = d.relay.clone();
+    assert_eq!(
+        d.startup(3, &role, &db.name, PASSWORD).await.end,
+        PgReplyEnd::Ready(b'I')
+    );
+    assert_eq!(relay.pool_counts(&role, &db.name), (2, 2));
+    let r = d.query(3, "SET application_name = 'pinned'").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert_eq!(relay.pool_counts(&role, &db.name), (1, 2));
+    for _ in 0..2 {
+        let r = d.query(1, "SHOW application_name").await;
+        assert_eq!(first_values(&r.bytes), vec!["pgf"]);
+        let r = d.query(3, "SHOW application_name").await;
+        assert_eq!(first_values(&r.bytes), vec!["pinned"]);
+    }
+    d.push(3, PgRequestKind::Close, Vec::new());
+    let until = Instant::now() + Duration::from_secs(10);
+    while relay.pool_counts(&role, &db.name) != (2, 2) {
+        assert!(Instant::now() < until);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = d.query(1, "SHOW application_name").await;
+    assert_eq!(
+        first_values(&r.bytes),
+        vec!["pgf"],
+        "DISCARD ALL reset the pinned backend"
+    );
+
+    let bad = d.startup(2, &role, &db.name, "wrong").await;
+    assert_eq!(bad.end, PgReplyEnd::Close);
+    assert_eq!(error_code(&bad.bytes).as_deref(), Some("28P01"));
+    teardown(db, d, &role).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooling_prepared_statements_pinning_fence_and_chunks() {
+    let (db, d, role) = setup("pgf_pool").await;
+    for s in [1, 2] {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    // Simple query.
+    let r = d.query(1, "SELECT v FROM t WHERE id = 3").await;
+    assert_eq!(tags(&r.bytes), "TDCZ");
+    assert_eq!(first_values(&r.bytes), vec!["v3"]);
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(r.fence > 0, "a read that went to the origin sets the fence");
+
+    // A named statement on one backend...
+    let sql = "SELECT v || ':' || pg_backend_pid() FROM t WHERE id = $1";
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                frontend::parse("s1", sql, [23u32], b).unwrap();
+                bind(b, "s1", &["1"]);
+                frontend::execute("", 0, b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "12DCZ");
+    let first = first_values(&r.bytes)[0].clone();
+    // ...then session 2 takes that backend (most recently used) into a transaction...
+    let r = d.query(2, "BEGIN").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'T'));
+    assert_eq!(r.fence, 0);
+    let pinned_pid =
+        first_values(&d.query(2, "SELECT pg_backend_pid()::text").await.bytes)[0].clone();
+    assert!(
+        first.ends_with(&format!(":{pinned_pid}")),
+        "{first} vs {pinned_pid}"
+    );
+    // ...so session 1's next execution runs on the other backend: the relay prepares it there
+    // and hides that ParseComplete.
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                bind(b, "s1", &["2"]);
+                frontend::execute("", 0, b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "2DCZ");
+    let second = first_values(&r.bytes)[0].clone();
+    assert!(second.starts_with("v2:"));
+    assert_ne!(
+        first.split(':').nth(1),
+        second.split(':').nth(1),
+        "different backends"
+    );
+    // Session 2 stays on its backend for the whole transaction, and is idle after COMMIT.
+    let r = d.query(2, "SELECT pg_backend_pid()::text").await;
+    assert_eq!(first_values(&r.bytes), vec![pinned_pid.clone()]);
+    assert_eq!(r.end, PgReplyEnd::Ready(b'T'));
+    let r = d.query(2, "COMMIT").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(r.fence > 0);
+    // Close of a statement is answered locally; the statement is gone for the session.
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                frontend::close(b'S', "s1", b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "3Z");
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                bind(b, "s1", &["2"]);
+                frontend::execute("", 0, b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("26000"));
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+
+    // Parse of a name still open fails like PostgreSQL's (42P05), and what follows is skipped.
+    let parse_s9 = |b: &mut BytesMut| frontend::parse("s9", "SELECT 9", [], b).unwrap();
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                parse_s9(b);
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "1Z");
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                parse_s9(b);
+                bind(b, "s9", &[]);
+                frontend::execute("", 0, b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "EZ");
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("42P05"));
+
+    // Fence after a write: at least the commit's end, and pgline's WAL consumer reaches it.
+    let r = d
+        .query(2, "UPDATE t SET v = 'w' WHERE id = 1 RETURNING (pg_current_wal_insert_lsn() - '0/0')::text")
+        .await;
+    let during: u64 = first_values(&r.bytes)[0].parse().unwrap();
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(
+        r.fence > during,
+        "fence {} <= LSN before the commit {during}",
+        r.fence
+    );
+    let origin_now = support::origin_lsn(&db.client().await).await;
+    assert!(r.fence <= origin_now);
+    assert!(d.p.wait_applied(r.fence, Duration::from_secs(20)).await);
+
+    // A 1 MB result streams in chunks of at most 64 KiB.
+    let r = d.query(1, "SELECT repeat('x', 1048576)").await;
+    assert_eq!(tags(&r.bytes), "TDCZ");
+    assert!(r.bytes.len() > 1 << 20);
+    assert!(r.chunks.len() >= 16, "{:?}", r.chunks);
+    assert!(r.chunks.iter().all(|&c| c <= 64 * 1024));
+    assert_eq!(first_values(&r.bytes)[0].len(), 1 << 20);
+
+    // COPY FROM STDIN cannot run through batches: refused with CopyFail, the session goes on.
+    let r = d.query(1, "COPY t FROM STDIN").await;
+    assert_eq!(tags(&r.bytes), "GEZ");
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("57014"));
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+
+    // Per-statement statistics, keyed by normalized text.
+    let stats = d.relay.statement_stats();
+    let get = |k: &str| {
+        stats
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_else(|| panic!("no stats for {k:?} in {stats:?}"))
+    };
+    let prepared = get("SELECT v || ? || pg_backend_pid() FROM t WHERE id = $1");
+    assert_eq!((prepared.calls, prepared.errors), (2, 0));
+    assert!(prepared.mean_us() > 0 && prepared.p99_us() >= prepared.mean_us());
+    assert!(get("SELECT repeat(?, ?)").bytes > 1 << 20);
+    assert_eq!(get("SELECT v FROM t WHERE id = ?").calls, 1);
+
+    // Closing a session mid-transaction rolls back and returns its backend.
+    assert_eq!(d.query(2, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));
+    d.query(2, "UPDATE t SET v = 'rolled back' WHERE id = 2")
+        .await;
+    d.push(2, PgRequestKind::Close, Vec::new());
+    let relay = d.relay.clone();
+    let until = Instant::now() + Duration::from_secs(10);
+    while relay.pool_counts(&role, &db.name) != (2, 2) || relay.sessions() != 1 {
+        assert!(
+            Instant::now() < until,
+            "{:?}",
+            relay.pool_counts(&role, &db.name)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = d.query(1, "SELECT v FROM t WHERE id = 2").await;
+    assert_eq!(first_values(&r.bytes), vec!["v2"]);
+
+    // A backend killed under the pool: the client gets an error and ReadyForQuery, the backend
+    // is dropped and the next batch runs on the other one.
+    let pid = first_values(&d.query(1, "SELECT pg_backend_pid()::text").await.bytes)[0].clone();
+    db.client()
+        .await
+        .batch_execute(&format!("SELECT pg_terminate_backend({pid})"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = d.query(1, "SELECT 1").await;
+    assert!(error_code(&r.bytes).is_some(), "{}", tags(&r.bytes));
+    assert!(tags(&r.bytes).ends_with('Z'));
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert_eq!(relay.pool_counts(&role, &db.name).1, 1);
+    let r = d.query(1, "SELECT 1").await;
+    assert_eq!(tags(&r.bytes), "TDCZ");
+    teardown(db, d, &role).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_reaches_the_running_query() {
+    let (db, d, role) = setup("pgf_cancel").await;
+    let r = d.startup(1, &role, &db.name, PASSWORD).await;
+    let (pid, secret) = backend_key(&r.bytes);
+    let started = Instant::now();
+    let seq = d.push(
+        1,
+        PgRequestKind::Batch,
+        msgs(|b| frontend::query("SELECT pg_sleep(10)", b).unwrap()),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    d.push(
+        99,
+        PgRequestKind::Cancel,
+        msgs(|b| frontend::cancel_request(pid, secret, b)),
+    );
+    let r = d.reply(1, seq).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("57014"));
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    // A wrong secret cancels nothing.
+    let seq = d.push(
+        1,
+        PgRequestKind::Batch,
+        msgs(|b| frontend::query("SELECT pg_sleep(0.5)", b).unwrap()),
+    );
+    d.push(
+        99,
+        PgRequestKind::Cancel,
+        msgs(|b| frontend::cancel_request(pid, secret ^ 1, b)),
+    );
+    let r = d.reply(1, seq).await;
+    assert_eq!(error_code(&r.bytes), None);
+    teardown(db, d, &role).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
+    let db = TestDb::create("pgf_wiring").await;
+    let mut cfg = support::config(&db, 1);
+    cfg.pgwire.listen = "127.0.0.1:0".into();
+    let p = Pgline::start(cfg.clone()).await.expect("pgline starts");
+    // A request on the real cores' queue is drained by pgline's relay once woken (a cancel
+    // with an unknown key: no reply, nothing else happens).
+    let q = &p.shared.queues[0].pg_requests;
+    let req = PgRequest {
+        core: 0,
+        conn: 1,
+        seq: 1,
+        session: 1,
+        kind: PgRequestKind::Cancel,
+        messages: msgs(|b| frontend::cancel_request(1, 2, b)),
+    };
+    assert!(q.push(req).is_ok());
+    p.shared.control_waker.wake();
+    let until = Instant::now() + Duration::from_secs(5);
+    while !q.is_empty() {
+        assert!(Instant::now() < until, "the relay never drained the queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(p.pg_relay().unwrap().sessions(), 0);
+    p.shutdown().await;
+
+    cfg.pgwire.enabled = false;
+    let p = Pgline::start(cfg).await.expect("pgline starts");
+    assert!(p.pg_relay().is_none());
+    assert_eq!(p.pg_addr(), None);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_of_the_origin_user_refill_themselves() {
+    let (db, d, role) = setup("pgf_refill").await;
+    let (_, _, user, password) = common::origin_base();
+    let r = d.startup(1, &user, &db.name, &password).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let r = d.startup(2, &role, &db.name, PASSWORD).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let admin = db.client().await;
+    for s in [1, 2] {
+        let pid = first_values(&d.query(s, "SELECT pg_backend_pid()::text").await.bytes)[0].clone();
+        admin
+            .batch_execute(&format!("SELECT pg_terminate_backend({pid})"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for s in [1, 2] {
+        let r = d.query(s, "SELECT 1").await;
+        assert!(error_code(&r.bytes).is_some());
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    assert_eq!(d.relay.pool_counts(&user, &db.name), (0, 0));
+    // pgline has the password of origin.url's user: that pool opens a new connection...
+    let r = d.query(1, "SELECT current_user").await;
+    assert_eq!(first_values(&r.bytes), vec![user.clone()]);
+    assert_eq!(d.relay.pool_counts(&user, &db.name), (1, 1));
+    // ...while a pool of another user has no way to: the session must reconnect.
+    let r = d.query(2, "SELECT 1").await;
+    assert_eq!(r.end, PgReplyEnd::Close);
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("08006"));
+    teardown(db, d, &role).await;
+}

@@ -20,6 +20,7 @@ pub fn config(db: &TestDb, cores: usize) -> Config {
         format!("replication.slot={}", toml_str(&slot_name(db))),
         "resp.listen=\"127.0.0.1:0\"".to_string(),
         "api.listen=\"127.0.0.1:0\"".to_string(),
+        "pgwire.listen=\"127.0.0.1:0\"".to_string(),
         format!("resp.cores={cores}"),
         "resp.spin_polls=50".to_string(),
         "store.memory=\"64MiB\"".to_string(),

@@ -93,18 +93,33 @@ async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
             .unwrap_or_else(|| panic!("{text} not in {list:#?}"))
     };
     let count = entry("SELECT count(*) FROM items WHERE id > ?");
-    assert_eq!((count["calls"], count["errors"]), (2.into(), 0.into()));
+    assert_eq!(
+        (count["calls"].as_u64(), count["errors"].as_u64()),
+        (Some(2), Some(0))
+    );
     let upd = entry("UPDATE items SET name = $1 WHERE id = $2");
-    assert_eq!((upd["calls"], upd["errors"]), (6.into(), 0.into()));
+    assert_eq!(
+        (upd["calls"].as_u64(), upd["errors"].as_u64()),
+        (Some(6), Some(0))
+    );
     let div = entry("SELECT ?/?");
-    assert_eq!((div["calls"], div["errors"]), (1.into(), 1.into()));
+    assert_eq!(
+        (div["calls"].as_u64(), div["errors"].as_u64()),
+        (Some(1), Some(1))
+    );
     for q in [count, upd, div] {
-        let (mean, p99) = (q["mean_us"].as_u64().unwrap(), q["p99_us"].as_u64().unwrap());
+        let (mean, p99) = (
+            q["mean_us"].as_u64().unwrap(),
+            q["p99_us"].as_u64().unwrap(),
+        );
         assert!(mean > 0 && p99 >= mean, "{q}");
         assert!(q["bytes"].as_u64().unwrap() > 0, "{q}");
     }
     let calls: Vec<u64> = list.iter().map(|q| q["calls"].as_u64().unwrap()).collect();
-    assert!(calls.windows(2).all(|w| w[0] >= w[1]), "most calls first: {calls:?}");
+    assert!(
+        calls.windows(2).all(|w| w[0] >= w[1]),
+        "most calls first: {calls:?}"
+    );
 
     // /metrics: the relay's figures are the sums of the same statistics.
     let m = samples(&get(&base, "/metrics").await);
@@ -145,13 +160,18 @@ async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
     .await
     .unwrap();
     let header = table.lines().next().unwrap_or_default();
-    assert!(header.starts_with("CALLS") && header.ends_with("QUERY"), "{table}");
+    assert!(
+        header.starts_with("CALLS") && header.ends_with("QUERY"),
+        "{table}"
+    );
     let row = table
         .lines()
         .find(|l| l.ends_with("UPDATE items SET name = $1 WHERE id = $2"))
         .unwrap_or_else(|| panic!("{table}"));
     assert!(row.starts_with('6'), "{row}");
-    let json = tokio::task::spawn_blocking(move || run(true)).await.unwrap();
+    let json = tokio::task::spawn_blocking(move || run(true))
+        .await
+        .unwrap();
     let parsed: Vec<Value> = serde_json::from_str(&json).unwrap();
     assert!(parsed.len() >= 3, "{json}");
 

@@ -448,42 +448,6 @@ pub fn config_set(args: &ConfigSetArgs) -> ExitCode {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn settings_become_a_nested_patch() {
-        let p = compose_patch(&[
-            "replication.max_lag_ms=500".into(),
-            "log.level=debug".into(),
-            "log.json=true".into(),
-            "catalog.prefixes.users=\"u\"".into(),
-        ])
-        .unwrap();
-        assert_eq!(
-            p,
-            json!({"replication":{"max_lag_ms":500},"log":{"level":"debug","json":true},
-                   "catalog":{"prefixes":{"users":"u"}}})
-        );
-        assert!(compose_patch(&["nodot=1".into()]).is_err());
-        assert!(compose_patch(&["a.b".into()]).is_err());
-        assert!(compose_patch(&["a.b=1".into(), "a.b.c=2".into()]).is_err());
-    }
-
-    #[test]
-    fn table_states_read_as_text() {
-        let t = json!({"name":"public.users","state":{"state":"warming","done":3,"total":10}});
-        assert_eq!(state_text(&t), "warming 3/10");
-        assert_eq!(state_tag(&t), "warming");
-        // With serde's internal tag flattened into the status object.
-        let t = json!({"name":"public.users","state":"active"});
-        assert_eq!(state_text(&t), "active");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(12), "12 B");
-    }
-}
-
 /// Widest query text `pgline queries` prints in its table (the JSON has it whole).
 const QUERY_WIDTH: usize = 100;
 
@@ -531,5 +495,44 @@ fn format_us(us: u64) -> String {
         format!("{:.1} ms", us as f64 / 1e3)
     } else {
         format!("{:.2} s", us as f64 / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_become_a_nested_patch() {
+        let p = compose_patch(&[
+            "replication.max_lag_ms=500".into(),
+            "log.level=debug".into(),
+            "log.json=true".into(),
+            "catalog.prefixes.users=\"u\"".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            p,
+            json!({"replication":{"max_lag_ms":500},"log":{"level":"debug","json":true},
+                   "catalog":{"prefixes":{"users":"u"}}})
+        );
+        assert!(compose_patch(&["nodot=1".into()]).is_err());
+        assert!(compose_patch(&["a.b".into()]).is_err());
+        assert!(compose_patch(&["a.b=1".into(), "a.b.c=2".into()]).is_err());
+    }
+
+    #[test]
+    fn table_states_read_as_text() {
+        let t = json!({"name":"public.users","state":{"state":"warming","done":3,"total":10}});
+        assert_eq!(state_text(&t), "warming 3/10");
+        assert_eq!(state_tag(&t), "warming");
+        // With serde's internal tag flattened into the status object.
+        let t = json!({"name":"public.users","state":"active"});
+        assert_eq!(state_text(&t), "active");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(format_us(640), "640 us");
+        assert_eq!(format_us(1500), "1.5 ms");
+        assert_eq!(format_us(2_500_000), "2.50 s");
     }
 }

@@ -38,6 +38,8 @@ enum Command {
     },
     /// Drop cached entries: all, one table's or one key.
     Flush(FlushArgs),
+    /// Per-statement statistics of the PostgreSQL front (GET /v1/queries).
+    Queries(ClientArgs),
     /// Pre-flight checks of this host and the origin (no running pgline needed).
     Check(CheckArgs),
 }
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
         Command::Status(args) => return cli::ops::status(args),
         Command::Tables { action } => return cli::ops::tables(action),
         Command::Flush(args) => return cli::ops::flush(args),
+        Command::Queries(args) => return cli::ops::queries(args),
         Command::Check(args) => return cli::check::run(args),
     };
     let cfg = match args.load() {

@@ -8,6 +8,8 @@
 //! the snapshot into one owned [`Collector`] registered in a fresh `Registry` and lets
 //! `prometheus-client` encode it (names, HELP/TYPE lines, escaping, histogram layout, `# EOF`).
 //! A scrape costs a few hundred relaxed loads and one string; nothing here touches the hit path.
+//! The PostgreSQL front's families come from the relay's own counts (sessions, pools, the sums
+//! of its per-statement statistics), copied by the caller into a [`PgwireSnapshot`].
 //!
 //! Names are `pgline_<layer>_<object>[_<event>]` in base units (bytes, seconds); counters get
 //! the `_total` suffix from the encoder. Per-core families carry a `core` label. The full list
@@ -43,10 +45,44 @@ pub struct MetricsSnapshot<'a> {
     pub now_us: i64,
 }
 
-/// Renders every pgline metric in the OpenMetrics text format (ends with `# EOF`).
+/// The PostgreSQL front's figures, copied from the relay (`pgfront::RelayState`) by the caller;
+/// `Default` when the front is off (its families are then all zero).
+#[derive(Debug, Clone, Default)]
+pub struct PgwireSnapshot {
+    /// Sessions the relay holds (authenticating or open).
+    pub sessions: u64,
+    /// Backend pools the caller can name: the relay lists pools by (user, database) only on
+    /// request, so this is the pool of `origin.url`'s user and database.
+    pub pools: Vec<PgPoolSnapshot>,
+    /// Sums over the relay's per-statement statistics (every forwarded batch counts once).
+    pub batches: u64,
+    pub batch_errors: u64,
+    pub reply_bytes: u64,
+    pub origin_us: u64,
+}
+
+/// One backend pool: origin connections of a (user, database).
+#[derive(Debug, Clone, Default)]
+pub struct PgPoolSnapshot {
+    pub user: String,
+    pub database: String,
+    pub idle: u64,
+    /// Open connections: idle, running a batch, or pinned to a session.
+    pub total: u64,
+}
+
+/// Renders every pgline metric in the OpenMetrics text format (ends with `# EOF`), the
+/// PostgreSQL front's families as zero (see [`render_with_pgwire`]).
 pub fn render(src: &MetricsSnapshot) -> String {
+    render_with_pgwire(src, &PgwireSnapshot::default())
+}
+
+/// [`render`] with the PostgreSQL front's figures.
+pub fn render_with_pgwire(src: &MetricsSnapshot, pg: &PgwireSnapshot) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Sample::take(src)));
+    let mut sample = Sample::take(src);
+    sample.pgwire = pg.clone();
+    registry.register_collector(Box::new(sample));
     let mut out = String::with_capacity(16 * 1024);
     // Writing into a String cannot fail; an encoder error would only come from our own values.
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
@@ -138,6 +174,7 @@ struct Sample {
     pool: deadpool_postgres::Status,
     repl: ReplSample,
     uptime_s: f64,
+    pgwire: PgwireSnapshot,
 }
 
 #[derive(Debug)]
@@ -146,6 +183,8 @@ struct CoreSample {
     connections_open: u64,
     miss_queue_depth: usize,
     reply_queue_depth: usize,
+    pg_request_queue_depth: usize,
+    pg_reply_queue_depth: usize,
     queue_capacity: usize,
     buckets: [u64; LATENCY_BOUNDS_NS.len() + 1],
     sum_ns: u64,
@@ -184,6 +223,8 @@ impl Sample {
                     connections_open: stats.connections_open.load(Ordering::Relaxed),
                     miss_queue_depth: queues.misses.len(),
                     reply_queue_depth: queues.replies.len(),
+                    pg_request_queue_depth: queues.pg_requests.len(),
+                    pg_reply_queue_depth: queues.pg_replies.len(),
                     queue_capacity: queues.misses.capacity(),
                     buckets,
                     sum_ns,
@@ -211,6 +252,7 @@ impl Sample {
                 changes: load(&r.changes),
             },
             uptime_s: shared.started_at.elapsed().as_secs_f64(),
+            pgwire: PgwireSnapshot::default(),
         }
     }
 }
@@ -264,7 +306,7 @@ impl Sample {
                 self.cores.iter().map(|c| c.counters[i]),
             )?;
         }
-        let gauges: [(&str, &str, CoreGauge); 4] = [
+        let gauges: [(&str, &str, CoreGauge); 6] = [
             (
                 "pgline_core_connections_open",
                 "Client connections open now.",
@@ -279,6 +321,16 @@ impl Sample {
                 "pgline_core_reply_queue_depth",
                 "Fill replies waiting in the queue back to the core.",
                 |c| c.reply_queue_depth as u64,
+            ),
+            (
+                "pgline_core_pg_request_queue_depth",
+                "PostgreSQL-protocol requests (startup, batches, cancels) waiting for the relay.",
+                |c| c.pg_request_queue_depth as u64,
+            ),
+            (
+                "pgline_core_pg_reply_queue_depth",
+                "PostgreSQL-protocol reply chunks from the relay waiting for the core.",
+                |c| c.pg_reply_queue_depth as u64,
             ),
             (
                 "pgline_core_queue_capacity",
@@ -427,6 +479,41 @@ impl Sample {
         Ok(())
     }
 
+    fn encode_pgwire(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
+        let p = &self.pgwire;
+        let rows: [(&str, &str, MetricType, f64); 5] = [
+            ("pgline_pgwire_sessions", "PostgreSQL client sessions the relay holds (authenticating or open).", Gauge, p.sessions as f64),
+            ("pgline_pgwire_batches", "Batches (one Query, or messages up to Sync) forwarded to the origin.", Counter, p.batches as f64),
+            ("pgline_pgwire_batch_errors", "Forwarded batches whose reply carried an ErrorResponse or was cut short.", Counter, p.batch_errors as f64),
+            ("pgline_pgwire_reply_bytes", "Bytes of forwarded batches' replies sent back to clients.", Counter, p.reply_bytes as f64),
+            ("pgline_pgwire_origin_seconds", "Time forwarded batches spent at the origin (send to ReadyForQuery, fence query included).", Counter, p.origin_us as f64 / 1e6),
+        ];
+        for (name, help, kind, v) in rows {
+            scalar(enc, name, help, kind, v)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "pgline_pgwire_pool_connections",
+            "Origin connections of a backend pool by state: idle, or busy (running a batch or \
+             pinned to a session).",
+            None,
+            Gauge,
+        )?;
+        for pool in &p.pools {
+            let busy = pool.total.saturating_sub(pool.idle);
+            for (state, v) in [("idle", pool.idle), ("busy", busy)] {
+                let labels = [
+                    ("user", pool.user.clone()),
+                    ("database", pool.database.clone()),
+                    ("state", state.to_string()),
+                ];
+                m.encode_family(&labels)?
+                    .encode_gauge(&i64::try_from(v).unwrap_or(i64::MAX))?;
+            }
+        }
+        Ok(())
+    }
+
     fn encode_process(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use MetricType::Gauge;
         let p = &self.pool;
@@ -473,6 +560,7 @@ impl Collector for Sample {
         self.encode_cores(&mut enc)?;
         self.encode_store(&mut enc)?;
         self.encode_replication(&mut enc)?;
+        self.encode_pgwire(&mut enc)?;
         self.encode_process(&mut enc)
     }
 }

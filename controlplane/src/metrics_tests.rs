@@ -195,12 +195,54 @@ fn counters_are_monotone_and_histograms_cumulative() {
     assert!((sum - 0.400_012).abs() < 1e-9, "{sum}");
 }
 
+fn pgwire() -> PgwireSnapshot {
+    PgwireSnapshot {
+        sessions: 3,
+        pools: vec![PgPoolSnapshot {
+            user: "app".into(),
+            database: "shop".into(),
+            idle: 2,
+            total: 5,
+        }],
+        batches: 40,
+        batch_errors: 1,
+        reply_bytes: 4096,
+        origin_us: 1_500_000,
+    }
+}
+
+#[test]
+fn pgwire_families_carry_the_relay_figures() {
+    let shared = shared(2);
+    let repl = ReplicationState::default();
+    let text = render_with_pgwire(&snapshot(&shared, &repl), &pgwire());
+    let p = parse(&text);
+    let get = |k: &str| *p.samples.get(k).unwrap_or_else(|| panic!("{k} in\n{text}"));
+    assert_eq!(get("pgline_pgwire_sessions"), 3.0);
+    assert_eq!(get("pgline_pgwire_batches_total"), 40.0);
+    assert_eq!(get("pgline_pgwire_batch_errors_total"), 1.0);
+    assert_eq!(get("pgline_pgwire_reply_bytes_total"), 4096.0);
+    assert_eq!(get("pgline_pgwire_origin_seconds_total"), 1.5);
+    let pool = |state: &str| {
+        get(&format!(
+            r#"pgline_pgwire_pool_connections{{user="app",database="shop",state="{state}"}}"#
+        ))
+    };
+    assert_eq!((pool("idle"), pool("busy")), (2.0, 3.0));
+    assert_eq!(get(r#"pgline_core_pg_request_queue_depth{core="1"}"#), 0.0);
+    // The front off: the same families, zero and without pool samples.
+    let off = parse(&render(&snapshot(&shared, &repl)));
+    assert_eq!(off.types, p.types);
+    assert_eq!(off.samples["pgline_pgwire_batches_total"], 0.0);
+    assert!(!off.samples.keys().any(|k| k.contains("pool_connections")));
+}
+
 /// Every family name `render` emits, as the docs and dashboards use it (counters with `_total`,
 /// info families with `_info`, histograms bare).
 fn exported_names() -> BTreeSet<String> {
     let shared = shared(1);
     let repl = ReplicationState::default();
-    let p = parse(&render(&snapshot(&shared, &repl)));
+    let p = parse(&render_with_pgwire(&snapshot(&shared, &repl), &pgwire()));
     p.types
         .iter()
         .map(|(name, kind)| match kind.as_str() {

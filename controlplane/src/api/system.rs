@@ -1,4 +1,5 @@
-//! Liveness, readiness, the OpenAPI document and the query-cache statistics.
+//! Liveness, readiness, the OpenAPI document, the PostgreSQL front's per-statement statistics
+//! and the Prometheus exposition.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::{Node, St};
+use crate::metrics::{PgPoolSnapshot, PgwireSnapshot};
 use crate::server::Pgline;
 
 /// `GET /v1/health`.
@@ -127,37 +129,105 @@ pub async fn openapi_json(state: St) -> Response {
     }
 }
 
-/// Per-query statistics of the query-result cache.
+/// One statement's figures in `GET /v1/queries`: batches the PostgreSQL front forwarded to the
+/// origin, keyed by normalized text.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct QueryStats {
-    /// Normalized query text.
+    /// Normalized statement text: string and numeric literals become `?`, whitespace runs one
+    /// space, `$n` parameters stay. A batch of several statements is one entry, its distinct
+    /// texts joined by `; `. `<other>` gathers new texts past 10,000 entries.
+    #[schema(example = "UPDATE counters SET n = $1 WHERE id = $2")]
     pub query: String,
-    pub hits: u64,
-    pub misses: u64,
-    pub invalidations: u64,
-    pub entries: u64,
+    /// Batches forwarded to the origin.
+    pub calls: u64,
+    /// Of those, batches whose reply carried an ErrorResponse.
+    pub errors: u64,
+    /// Reply bytes sent back to clients.
+    pub bytes: u64,
+    /// Mean time of a batch at the origin, from sending it to its ReadyForQuery (the fence
+    /// query pipelined behind it included), microseconds.
+    pub mean_us: u64,
+    /// 99th percentile of the same, as the upper bound of its power-of-two bucket, microseconds.
+    pub p99_us: u64,
 }
 
-/// The query-result cache's per-query statistics. Empty until the pgwire front exists.
+/// Per-statement statistics of the PostgreSQL front's pass-through (what went to the origin),
+/// busiest first. Cached point lookups answered by the cores are not per statement: they count
+/// in the cores' `keys_hit` (see `GET /v1/status` and `/metrics`). Empty when `pgwire.enabled`
+/// is false.
 #[utoipa::path(get, path = "/v1/queries", tag = "cache", security(("bearer" = [])),
     responses(
-        (status = 200, description = "Per-query statistics", body = [QueryStats]),
+        (status = 200, description = "Per-statement statistics, most calls first", body = [QueryStats]),
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "No token configured", body = ErrorBody),
     ))]
-pub async fn queries() -> Json<Vec<QueryStats>> {
-    Json(Vec::new())
+pub async fn queries(Node(node): Node) -> Json<Vec<QueryStats>> {
+    let mut out: Vec<QueryStats> = node
+        .pg_relay()
+        .map(|r| r.statement_stats())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(query, s)| QueryStats {
+            calls: s.calls,
+            errors: s.errors,
+            bytes: s.bytes,
+            mean_us: s.mean_us(),
+            p99_us: s.p99_us(),
+            query,
+        })
+        .collect();
+    out.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.query.cmp(&b.query)));
+    Json(out)
 }
 
 /// `GET /metrics`: the Prometheus/OpenMetrics exposition (`docs/operations.md` lists every
 /// family). Outside `/v1` and the OpenAPI document; a read, so it follows `api.open_reads`.
 pub async fn metrics(Node(node): Node) -> Response {
-    let body = crate::metrics::render(&crate::metrics::MetricsSnapshot {
+    let pg = pgwire_snapshot(&node);
+    let snapshot = crate::metrics::MetricsSnapshot {
         shared: &node.shared,
         repl: &node.repl,
         store: node.store_stats(),
         pool: node.pool_status(),
         now_us: crate::wal::conn::unix_now_us(),
-    });
+    };
+    let body = crate::metrics::render_with_pgwire(&snapshot, &pg);
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
+}
+
+/// The relay's figures for `/metrics`: sessions, the pool of `origin.url`'s user and database
+/// (the only pool the relay can be asked about by name from here), and the sums of its
+/// per-statement statistics.
+fn pgwire_snapshot(node: &Pgline) -> PgwireSnapshot {
+    let Some(relay) = node.pg_relay() else {
+        return PgwireSnapshot::default();
+    };
+    let mut pg = PgwireSnapshot {
+        sessions: relay.sessions() as u64,
+        ..PgwireSnapshot::default()
+    };
+    for (_, s) in relay.statement_stats() {
+        pg.batches += s.calls;
+        pg.batch_errors += s.errors;
+        pg.reply_bytes += s.bytes;
+        pg.origin_us = pg.origin_us.saturating_add(s.total_us);
+    }
+    let origin = node
+        .cfg
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .origin
+        .pg_config();
+    if let Ok(c) = origin {
+        let user = c.get_user().unwrap_or("postgres").to_owned();
+        let database = c.get_dbname().unwrap_or(&user).to_owned();
+        let (idle, total) = relay.pool_counts(&user, &database);
+        pg.pools.push(PgPoolSnapshot {
+            user,
+            database,
+            idle: idle as u64,
+            total: total as u64,
+        });
+    }
+    pg
 }

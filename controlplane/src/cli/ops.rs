@@ -1,4 +1,4 @@
-//! `pgline status`, `tables`, `flush` and `config get|set`: thin clients of the HTTP API.
+//! `pgline status`, `tables`, `flush`, `queries` and `config get|set`: thin clients of the HTTP API.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -448,6 +448,56 @@ pub fn config_set(args: &ConfigSetArgs) -> ExitCode {
     })
 }
 
+/// Widest query text `pgline queries` prints in its table (the JSON has it whole).
+const QUERY_WIDTH: usize = 100;
+
+/// `pgline queries`: the PostgreSQL front's per-statement statistics (GET /v1/queries).
+pub fn queries(args: &ClientArgs) -> ExitCode {
+    with_client(args, |c| {
+        let v = c.get("/v1/queries")?;
+        if args.json {
+            print_json(&v);
+            return Ok(());
+        }
+        let list = v.as_array().cloned().unwrap_or_default();
+        if list.is_empty() {
+            println!("no statements forwarded yet (or the PostgreSQL front is off)");
+            return Ok(());
+        }
+        let rows: Vec<Vec<String>> = list
+            .iter()
+            .map(|q| {
+                let text = s(q, "/query");
+                let text = match text.char_indices().nth(QUERY_WIDTH) {
+                    Some((i, _)) => format!("{}…", &text[..i]),
+                    None => text,
+                };
+                vec![
+                    n(q, "/calls").to_string(),
+                    n(q, "/errors").to_string(),
+                    format_us(n(q, "/mean_us")),
+                    format_us(n(q, "/p99_us")),
+                    human_bytes(n(q, "/bytes")),
+                    text,
+                ]
+            })
+            .collect();
+        print_table(&["CALLS", "ERRORS", "MEAN", "P99", "BYTES", "QUERY"], &rows);
+        Ok(())
+    })
+}
+
+/// `1500` → `1.5 ms`; under a millisecond in microseconds.
+fn format_us(us: u64) -> String {
+    if us < 1000 {
+        format!("{us} us")
+    } else if us < 1_000_000 {
+        format!("{:.1} ms", us as f64 / 1e3)
+    } else {
+        format!("{:.2} s", us as f64 / 1e6)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,5 +531,8 @@ mod tests {
         assert_eq!(state_text(&t), "active");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(format_us(640), "640 us");
+        assert_eq!(format_us(1500), "1.5 ms");
+        assert_eq!(format_us(2_500_000), "2.50 s");
     }
 }

@@ -14,21 +14,8 @@ mod common;
 mod pgwire_corpus;
 mod support;
 
-use std::net::SocketAddr;
-
 use pgline_controlplane::config::Config;
-use pgline_controlplane::server::Pgline;
 use pgwire_corpus::{Diff, Endpoint, Stmt};
-
-/// `Pgline::pg_addr` where the pgline under test has it; this fallback (None) only answers while
-/// it does not: an inherent method wins over a trait method of the same name.
-#[allow(dead_code)]
-trait PgAddrFallback {
-    fn pg_addr(&self) -> Option<SocketAddr> {
-        None
-    }
-}
-impl PgAddrFallback for Pgline {}
 
 fn origin_endpoint(db: &common::TestDb) -> Endpoint {
     let (host, port, user, password) = common::origin_base();
@@ -193,13 +180,7 @@ fn config(db: &common::TestDb) -> Config {
 async fn corpus_through_pgline_matches_the_origin() {
     let db = create_db("pgdiff").await;
     let p = support::start(config(&db)).await;
-    let Some(addr) = p.pg_addr() else {
-        eprintln!(
-            "SKIP corpus_through_pgline_matches_the_origin: this pgline has no PostgreSQL port \
-             (Pgline::pg_addr is None)"
-        );
-        return;
-    };
+    let addr = p.pg_addr().expect("the PostgreSQL front is on");
     let origin = origin_endpoint(&db);
     let pgline = Endpoint {
         host: addr.ip().to_string(),
@@ -207,6 +188,15 @@ async fn corpus_through_pgline_matches_the_origin() {
         ..origin.clone()
     };
     let corpus = pgwire_corpus::load();
+    let hits = p.shared.total(|s| &s.keys_hit);
     let diffs = run_all(&origin, &pgline, &corpus, &corpus_file()).await;
     assert!(diffs.is_empty(), "origin vs pgline: {}", report(&diffs));
+    // Every read runs twice through pgline (a miss, then a hit where it can be cached): the
+    // suite must have compared answers served from the store, not only passed-through ones.
+    let hits = p.shared.total(|s| &s.keys_hit) - hits;
+    eprintln!(
+        "{} statements, 0 differences; {hits} answers from cache",
+        corpus.len()
+    );
+    assert!(hits >= 50, "only {hits} answers came from cache");
 }

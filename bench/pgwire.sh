@@ -101,7 +101,8 @@ cell() { # label where(origin|pgline) args...
     taskset -c "$CLIENT_CPUS" "$BENCH" run --scenario pgwire --label "$label $where" \
         --target pg-prepared --pg "$pg" --server-pid "pgline=$PGLINE_PID" "${extra[@]}" \
         --duration "$DURATION" --warmup "$WARMUP" --out "$JSONL" "$@" >/dev/null
-    tail -1 "$JSONL" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("%-22s %-22s clients=%-4s %9.0f req/s p50=%7.0fus p99=%7.0fus errors=%s store_hits=%s" % (r["label"], r["pg"], r["clients"], r["rps"], r["p50_us"], r["p99_us"], r["errors"], r["server_keyspace_hits"]))'
+    tail -1 "$JSONL" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print("%-22s %-22s clients=%-4s %9.0f req/s p50=%7.0fus p99=%7.0fus errors=%s store_hits=%s client_cpu=%.1fs pgline_cpu=%.1fs" % (r["label"], r["pg"], r["clients"], r["rps"], r["p50_us"], r["p99_us"], r["errors"], r["server_keyspace_hits"], r["client_cpu_s"] or 0, r["server_cpu_s"].get("pgline", 0)))'
+    echo "    load average after the cell: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
 for c in $POINT_CLIENTS; do

@@ -37,9 +37,10 @@ fn psql(db: &str, sql: &str) -> Vec<Vec<Option<String>>> {
         .build()
         .unwrap();
     rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(&format!("{PG} dbname={db}"), tokio_postgres::NoTls)
-            .await
-            .expect("lab PostgreSQL on 127.0.0.1:54329 (deploy/lab/pg.sh start)");
+        let (c, conn) =
+            tokio_postgres::connect(&format!("{PG} dbname={db}"), tokio_postgres::NoTls)
+                .await
+                .expect("lab PostgreSQL on 127.0.0.1:54329 (deploy/lab/pg.sh start)");
         tokio::spawn(conn);
         let mut out = Vec::new();
         for m in c.simple_query(sql).await.unwrap() {
@@ -82,7 +83,15 @@ fn saas_schema_is_deterministic_and_every_page_query_answers() {
     let origin = db.origin();
     let load = |force: bool| {
         let mut a = vec![
-            "load", "--schema", "saas", "--origin", &origin, "--tenants", "5", "--tasks", "1000",
+            "load",
+            "--schema",
+            "saas",
+            "--origin",
+            &origin,
+            "--tenants",
+            "5",
+            "--tasks",
+            "1000",
         ];
         if force {
             a.push("--force");
@@ -132,15 +141,41 @@ fn dashboard_pages_and_point_lookup_forms_against_a_named_pg_address() {
     let db = Db::new("dash");
     let origin = db.origin();
     json(&bench(&[
-        "load", "--schema", "saas", "--origin", &origin, "--tenants", "4", "--tasks", "400",
+        "load",
+        "--schema",
+        "saas",
+        "--origin",
+        &origin,
+        "--tenants",
+        "4",
+        "--tasks",
+        "400",
     ]));
     json(&bench(&["load", "--origin", &origin, "--keyspace", "500"]));
     // The same server under another spelling: the row names the --pg address, not --origin's.
     let pg = format!("postgresql://postgres:pgline@localhost:54329/{}", db.0);
     let page = json(&bench(&[
-        "run", "--origin", &origin, "--pg", &pg, "--target", "pg-prepared", "--op", "dashboard",
-        "--keyspace", "4", "--keys", "zipf", "--clients", "2", "--duration", "1s", "--warmup",
-        "200ms", "--label", "dash origin",
+        "run",
+        "--origin",
+        &origin,
+        "--pg",
+        &pg,
+        "--target",
+        "pg-prepared",
+        "--op",
+        "dashboard",
+        "--keyspace",
+        "4",
+        "--keys",
+        "zipf",
+        "--clients",
+        "2",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--label",
+        "dash origin",
     ]));
     assert_eq!(page["op"], "dashboard");
     assert_eq!(page["pg"], "localhost:54329", "{page}");
@@ -153,8 +188,21 @@ fn dashboard_pages_and_point_lookup_forms_against_a_named_pg_address() {
     for form in ["json", "columns", "star"] {
         for target in ["pg-prepared", "pg-simple"] {
             let r = json(&bench(&[
-                "run", "--origin", &origin, "--target", target, "--pg-query", form,
-                "--keyspace", "500", "--clients", "1", "--duration", "300ms", "--warmup", "0",
+                "run",
+                "--origin",
+                &origin,
+                "--target",
+                target,
+                "--pg-query",
+                form,
+                "--keyspace",
+                "500",
+                "--clients",
+                "1",
+                "--duration",
+                "300ms",
+                "--warmup",
+                "0",
             ]));
             assert_eq!(r["pg_query"], form);
             assert_eq!(r["pg"], "127.0.0.1:54329");
@@ -166,14 +214,34 @@ fn dashboard_pages_and_point_lookup_forms_against_a_named_pg_address() {
 
     // A --pg that refuses connections fails the run (the origin alone is not used instead).
     let bad = bench(&[
-        "run", "--origin", &origin, "--pg", "host=127.0.0.1 port=1 user=postgres", "--target",
-        "pg-prepared", "--keyspace", "500", "--clients", "1", "--duration", "200ms",
+        "run",
+        "--origin",
+        &origin,
+        "--pg",
+        "host=127.0.0.1 port=1 user=postgres",
+        "--target",
+        "pg-prepared",
+        "--keyspace",
+        "500",
+        "--clients",
+        "1",
+        "--duration",
+        "200ms",
     ]);
     assert!(!bad.status.success());
     // Dashboard pages need the prepared target.
     let bad = bench(&[
-        "run", "--origin", &origin, "--target", "pg-simple", "--op", "dashboard", "--keyspace",
-        "4", "--duration", "200ms",
+        "run",
+        "--origin",
+        &origin,
+        "--target",
+        "pg-simple",
+        "--op",
+        "dashboard",
+        "--keyspace",
+        "4",
+        "--duration",
+        "200ms",
     ]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("dashboard"));

@@ -11,6 +11,8 @@
 #              (uniform ids): 1 client (latency), 32 and 256 clients (throughput)
 #   dashboard  one SaaS page = 8 tenant-scoped prepared queries (bench/src/saas.rs), one page
 #              per request, tenants KEYS_DASH (uniform): 1 and 32 clients
+#   forwarded  SELECT row_to_json(t)::text ... WHERE id = $1, which pgline passes through:
+#              1 client (the relay's cost per statement)
 # Rows go to bench/results/pgwire-<UTC stamp>.jsonl; a table with the ratios is printed.
 # The smoke fails when a cell has errors or no requests, or when pgline's point lookups were
 # not served from its store (INFO keyspace_hits in the window).
@@ -18,7 +20,7 @@
 # Environment: DB (pgline_pgwire, its own database), ROWS, TENANTS, TASKS, DURATION, WARMUP, SERVER_CPUS (0: pgline), CLIENT_CPUS
 # (1: the load generator; PostgreSQL is not pinned), PGLINE_PORT (6396, RESP), PGWIRE_PORT
 # (6432), KEYS_DASH (uniform|zipf), POINT_CLIENTS ("1 32 256"; smoke "1 32"), DASH_CLIENTS
-# ("1 32"; smoke "1 8").
+# ("1 32"; smoke "1 8"), PGLINE_EXTRA (more pgline arguments, e.g. "--set resp.spin_polls=0").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,7 +80,7 @@ taskset -c "$SERVER_CPUS" "$PGLINE_BIN" serve --origin "$ORIGIN" --listen "127.0
     --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
     --set replication.slot='"pgline_pgwire_bench"' --set replication.publication='"pgline_pgwire_bench"' \
     --set 'catalog.tables=["public.bench_rows"]' \
-    --set log.level='"warn"' >"$CACHE/pgline-pgwire.log" 2>&1 &
+    --set log.level='"warn"' ${PGLINE_EXTRA:-} >"$CACHE/pgline-pgwire.log" 2>&1 &
 PGLINE_PID=$!
 for _ in $(seq 1 300); do
     redis-cli -p "$PGLINE_PORT" INFO replication 2>/dev/null | grep -q 'serving_hits:1' && break
@@ -109,6 +111,11 @@ for c in $POINT_CLIENTS; do
     for where in origin pgline; do
         cell point "$where" --pg-query columns --keys uniform --keyspace "$ROWS" --clients "$c"
     done
+done
+# What pass-through costs per statement: a cheap statement pgline forwards (row_to_json is a
+# function call, so not a cached point lookup), 1 client.
+for where in origin pgline; do
+    cell forwarded "$where" --pg-query json --keys uniform --keyspace "$ROWS" --clients 1
 done
 for c in $DASH_CLIENTS; do
     for where in origin pgline; do
@@ -141,6 +148,8 @@ for (label, c), o in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
 for r in rows:
     if r["errors"] or r["requests"] == 0:
         bad.append(f"{r['label']} clients={r['clients']}: {r['requests']} requests, {r['errors']} errors")
+    if r["label"] == "forwarded pgline" and (r.get("server_keyspace_hits") or 0) > 0:
+        bad.append("forwarded pgline: store hits for a statement that must pass through")
     if r["label"] == "point pgline" and not (r.get("server_keyspace_hits") or 0) > 0:
         bad.append(f"point pgline clients={r['clients']}: no store hits")
 print(f"\nrows: {len(rows)} in {sys.argv[1]}")

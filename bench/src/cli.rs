@@ -100,6 +100,44 @@ pub enum Op {
     Get,
     /// `MGET key...` with `--mget` keys.
     Mget,
+    /// pg targets: one SaaS dashboard page (8 tenant-scoped prepared queries, `saas`); the key
+    /// space is the tenant ids.
+    Dashboard,
+}
+
+/// The SQL of pg point lookups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PgQuery {
+    /// `SELECT row_to_json(t)::text FROM <table> t WHERE id = $1` (the JSON the RESP targets
+    /// return; a function call, so pgline's PostgreSQL front passes it through).
+    Json,
+    /// `SELECT id, name, email, plan, active, rev FROM <table> WHERE id = $1`: a point lookup
+    /// pgline's PostgreSQL front serves from its store, also in binary (every column has an
+    /// exact binary form).
+    Columns,
+    /// `SELECT * FROM <table> WHERE id = $1` (numeric and timestamptz columns: pgline serves
+    /// binary results of those from the origin).
+    Star,
+}
+
+impl PgQuery {
+    /// The name written to JSONL.
+    pub fn name(self) -> &'static str {
+        match self {
+            PgQuery::Json => "json",
+            PgQuery::Columns => "columns",
+            PgQuery::Star => "star",
+        }
+    }
+}
+
+/// What `load` creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Schema {
+    /// `bench_rows` (`--table`, `--keyspace` rows).
+    Rows,
+    /// The multi-table SaaS schema of the dashboard workload (`saas`).
+    Saas,
 }
 
 /// Which RESP client the load connections use.
@@ -219,7 +257,22 @@ pub struct RunArgs {
     /// RESP server address (resp and cache-aside targets).
     #[arg(long, default_value = "127.0.0.1:6390")]
     pub resp: String,
-    /// RESP read command.
+    /// pg targets: the PostgreSQL-protocol server the load connections talk to (libpq
+    /// key=value or URL; pgline's `[pgwire] listen` or the origin). Absent: `--origin`.
+    /// Writers, the row's server version and the data always use `--origin`.
+    #[arg(long, env = "PGLINE_BENCH_PG")]
+    pub pg: Option<String>,
+    /// pg targets: the point lookup's SQL.
+    #[arg(long, value_enum, default_value = "json")]
+    pub pg_query: PgQuery,
+    /// A pgline RESP address to read `INFO stats` keyspace hits/misses from in the window
+    /// when the target is not RESP (a pg target served by pgline's PostgreSQL front).
+    #[arg(long)]
+    pub info: Option<String>,
+    /// Dashboard pages: rows per task-list page (`LIMIT`); `OFFSET` walks pages 0..10.
+    #[arg(long, default_value_t = 20)]
+    pub page_size: i64,
+    /// RESP read command (`dashboard`: pg targets only).
     #[arg(long, value_enum, default_value = "get")]
     pub op: Op,
     /// RESP client implementation for `--target resp`.
@@ -324,6 +377,15 @@ pub struct LoadArgs {
     /// Recreate the table even if it already has `--keyspace` rows.
     #[arg(long)]
     pub force: bool,
+    /// `rows` (`bench_rows`) or `saas` (tenants, users, projects, tasks, comments).
+    #[arg(long, value_enum, default_value = "rows")]
+    pub schema: Schema,
+    /// `--schema saas`: tenants (users 50, projects 20 per tenant).
+    #[arg(long, default_value_t = 100)]
+    pub tenants: u64,
+    /// `--schema saas`: tasks in all (spread evenly over tenants; 2 comments each).
+    #[arg(long, default_value_t = 100_000)]
+    pub tasks: u64,
     /// SET every row's `row_to_json` into this RESP server (Valkey preloaded the cache-aside
     /// way); repeatable.
     #[arg(long)]

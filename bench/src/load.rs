@@ -148,7 +148,7 @@ async fn warm(table: &str, keyspace: u64, addr: &str) -> Result<u64, BenchError>
 }
 
 /// Creates the origin string's database if connecting says it does not exist.
-async fn ensure_database(origin: &str) -> Result<(), BenchError> {
+pub async fn ensure_database(origin: &str) -> Result<(), BenchError> {
     let cfg: tokio_postgres::Config = origin.parse()?;
     let Some(db) = cfg.get_dbname().map(str::to_string) else {
         return Ok(());

@@ -5,7 +5,7 @@
 //!   writers) and appends one JSONL row with every parameter, the results and the environment
 //!   (`runner`, `record`);
 //! - `stale-check` compares a cache with the origin key by key (`stale`);
-//! - `load` creates the `bench_rows` table (`load`);
+//! - `load` creates the `bench_rows` table (`load`) or the SaaS dashboard schema (`saas`);
 //! - `report` turns JSONL into Markdown and SVG (`report`).
 //!
 //! # Thread model
@@ -30,6 +30,7 @@ mod record;
 mod report;
 mod resp;
 mod runner;
+mod saas;
 mod schedule;
 mod stale;
 mod stats;
@@ -74,6 +75,16 @@ fn dispatch(cmd: Command) -> Result<(), BenchError> {
             if args.expect_zero && rep.stale > 0 {
                 return Err(BenchError::Stale(rep.stale));
             }
+            Ok(())
+        }
+        Command::Load(args) if args.schema == cli::Schema::Saas => {
+            let rep = runtime(1)?.block_on(saas::load(
+                &args.data.origin,
+                args.tenants,
+                args.tasks,
+                args.force,
+            ))?;
+            println!("{}", serde_json::to_string(&rep)?);
             Ok(())
         }
         Command::Load(args) => {

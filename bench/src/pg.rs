@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+use crate::cli::PgQuery;
 use crate::error::BenchError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_postgres::{Client, NoTls, Statement};
@@ -54,6 +55,17 @@ pub fn row_select(g_source: &str) -> String {
 /// The point lookup every target compares against.
 pub fn lookup_sql(table: &str) -> String {
     format!("SELECT row_to_json(t)::text FROM {table} t WHERE id = $1")
+}
+
+/// The single-id lookup of the pg targets, in the `--pg-query` form (`$1` the id).
+pub fn point_sql(table: &str, q: PgQuery) -> String {
+    match q {
+        PgQuery::Json => lookup_sql(table),
+        PgQuery::Columns => {
+            format!("SELECT id, name, email, plan, active, rev FROM {table} WHERE id = $1")
+        }
+        PgQuery::Star => format!("SELECT * FROM {table} WHERE id = $1"),
+    }
 }
 
 /// The multi-id lookup (pg targets with `--mget` > 1, stale re-checks).

@@ -21,7 +21,7 @@ pub struct Row {
     pub label: String,
     /// `resp`, `cache-aside`, `pg-prepared`, `pg-simple`.
     pub target: String,
-    /// `get`, `mget` (RESP) or `select` (pg targets).
+    /// `get`, `mget` (RESP), `select` or `dashboard` (pg targets).
     pub op: String,
     /// Keys per request.
     pub mget: usize,
@@ -111,6 +111,13 @@ pub struct Row {
     /// origin's position (null if not checked or the server reports no applied LSN).
     #[serde(default)]
     pub stale_catchup_ms: Option<u64>,
+    /// pg targets: `host:port` the load connections talked to (`--pg`, else the origin):
+    /// pgline's PostgreSQL front or the origin itself.
+    #[serde(default)]
+    pub pg: Option<String>,
+    /// pg point lookups: `json`, `columns` or `star` (`--pg-query`).
+    #[serde(default)]
+    pub pg_query: Option<String>,
     /// Where and when it ran.
     pub env: Env,
 }

@@ -133,7 +133,9 @@ async fn conn_spec(args: &RunArgs) -> Result<ConnSpec, BenchError> {
     Ok(ConnSpec {
         target: args.target,
         resp: args.resp.clone(),
-        origin: args.data.origin.clone(),
+        pg: args.pg.clone().unwrap_or_else(|| args.data.origin.clone()),
+        pg_query: args.pg_query,
+        page_size: args.page_size,
         table: args.data.table.clone(),
         op: args.op,
         pool,
@@ -234,10 +236,14 @@ struct Measured {
 /// Sleeps through the window, reading server and client CPU and the server's INFO counters
 /// at its start and end.
 async fn measure(args: &RunArgs, w: Window) -> Measured {
-    let mut info = if args.target.is_resp() {
-        RespConn::connect(&args.resp).await.ok()
+    let info_addr = if args.target.is_resp() {
+        Some(&args.resp)
     } else {
-        None
+        args.info.as_ref()
+    };
+    let mut info = match info_addr {
+        Some(a) => RespConn::connect(a).await.ok(),
+        None => None,
     };
     tokio::time::sleep_until(w.measure_start.into()).await;
     let cpu_before = cpu_snapshot(args);
@@ -286,6 +292,12 @@ fn validate(args: &RunArgs) -> Result<(), BenchError> {
     }
     if args.target.is_resp() && args.op == Op::Get && args.mget != 1 {
         return bad("--op get reads one key: use --op mget with --mget N");
+    }
+    if args.op == Op::Dashboard && (args.target != Target::PgPrepared || args.mget != 1) {
+        return bad("--op dashboard runs on --target pg-prepared with --mget 1");
+    }
+    if args.page_size < 1 {
+        return bad("--page-size must be at least 1");
     }
     if args.rate.is_some_and(|r| !(r > 0.0 && r.is_finite())) {
         return bad("--rate must be positive");
@@ -580,6 +592,22 @@ fn cpu_delta(
     m
 }
 
+/// `host:port` (or the unparsed string) of the server pg load connections talked to.
+fn pg_endpoint(args: &RunArgs) -> String {
+    let s = args.pg.as_deref().unwrap_or(&args.data.origin);
+    let Ok(cfg) = s.parse::<tokio_postgres::Config>() else {
+        return s.to_string();
+    };
+    let host = match cfg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
 /// Builds the JSONL row from the merged tallies.
 pub fn build_row(
     args: &RunArgs,
@@ -601,6 +629,7 @@ pub fn build_row(
         label: args.label.clone(),
         target: args.target.name().into(),
         op: match (args.target.is_resp(), args.op) {
+            (_, Op::Dashboard) => "dashboard".into(),
             (false, _) => "select".into(),
             (true, Op::Get) => "get".into(),
             (true, Op::Mget) => "mget".into(),
@@ -654,6 +683,9 @@ pub fn build_row(
         server_cpu_s,
         stale,
         stale_catchup_ms: None,
+        pg: (!args.target.is_resp()).then(|| pg_endpoint(args)),
+        pg_query: (!args.target.is_resp() && args.op != Op::Dashboard)
+            .then(|| args.pg_query.name().to_string()),
         env,
     }
 }

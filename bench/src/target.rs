@@ -4,15 +4,18 @@
 //! - `cache-aside`: the same reads, then for each nil the application's fill: SELECT the row
 //!   from the origin (shared [`OriginPool`]) and SET it; a request completes when its last fill
 //!   has been SET. Misses count fills.
-//! - `pg-prepared` / `pg-simple`: one lookup per request (`id = $1`, or `id = ANY($1)` for
-//!   several ids), a batch issued concurrently so tokio-postgres pipelines it.
+//! - `pg-prepared` / `pg-simple`: one lookup per request (`id = $1` in the `--pg-query` form,
+//!   or `id = ANY($1)` for several ids), a batch issued concurrently so tokio-postgres
+//!   pipelines it; with `--op dashboard` (prepared only) a request is one SaaS dashboard page
+//!   (`saas`: 8 statements one after the other), the key being the tenant. The connection goes
+//!   to `--pg` (pgline's PostgreSQL front or the origin).
 //!
 //! # Thread model
 //! A [`Conn`] is owned by one client task; the origin pool is shared.
 
 #![deny(unsafe_code)]
 
-use crate::cli::{Op, RespClient, Target};
+use crate::cli::{Op, PgQuery, RespClient, Target};
 use crate::error::BenchError;
 use crate::pg::{self, OriginPool};
 use crate::resp::{compose_command, compose_get, RespConn, RespError, Value};
@@ -41,8 +44,12 @@ pub struct ConnSpec {
     pub target: Target,
     /// RESP server address.
     pub resp: String,
-    /// Origin connection string.
-    pub origin: String,
+    /// Where pg targets' load connections go (`--pg`, else the origin).
+    pub pg: String,
+    /// The pg point lookup's form.
+    pub pg_query: PgQuery,
+    /// Dashboard pages: task-list page size.
+    pub page_size: i64,
     /// Table name (and key prefix `<table>:`).
     pub table: String,
     /// RESP read command.
@@ -81,6 +88,13 @@ pub enum Conn {
         any: Statement,
         simple: bool,
         table: String,
+        /// The single-id lookup's SQL (`$1` the id; inlined for `pg-simple`).
+        point: String,
+        /// `--op dashboard`: the page's prepared statements.
+        page: Option<Vec<Statement>>,
+        /// Pages run so far (picks the task-list page).
+        pages_run: u64,
+        page_size: i64,
     },
 }
 
@@ -118,16 +132,26 @@ impl Conn {
                     .ok_or_else(|| BenchError::Config("cache-aside needs an origin pool".into()))?,
             },
             Target::PgPrepared | Target::PgSimple => {
-                let client = pg::connect(&spec.origin).await?;
-                let one = client.prepare(&pg::lookup_sql(&spec.table)).await?;
+                let client = pg::connect(&spec.pg).await?;
+                let point = pg::point_sql(&spec.table, spec.pg_query);
+                let one = client.prepare(&point).await?;
                 let any = client.prepare(&pg::lookup_any_sql(&spec.table)).await?;
                 let simple = spec.target == Target::PgSimple;
+                let page = if spec.op == Op::Dashboard {
+                    Some(crate::saas::prepare(&client).await?)
+                } else {
+                    None
+                };
                 Conn::Pg {
                     client,
                     one,
                     any,
                     simple,
                     table: spec.table.clone(),
+                    point,
+                    page,
+                    pages_run: 0,
+                    page_size: spec.page_size,
                 }
             }
         })
@@ -170,15 +194,42 @@ impl Conn {
                 pool,
             } => exec_cache_aside(conn, prefix, *mget, pool, ids, per_req, out).await,
             Conn::Pg {
+                page: Some(stmts),
+                client,
+                pages_run,
+                page_size,
+                ..
+            } => {
+                let first = *pages_run;
+                *pages_run += ids.len() as u64;
+                let (client, stmts, size) = (&*client, &stmts[..], *page_size);
+                let futs = ids.iter().enumerate().map(|(i, &tenant)| async move {
+                    let page = first + i as u64;
+                    let r = crate::saas::exec_page(client, stmts, tenant, page, size).await;
+                    (Instant::now(), r)
+                });
+                for (done, r) in join_all(futs).await {
+                    out.push(Outcome {
+                        done,
+                        found: u32::from(r.is_ok()),
+                        missing: 0,
+                        error: r.is_err(),
+                    });
+                }
+                Ok(())
+            }
+            Conn::Pg {
                 client,
                 one,
                 any,
                 simple,
                 table,
+                point,
+                ..
             } => {
                 let futs = ids
                     .chunks(per_req)
-                    .map(|req| pg_lookup(client, one, any, *simple, table, req));
+                    .map(|req| pg_lookup(client, (one, any), *simple, (table, point), req));
                 for (done, r) in join_all(futs).await {
                     out.push(match r {
                         Ok((found, missing)) => Outcome {
@@ -252,10 +303,9 @@ async fn exec_redis_rs(
 /// One PG lookup; returns its completion time and (found, missing).
 async fn pg_lookup(
     client: &Client,
-    one: &Statement,
-    any: &Statement,
+    (one, any): (&Statement, &Statement),
     simple: bool,
-    table: &str,
+    (table, point): (&str, &str),
     ids: &[u64],
 ) -> (Instant, Result<(u32, u32), tokio_postgres::Error>) {
     // `IN`/`ANY` return a row once however often its id is listed: count distinct ids.
@@ -268,10 +318,7 @@ async fn pg_lookup(
     let r = if simple {
         let list: Vec<String> = ids.iter().map(u64::to_string).collect();
         let sql = if ids.len() == 1 {
-            format!(
-                "SELECT row_to_json(t)::text FROM {table} t WHERE id = {}",
-                list[0]
-            )
+            point.replace("$1", &list[0])
         } else {
             format!(
                 "SELECT row_to_json(t)::text FROM {table} t WHERE id IN ({})",

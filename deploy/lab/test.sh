@@ -30,8 +30,9 @@ fi
 step "HTTP API: schemathesis against /v1/openapi.json of a live pgline"
 deploy/lab/schemathesis.sh
 
-step "benchmark smokes: userspace wire, scenario matrix"
+step "benchmark smokes: userspace wire, PostgreSQL front, scenario matrix"
 bench/wire.sh --smoke
+bench/pgwire.sh --smoke
 bench/scenarios/run.sh --smoke all
 # Two-machine mode as far as one machine allows: the commands it would run over ssh (nothing is
 # sent anywhere in a dry run).

@@ -585,8 +585,12 @@ impl Writer {
         if self.applying_xid != 0 {
             self.seen.table_changed(rel, self.applying_xid);
         }
-        self.results
-            .table_changed(&mut self.store, &self.shared.results, rel, self.applying_xid);
+        self.results.table_changed(
+            &mut self.store,
+            &self.shared.results,
+            rel,
+            self.applying_xid,
+        );
         self.inflight.retain(|(t, _), _| *t != rel);
         self.installed.retain(|(t, _), _| *t != rel);
         self.store.remove_table(rel)

@@ -458,9 +458,9 @@ impl ResultPlane {
         let st = lock(&self.state);
         lease.generation == st.generation
             && lease
-            .epochs
-            .iter()
-            .all(|(t, e)| st.epochs.get(t).copied().unwrap_or(0) == *e)
+                .epochs
+                .iter()
+                .all(|(t, e)| st.epochs.get(t).copied().unwrap_or(0) == *e)
     }
 
     /// The oldest outstanding lease id, or the next id when none is outstanding.

@@ -120,10 +120,24 @@ mod tests {
         let simple = [t.clone(), d.clone(), c.clone(), z.clone()].concat();
         let answer = [t.clone(), d.clone(), c.clone()].concat();
         assert_eq!(answer_of(&simple, None).as_deref(), Some(&answer[..]));
-        let extended = [msg(b'1', b""), msg(b'2', b""), d.clone(), c.clone(), z.clone()].concat();
+        let extended = [
+            msg(b'1', b""),
+            msg(b'2', b""),
+            d.clone(),
+            c.clone(),
+            z.clone(),
+        ]
+        .concat();
         assert_eq!(answer_of(&extended, Some(&t)).as_deref(), Some(&answer[..]));
         assert_eq!(answer_of(&extended, None), None, "no RowDescription");
-        let notice = [t.clone(), msg(b'N', b"x\0"), d.clone(), c.clone(), z.clone()].concat();
+        let notice = [
+            t.clone(),
+            msg(b'N', b"x\0"),
+            d.clone(),
+            c.clone(),
+            z.clone(),
+        ]
+        .concat();
         assert_eq!(answer_of(&notice, None), None);
         let error = [t.clone(), msg(b'E', b"x\0"), z.clone()].concat();
         assert_eq!(answer_of(&error, None), None);

@@ -406,7 +406,10 @@ impl Session {
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         };
         if let (Some((key, lease)), b'I', false, None) = (cache, status, o.failed, &o.broken) {
-            let answer = out.capture.take().and_then(|c| results::answer_of(&c, o.described.as_deref()));
+            let answer = out
+                .capture
+                .take()
+                .and_then(|c| results::answer_of(&c, o.described.as_deref()));
             if let (Some(bytes), Some(snapshot)) = (answer, o.snapshot.clone()) {
                 relay.shared.results.push(ResultFill {
                     key,

@@ -150,7 +150,10 @@ impl Results {
             negative: false,
             lsn,
         };
-        if store.insert(RESULTS_TABLE, &key.store_key(), &entry).is_err() {
+        if store
+            .insert(RESULTS_TABLE, &key.store_key(), &entry)
+            .is_err()
+        {
             return false;
         }
         let mut eqs = Vec::new();
@@ -224,13 +227,10 @@ impl Results {
             }
             if v.len() > MAX_XIDS {
                 // Bounded: collapse into a watermark (stricter, still sound).
-                let latest = v.iter().copied().fold(xid, |a, x| {
-                    if xid_precedes(a, x) {
-                        x
-                    } else {
-                        a
-                    }
-                });
+                let latest =
+                    v.iter()
+                        .copied()
+                        .fold(xid, |a, x| if xid_precedes(a, x) { x } else { a });
                 v.clear();
                 let w = self.watermark.entry(table).or_insert(latest);
                 if xid_precedes(*w, latest) {

@@ -22,7 +22,6 @@
 //!
 //! [`PgRequest`]: crate::plane::PgRequest
 
-
 use crate::pgwire::{
     compose_bind_complete, compose_parse_complete, compose_ready_for_query,
     compose_select_complete, parse_frontend, sqlstate, Bind, Format, Frontend, Oids, ParseError,
@@ -199,7 +198,9 @@ impl Worker {
             [Some(Frontend::Query(text)), None, ..] if framed.count == 1 => {
                 let lookup = match memo_class(&mut pg.memo, text, &self.keyspace) {
                     Class::Lookup(l) => l,
-                    Class::Result(q) => return self.pg_serve_result(pg, &q, ResultShape::Simple, out),
+                    Class::Result(q) => {
+                        return self.pg_serve_result(pg, &q, ResultShape::Simple, out)
+                    }
                     Class::Other => return Served::No,
                 };
                 if lookup.datetime && !pg.settings.datetime_ok() {

@@ -199,12 +199,10 @@ impl Worker {
         }
         let hash = hash_key(key);
         self.scratch.clear();
-        let found = self.shared.store.read(
-            RESULTS_TABLE,
-            &hash.to_be_bytes(),
-            0,
-            &mut self.scratch,
-        );
+        let found =
+            self.shared
+                .store
+                .read(RESULTS_TABLE, &hash.to_be_bytes(), 0, &mut self.scratch);
         if found == StoreLookup::Hit {
             if let Some(answer) = stored_answer(&self.scratch, key) {
                 compose_answer(answer, shape, out);

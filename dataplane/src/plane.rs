@@ -340,10 +340,10 @@ impl Shared {
 
 // ---- query-result cache ---------------------------------------------------------------
 
-/// The store table id under which query results are kept. No cached table has it: PostgreSQL
-/// hands out OIDs from a counter that would have to reach its last two values, and the
-/// results index ignores WAL changes of a relation with this id (a gap documented in
-/// `docs/pgwire.md`'s limits: such a table's rows would not be cached correctly).
+/// The store table id under which query results are kept. No cached table has it in
+/// practice: PostgreSQL's OID counter would have to reach its last two values. The result
+/// index ignores row changes of a relation with this id (a table with that OID would not be
+/// cached correctly: a known, accepted gap).
 pub const RESULTS_TABLE: u32 = u32::MAX - 1;
 
 /// Largest answer (RowDescription, DataRows, CommandComplete) the result cache keeps.

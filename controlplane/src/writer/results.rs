@@ -41,7 +41,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use pgline_dataplane::plane::{ResultFill, ResultPlane, RESULTS_TABLE};
+use pgline_dataplane::plane::{ResultEquality, ResultFill, ResultPlane, RESULTS_TABLE};
 use pgline_dataplane::store::{EntryData, StoreWriter};
 
 use crate::catalog::TableInfo;
@@ -54,11 +54,13 @@ const MAX_XIDS: usize = 65_536;
 const MAX_HORIZONS: usize = 1024;
 
 type Hash = u64;
+/// Answers by the value of one column: `(table, column) -> value -> answers`.
+type ByValue = HashMap<(u32, u16), HashMap<Box<[u8]>, HashSet<Hash>>>;
 
 struct Entry {
     tables: Box<[u32]>,
     /// The equality the answer is indexed under, per table (`None`: by table).
-    eqs: Box<[(u32, u16, Box<[u8]>)]>,
+    eqs: Box<[ResultEquality]>,
 }
 
 /// Counters for tests and logs.
@@ -73,7 +75,7 @@ pub struct ResultCounts {
 pub struct Results {
     entries: HashMap<Hash, Entry>,
     by_table: HashMap<u32, HashSet<Hash>>,
-    by_value: HashMap<(u32, u16), HashMap<Box<[u8]>, HashSet<Hash>>>,
+    by_value: ByValue,
     xids: HashMap<u32, Vec<u32>>,
     /// Per table, when its xids overflowed: the latest of them; a snapshot must have every
     /// xid up to it completed (`xmin` after it).
@@ -227,10 +229,10 @@ impl Results {
             }
             if v.len() > MAX_XIDS {
                 // Bounded: collapse into a watermark (stricter, still sound).
-                let latest =
-                    v.iter()
-                        .copied()
-                        .fold(xid, |a, x| if xid_precedes(a, x) { x } else { a });
+                let latest = v
+                    .iter()
+                    .copied()
+                    .fold(xid, |a, x| if xid_precedes(a, x) { x } else { a });
                 v.clear();
                 let w = self.watermark.entry(table).or_insert(latest);
                 if xid_precedes(*w, latest) {

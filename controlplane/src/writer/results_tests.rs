@@ -148,7 +148,7 @@ fn applied_xids_are_pruned_once_older_leases_ended() {
     for x in 0..=MAX_XIDS as u32 {
         r.row_changed(&mut st, &plane, &insert, None, 1000 + x);
     }
-    assert!(r.xids.get(&7).map_or(true, Vec::is_empty));
+    assert!(r.xids.get(&7).is_none_or(Vec::is_empty));
     let last = 1000 + MAX_XIDS as u32;
     let f = fill(&plane, 2, None, &format!("{last}:{}:", last + 1));
     assert!(

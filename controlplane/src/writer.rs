@@ -20,6 +20,9 @@
 //! an UPDATE whose new tuple lacks an unchanged TOASTed column evicts instead; DELETE turns a
 //! cached row into a negative entry; INSERT refreshes a negative entry.
 //!
+//! Query results of the PostgreSQL front are installed (only when current) and dropped by the
+//! WAL changes of the tables they read here too, in the same order: see [`results`].
+//!
 //! Admin commands (flushes, key metadata, adding/removing/warming tables) are handled in
 //! [`admin`]; warming goes through the same leases as misses, so it cannot install a stale row.
 //! Besides the store, the writer keeps each live key's install time (`installed`, for the API's
@@ -547,7 +550,7 @@ impl Writer {
     async fn apply_txn(&mut self, txn: WalTxn) {
         self.applying_xid = txn.xid;
         for change in txn.changes {
-            let table = self.catalog.get(change_rel(&change)).cloned();
+            let table = self.catalog.get(results::change_rel(&change)).cloned();
             self.results.row_changed(
                 &mut self.store,
                 &self.shared.results,
@@ -759,33 +762,6 @@ impl Writer {
         let oldest_fill = self.fills.keys().min().copied().unwrap_or(u64::MAX);
         self.seen.prune(oldest_fill);
         self.results.prune(&self.shared.results);
-    }
-
-    /// Installs (or refuses) the query results the relay handed over.
-    fn take_results(&mut self) {
-        let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
-        for fill in self.shared.results.drain() {
-            let ok = self
-                .results
-                .install(&mut self.store, &self.shared.results, fill, lsn);
-            tracing::debug!(installed = ok, "pgwire: query result landed");
-        }
-    }
-
-    /// Installed/refused/dropped query results so far.
-    pub fn result_counts(&self) -> ResultCounts {
-        self.results.counts
-    }
-}
-
-/// The relation a change is about (0 for a truncate: its tables go through `drop_table`).
-fn change_rel(change: &Change) -> u32 {
-    match change {
-        Change::Relation(r) => r.id,
-        Change::Insert { rel, .. } | Change::Update { rel, .. } | Change::Delete { rel, .. } => {
-            *rel
-        }
-        Change::Truncate { .. } => 0,
     }
 }
 

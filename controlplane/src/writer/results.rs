@@ -379,6 +379,38 @@ impl Results {
     }
 }
 
+impl super::Writer {
+    /// Installs (or refuses) the query results the relay handed over.
+    pub(super) fn take_results(&mut self) {
+        let lsn = self
+            .repl
+            .applied_lsn
+            .load(std::sync::atomic::Ordering::Relaxed);
+        for fill in self.shared.results.drain() {
+            let ok = self
+                .results
+                .install(&mut self.store, &self.shared.results, fill, lsn);
+            tracing::debug!(installed = ok, "pgwire: query result landed");
+        }
+    }
+
+    /// Installed/refused/dropped query results so far.
+    pub fn result_counts(&self) -> ResultCounts {
+        self.results.counts
+    }
+}
+
+/// The relation a change is about (0 for a truncate: its tables go through `drop_table`).
+pub(super) fn change_rel(change: &Change) -> u32 {
+    match change {
+        Change::Relation(r) => r.id,
+        Change::Insert { rel, .. } | Change::Update { rel, .. } | Change::Delete { rel, .. } => {
+            *rel
+        }
+        Change::Truncate { .. } => 0,
+    }
+}
+
 #[cfg(test)]
 #[path = "results_tests.rs"]
 mod tests;

@@ -20,6 +20,9 @@
 //! an UPDATE whose new tuple lacks an unchanged TOASTed column evicts instead; DELETE turns a
 //! cached row into a negative entry; INSERT refreshes a negative entry.
 //!
+//! Query results of the PostgreSQL front are installed (only when current) and dropped by the
+//! WAL changes of the tables they read here too, in the same order: see [`results`].
+//!
 //! Admin commands (flushes, key metadata, adding/removing/warming tables) are handled in
 //! [`admin`]; warming goes through the same leases as misses, so it cannot install a stale row.
 //! Besides the store, the writer keeps each live key's install time (`installed`, for the API's
@@ -27,6 +30,7 @@
 
 mod admin;
 mod ddl;
+mod results;
 mod visibility;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -47,6 +51,7 @@ use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
 type Key = (u32, Box<[u8]>);
 
 pub use admin::{AdminCmd, EntryCounts, KeyMeta, WarmDone};
+pub use results::ResultCounts;
 
 /// One cached entry, as the stale probe and the API see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +124,8 @@ pub struct Writer {
     seen: visibility::Applied,
     /// The xid of the WAL transaction being applied (0 outside `apply_txn`).
     applying_xid: u32,
+    /// The query-result cache's index and install checks (see [`results`]).
+    results: results::Results,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -162,6 +169,7 @@ impl Writer {
             ddl: ddl::DdlCheck::new(),
             seen: visibility::Applied::default(),
             applying_xid: 0,
+            results: results::Results::default(),
             inflight: HashMap::new(),
             fills: HashMap::new(),
             waiting: HashMap::new(),
@@ -192,10 +200,14 @@ impl Writer {
                 _ = shutdown.changed() => return,
                 Some(event) = wal.recv() => self.apply_wal(event).await,
                 Some(done) = self.fill_rx.recv() => self.complete_fill(done),
-                _ = wake.notified() => self.take_misses(),
+                _ = wake.notified() => {
+                    self.take_misses();
+                    self.take_results();
+                }
                 Some(cmd) = admin.recv() => self.admin(cmd),
                 _ = tick.tick() => {
                     self.take_misses();
+                    self.take_results();
                     self.publish_gauges();
                     self.retry_unsent();
                     self.prune_installed();
@@ -529,6 +541,7 @@ impl Writer {
                 self.store.clear();
                 self.inflight.clear();
                 self.installed.clear();
+                self.results.clear(&self.shared.results);
             }
         }
         self.publish_gauges();
@@ -537,6 +550,14 @@ impl Writer {
     async fn apply_txn(&mut self, txn: WalTxn) {
         self.applying_xid = txn.xid;
         for change in txn.changes {
+            let table = self.catalog.get(results::change_rel(&change)).cloned();
+            self.results.row_changed(
+                &mut self.store,
+                &self.shared.results,
+                &change,
+                table.as_deref(),
+                txn.xid,
+            );
             match change {
                 Change::Relation(rel) => self.apply_relation(rel).await,
                 Change::Insert { rel, new } => self.apply_upsert(rel, None, &new, txn.end_lsn),
@@ -567,6 +588,12 @@ impl Writer {
         if self.applying_xid != 0 {
             self.seen.table_changed(rel, self.applying_xid);
         }
+        self.results.table_changed(
+            &mut self.store,
+            &self.shared.results,
+            rel,
+            self.applying_xid,
+        );
         self.inflight.retain(|(t, _), _| *t != rel);
         self.installed.retain(|(t, _), _| *t != rel);
         self.store.remove_table(rel)
@@ -734,6 +761,7 @@ impl Writer {
     fn prune_seen(&mut self) {
         let oldest_fill = self.fills.keys().min().copied().unwrap_or(u64::MAX);
         self.seen.prune(oldest_fill);
+        self.results.prune(&self.shared.results);
     }
 }
 

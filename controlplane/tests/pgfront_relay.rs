@@ -60,6 +60,7 @@ impl Driver {
             session,
             kind,
             messages,
+            cache: None,
         };
         assert!(self.shared.queues[0].pg_requests.push(req).is_ok());
         self.shared.control_waker.wake();
@@ -607,6 +608,7 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
         session: 1,
         kind: PgRequestKind::Cancel,
         messages: msgs(|b| frontend::cancel_request(1, 2, b)),
+        cache: None,
     };
     assert!(q.push(req).is_ok());
     p.shared.control_waker.wake();

@@ -11,8 +11,9 @@
 //! relaxed counters, one struct per core) and everything the cores need to see of the control
 //! plane is in [`Shared`] (the store reader, the key space, the replication gauge).
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crossbeam_queue::ArrayQueue;
 
@@ -104,6 +105,9 @@ pub struct PgRequest {
     pub kind: PgRequestKind,
     /// Raw frontend messages, see [`PgRequestKind`].
     pub messages: Vec<u8>,
+    /// A `Batch` the query-result cache may keep: its one statement's answer is cacheable under
+    /// this key when the batch runs with the session idle (see [`ResultPlane`]).
+    pub cache: Option<Box<ResultKey>>,
 }
 
 /// How a [`PgReply`] chunk ends.
@@ -283,6 +287,9 @@ pub struct Shared {
     pub next_client_id: AtomicU64,
     /// Which transport the cores run (`kernel`, `userspace`), set when the engine starts.
     pub transport: std::sync::OnceLock<&'static str>,
+    /// The query-result cache's leases and landed answers (control plane only; cores never
+    /// touch it).
+    pub results: Arc<ResultPlane>,
 }
 
 impl Shared {
@@ -307,6 +314,7 @@ impl Shared {
             started_at: std::time::Instant::now(),
             next_client_id: AtomicU64::new(1),
             transport: std::sync::OnceLock::new(),
+            results: Arc::new(ResultPlane::default()),
         }
     }
 
@@ -327,6 +335,153 @@ impl Shared {
             .iter()
             .map(|s| counter(s).load(Ordering::Relaxed))
             .sum()
+    }
+}
+
+// ---- query-result cache ---------------------------------------------------------------
+
+/// The store table id under which query results are kept. No cached table has it in
+/// practice: PostgreSQL's OID counter would have to reach its last two values. The result
+/// index ignores row changes of a relation with this id (a table with that OID would not be
+/// cached correctly: a known, accepted gap).
+pub const RESULTS_TABLE: u32 = u32::MAX - 1;
+
+/// Largest answer (RowDescription, DataRows, CommandComplete) the result cache keeps.
+pub const RESULT_MAX_BYTES: usize = 256 * 1024;
+
+/// `(table id, column index in the table's columns, canonical value text)`: a top-level
+/// `column = value` predicate of a cached query.
+pub type ResultEquality = (u32, u16, Box<[u8]>);
+
+/// What a core knows of a cacheable statement it forwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultKey {
+    /// 64-bit hash of `key`; the store key is its 8 big-endian bytes.
+    pub hash: u64,
+    /// The full key (normalized text, parameter types and values, lifted literals), kept in
+    /// the entry so that a hash collision reads as a miss.
+    pub key: Box<[u8]>,
+    /// Tables read (ids), sorted.
+    pub tables: Box<[u32]>,
+    /// Top-level equalities, at most one per table.
+    pub equalities: Box<[ResultEquality]>,
+}
+
+impl ResultKey {
+    pub fn store_key(&self) -> [u8; 8] {
+        self.hash.to_be_bytes()
+    }
+}
+
+/// A landed answer for the writer to install (or refuse).
+#[derive(Debug)]
+pub struct ResultFill {
+    pub key: Box<ResultKey>,
+    /// RowDescription, DataRow*, CommandComplete exactly as the origin sent them.
+    pub bytes: Vec<u8>,
+    /// `pg_current_snapshot()::text` taken on the same backend right before the statement.
+    pub snapshot: String,
+    pub lease: ResultLease,
+}
+
+/// Leases of the result cache: per table an epoch, bumped by the writer for every WAL change
+/// it applies to the table. A relay takes a lease (the epochs of the tables read) before it
+/// sends a cacheable statement; the writer installs the answer only if the epochs are
+/// unchanged. Outstanding lease ids tell the writer which snapshots may still land (for
+/// pruning its applied-xid records).
+#[derive(Debug, Default)]
+pub struct ResultPlane {
+    state: Mutex<LeaseState>,
+    landed: Mutex<Vec<ResultFill>>,
+}
+
+#[derive(Debug, Default)]
+struct LeaseState {
+    epochs: HashMap<u32, u64>,
+    /// Bumped by a flush of everything.
+    generation: u64,
+    next: u64,
+    outstanding: BTreeSet<u64>,
+}
+
+/// One outstanding lease; dropping it (landed, refused or abandoned) ends it.
+#[derive(Debug)]
+pub struct ResultLease {
+    plane: Arc<ResultPlane>,
+    pub id: u64,
+    /// `(table, epoch)` when the lease was taken.
+    pub epochs: Vec<(u32, u64)>,
+    generation: u64,
+}
+
+impl Drop for ResultLease {
+    fn drop(&mut self) {
+        lock(&self.plane.state).outstanding.remove(&self.id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ResultPlane {
+    /// Takes a lease on `tables` (before the statement is sent to the origin).
+    pub fn lease(self: &Arc<Self>, tables: &[u32]) -> ResultLease {
+        let mut st = lock(&self.state);
+        let id = st.next;
+        st.next += 1;
+        st.outstanding.insert(id);
+        let epochs = tables
+            .iter()
+            .map(|t| (*t, st.epochs.get(t).copied().unwrap_or(0)))
+            .collect();
+        ResultLease {
+            plane: self.clone(),
+            id,
+            epochs,
+            generation: st.generation,
+        }
+    }
+
+    /// A WAL change of `table` was applied: leases taken before are void for it.
+    pub fn bump(&self, table: u32) {
+        *lock(&self.state).epochs.entry(table).or_insert(0) += 1;
+    }
+
+    /// Every table changed (a cache flush): every lease taken before is void.
+    pub fn bump_all(&self) {
+        lock(&self.state).generation += 1;
+    }
+
+    /// Whether no WAL change of the lease's tables was applied since it was taken.
+    pub fn unchanged(&self, lease: &ResultLease) -> bool {
+        let st = lock(&self.state);
+        lease.generation == st.generation
+            && lease
+                .epochs
+                .iter()
+                .all(|(t, e)| st.epochs.get(t).copied().unwrap_or(0) == *e)
+    }
+
+    /// The oldest outstanding lease id, or the next id when none is outstanding.
+    pub fn oldest_outstanding(&self) -> u64 {
+        let st = lock(&self.state);
+        st.outstanding.iter().next().copied().unwrap_or(st.next)
+    }
+
+    /// The id the next lease will get.
+    pub fn next_id(&self) -> u64 {
+        lock(&self.state).next
+    }
+
+    /// Hands a landed answer to the writer.
+    pub fn push(&self, fill: ResultFill) {
+        lock(&self.landed).push(fill);
+    }
+
+    /// The landed answers, oldest first.
+    pub fn drain(&self) -> Vec<ResultFill> {
+        std::mem::take(&mut *lock(&self.landed))
     }
 }
 

@@ -34,6 +34,7 @@
 mod backend;
 mod plan;
 mod pool;
+mod results;
 mod session;
 mod stats;
 

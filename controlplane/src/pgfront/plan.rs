@@ -114,6 +114,11 @@ pub enum Act {
     Query {
         hidden: bool,
     },
+    /// pgline's own snapshot query before a cacheable statement (hidden; its text is kept).
+    Snapshot,
+    /// A Describe of the portal pgline added before a cacheable Execute (hidden; the
+    /// RowDescription is kept in [`Tracker::described`]).
+    HiddenDescribe,
     /// Answered by pgline at this place (ParseComplete, CloseComplete).
     Local(&'static [u8]),
     /// An ErrorResponse pgline sends at this place; the backend, which never saw the message,
@@ -309,6 +314,27 @@ pub fn add_fence(plan: &mut Plan) {
 
 pub const FENCE_SQL: &str = "SELECT pg_current_wal_lsn()";
 
+/// The query pipelined before a cacheable statement: under READ COMMITTED the statement's own
+/// snapshot is taken later, so it sees everything this one sees.
+pub const SNAPSHOT_SQL: &str = "SELECT pg_current_snapshot()::text";
+
+/// Makes the Describe of the portal that pgline added (see `results::with_describe`) hidden.
+pub fn hide_added_describe(plan: &mut Plan) {
+    if let Some(a) = plan.acts.iter_mut().find(|a| **a == Act::DescribePortal) {
+        *a = Act::HiddenDescribe;
+    }
+}
+
+/// Puts pgline's snapshot query before everything in a plan (its reply is hidden; see
+/// [`Tracker::snapshot`]).
+pub fn add_snapshot(plan: &mut Plan) {
+    let mut out = BytesMut::new();
+    let _ = frontend::query(SNAPSHOT_SQL, &mut out);
+    out.extend_from_slice(&plan.out);
+    plan.out = out;
+    plan.acts.insert(0, Act::Snapshot);
+}
+
 /// What the last backend message meant for the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -330,6 +356,10 @@ pub struct Tracker {
     last_client: usize,
     /// The LSN the fence query returned.
     pub fence: Option<u64>,
+    /// The text the snapshot query returned.
+    pub snapshot: Option<String>,
+    /// The RowDescription of a hidden Describe.
+    pub described: Option<Vec<u8>>,
     /// An ErrorResponse went to the client.
     pub failed: bool,
 }
@@ -346,6 +376,8 @@ impl Tracker {
             error: false,
             last_client,
             fence: None,
+            snapshot: None,
+            described: None,
             failed: false,
         }
     }
@@ -355,7 +387,7 @@ impl Tracker {
     fn advance(&mut self, out: &mut Vec<u8>, prepared: &mut HashSet<String>) {
         while let Some(act) = self.acts.get(self.i) {
             match act {
-                Act::Sync | Act::Query { .. } => break,
+                Act::Sync | Act::Query { .. } | Act::Snapshot => break,
                 Act::Local(bytes) if !self.error => out.extend_from_slice(bytes),
                 Act::Fail(bytes) if !self.error => {
                     out.extend_from_slice(bytes);
@@ -381,7 +413,10 @@ impl Tracker {
         prepared: &mut HashSet<String>,
     ) -> Step {
         let tag = frame[0];
-        let hidden_now = matches!(self.acts.get(self.i), Some(Act::Query { hidden: true }));
+        let hidden_now = matches!(
+            self.acts.get(self.i),
+            Some(Act::Query { hidden: true } | Act::Snapshot)
+        );
         if matches!(tag, b'N' | b'S' | b'A') {
             if !hidden_now {
                 out.extend_from_slice(frame);
@@ -394,6 +429,22 @@ impl Tracker {
             return Step::Continue;
         };
         let done = match (&act, tag) {
+            (Act::Snapshot, _) => {
+                match tag {
+                    b'D' => self.snapshot = parse_text_row(frame),
+                    b'Z' => {
+                        self.i += 1;
+                        self.error = false;
+                    }
+                    _ => {}
+                }
+                return Step::Continue;
+            }
+            (Act::HiddenDescribe, b'T' | b'n') => {
+                self.described = Some(frame.to_vec()).filter(|_| tag == b'T');
+                self.i += 1;
+                return Step::Continue;
+            }
             (Act::Query { hidden }, _) => {
                 if !hidden {
                     self.failed |= tag == b'E';
@@ -432,7 +483,9 @@ impl Tracker {
             }
             (Act::Bind, _) => tag == b'2',
             (Act::Close, _) => tag == b'3',
-            (Act::DescribeStatement | Act::DescribePortal, _) => tag == b'T' || tag == b'n',
+            (Act::DescribeStatement | Act::DescribePortal | Act::HiddenDescribe, _) => {
+                tag == b'T' || tag == b'n'
+            }
             (Act::Execute, _) => matches!(tag, b'C' | b'I' | b's'),
             (Act::Local(_) | Act::Fail(_), _) => false,
         };
@@ -468,10 +521,15 @@ impl Tracker {
 
 /// The LSN in a DataRow with one text column `X/Y`.
 fn parse_fence_row(frame: &[u8]) -> Option<u64> {
+    crate::wal::conn::parse_lsn(&parse_text_row(frame)?)
+}
+
+/// The text of a DataRow with one non-null column.
+fn parse_text_row(frame: &[u8]) -> Option<String> {
     let body = frame.get(5..)?;
     let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
     let text = body.get(6..6 + usize::try_from(len).ok()?)?;
-    crate::wal::conn::parse_lsn(std::str::from_utf8(text).ok()?)
+    std::str::from_utf8(text).ok().map(str::to_owned)
 }
 
 /// Whether a statement leaves session state on its backend that a later batch on another

@@ -194,3 +194,51 @@ fn reused_open_name_fails_locally_and_skips_to_sync() {
     assert_eq!(tags(&out), b"EZ");
     assert!(t.failed);
 }
+
+#[test]
+fn snapshot_query_and_added_describe_are_hidden_and_kept() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("", "SELECT 1", [], b).unwrap();
+        b.extend_from_slice(&frame(b'B', b"\0\0\0\0\0\0\0\0"));
+        frontend::describe(b'P', "", b).unwrap();
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    });
+    let mut plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    hide_added_describe(&mut plan);
+    add_snapshot(&mut plan);
+    assert_eq!(tags(&plan.out), b"QPBDES");
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    let mut row = 1i16.to_be_bytes().to_vec();
+    row.extend_from_slice(&8i32.to_be_bytes());
+    row.extend_from_slice(b"10:12:11");
+    let replies = [
+        frame(b'T', b"\0\x01x\0"),
+        frame(b'D', &row),
+        frame(b'C', b"SELECT 1\0"),
+        frame(b'Z', b"I"),
+        frame(b'1', b""),
+        frame(b'2', b""),
+        frame(b'T', b"\0\x01y\0"),
+        frame(b'D', b"\0\x01\0\0\0\x011"),
+        frame(b'C', b"SELECT 1\0"),
+    ];
+    for r in &replies {
+        assert_eq!(t.on_message(r, &mut out, &mut prepared), Step::Continue);
+    }
+    let z = frame(b'Z', b"I");
+    assert_eq!(
+        t.on_message(&z, &mut out, &mut prepared),
+        Step::ClientDone(b'I')
+    );
+    assert_eq!(
+        tags(&out),
+        b"12DCZ",
+        "the snapshot and the added Describe are hidden"
+    );
+    assert_eq!(t.snapshot.as_deref(), Some("10:12:11"));
+    assert_eq!(t.described.as_deref(), Some(&replies[6][..]));
+}

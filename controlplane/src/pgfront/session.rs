@@ -11,18 +11,26 @@
 //! session left state behind (`plan::leaves_session_state`, pinned for good), `T`/`E` pin it.
 //! When the batch ends idle, `fence_lsn` is the origin's `pg_current_wal_lsn()` after it.
 //!
+//! A batch the core marked cacheable that runs with the session idle takes a result lease, runs
+//! behind pgline's snapshot query on the same backend, and, if its one statement succeeded and
+//! its answer is at most [`RESULT_MAX_BYTES`], hands (key, answer, snapshot, lease) to the
+//! writer, which installs it only if still current (`writer/results.rs`).
+//!
 //! A backend that fails mid-batch is dropped; the client gets an ErrorResponse (08006) and
 //! ReadyForQuery `I` (its transaction, if any, is gone with the backend).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequest, PgRequestKind};
+use pgline_dataplane::plane::{
+    PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultFill, RESULT_MAX_BYTES,
+};
 use tokio::sync::mpsc;
 
 use super::backend::{compose_error, compose_message, compose_ready, Backend, Opener};
 use super::plan::{self, Plan, Step, Stmt, Tracker};
 use super::pool::{Pool, PoolError};
+use super::results;
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
 
 /// How a batch went on its backend.
@@ -36,6 +44,10 @@ struct Outcome {
     failed: bool,
     /// The connection failed; it must be dropped.
     broken: Option<std::io::Error>,
+    /// What the snapshot query before a cacheable statement returned.
+    snapshot: Option<String>,
+    /// The RowDescription of the Describe pgline added.
+    described: Option<Vec<u8>>,
 }
 
 /// The reply being streamed for one request.
@@ -47,9 +59,25 @@ struct Out<'a> {
     buf: Vec<u8>,
     /// Bytes sent so far.
     sent: usize,
+    /// A copy of what the client is sent, for the result cache (`None`: not kept, or too big).
+    capture: Option<Vec<u8>>,
 }
 
 impl Out<'_> {
+    /// Copies what was appended to `buf` since `from` into the capture, if one is kept.
+    fn note(&mut self, from: usize) {
+        let Some(c) = self.capture.as_mut() else {
+            return;
+        };
+        let new = &self.buf[from.min(self.buf.len())..];
+        // Room for the ParseComplete/BindComplete/ReadyForQuery around the answer.
+        if c.len() + new.len() > RESULT_MAX_BYTES + 64 {
+            self.capture = None;
+        } else {
+            c.extend_from_slice(new);
+        }
+    }
+
     /// Sends full chunks as `More`.
     async fn spill(&mut self) {
         while self.buf.len() > CHUNK {
@@ -86,6 +114,7 @@ fn out_for<'a>(relay: &'a RelayState, req: &PgRequest) -> Out<'a> {
         seq: req.seq,
         buf: Vec::new(),
         sent: 0,
+        capture: None,
     }
 }
 
@@ -292,7 +321,8 @@ impl Session {
         })
     }
 
-    async fn batch(&mut self, req: PgRequest) {
+    async fn batch(&mut self, mut req: PgRequest) {
+        let cache = req.cache.take();
         if std::mem::take(&mut self.lost) {
             let mut out = out_for(&self.relay, &req);
             out.buf = compose_error(
@@ -315,7 +345,13 @@ impl Session {
             Err((code, msg)) => return self.fatal(&req, code, &msg).await,
         };
         let idle_before = self.status == b'I' && !self.sticky;
-        let mut plan = match plan::plan_batch(&req.messages, &mut self.stmts, &mut b.prepared) {
+        // A cacheable statement's answer needs its RowDescription (see `results`).
+        let added = cache
+            .as_ref()
+            .filter(|_| idle_before)
+            .and_then(|_| results::with_describe(&req.messages));
+        let messages = added.as_deref().unwrap_or(&req.messages);
+        let mut plan = match plan::plan_batch(messages, &mut self.stmts, &mut b.prepared) {
             Ok(p) => p,
             Err(e) => {
                 self.put_back(b);
@@ -330,9 +366,21 @@ impl Session {
         if idle_before && !copy {
             plan::add_fence(&mut plan);
         }
+        if added.is_some() {
+            plan::hide_added_describe(&mut plan);
+        }
+        // The lease is taken before the statement (and its snapshot) reaches the origin.
+        let cache = cache.filter(|_| idle_before && !copy).map(|key| {
+            plan::add_snapshot(&mut plan);
+            let lease = self.relay.shared.results.lease(&key.tables);
+            (key, lease)
+        });
         let sql = std::mem::take(&mut plan.sql);
         let relay = self.relay.clone();
         let mut out = out_for(&relay, &req);
+        if cache.is_some() {
+            out.capture = Some(Vec::new());
+        }
         let started = std::time::Instant::now();
         let o = self.execute(&mut b, plan, &mut out).await;
         let bytes = out.sent + out.buf.len();
@@ -357,6 +405,21 @@ impl Session {
             out.buf.extend_from_slice(&compose_ready(b'I'));
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         };
+        if let (Some((key, lease)), b'I', false, None) = (cache, status, o.failed, &o.broken) {
+            let answer = out
+                .capture
+                .take()
+                .and_then(|c| results::answer_of(&c, o.described.as_deref()));
+            if let (Some(bytes), Some(snapshot)) = (answer, o.snapshot.clone()) {
+                relay.shared.results.push(ResultFill {
+                    key,
+                    bytes,
+                    snapshot,
+                    lease,
+                });
+                relay.shared.control_waker.wake();
+            }
+        }
         let fence = self.settle(b, &o, status, &sql).await;
         out.finish(PgReplyEnd::Ready(status), fence.unwrap_or(0))
             .await;
@@ -423,7 +486,10 @@ impl Session {
                     break;
                 }
             };
-            match tracker.on_message(&frame, &mut out.buf, &mut b.prepared) {
+            let before = out.buf.len();
+            let step = tracker.on_message(&frame, &mut out.buf, &mut b.prepared);
+            out.note(before);
+            match step {
                 Step::Continue => {}
                 Step::CopyIn => {
                     let mut buf = bytes::BytesMut::new();
@@ -453,6 +519,8 @@ impl Session {
             }
         }
         o.failed = tracker.failed;
+        o.snapshot = tracker.snapshot.take();
+        o.described = tracker.described.take();
         o
     }
 

@@ -29,7 +29,8 @@
 //! # Limitations
 //! - Stable functions depending on session settings (`date_trunc` on `timestamptz` with
 //!   `TimeZone`, `to_char`) are cached; the cache key must then include those settings.
-//! - Equality predicates are taken only from the outermost SELECT's WHERE conjunction.
+//! - Equality predicates are taken only from the outermost SELECT's WHERE conjunction, and only
+//!   on a table the statement reads exactly once and whose column can be told.
 //! - Two texts that differ only in alias case or redundant parentheses get different keys.
 
 use sqlparser::ast::{ObjectName, ObjectNamePart, Statement, Visit};
@@ -179,9 +180,22 @@ fn classify_inner(sql: &str, catalog: &dyn Catalog) -> Result<Classification, Pa
     if let Some(lookup) = point_lookup(query, catalog) {
         return Ok(Classification::PointLookup(lookup));
     }
+    // An equality narrows what a change of its table can affect only if the query reads that
+    // table once (a second reference, in a subquery or a self-join, reads other rows too).
+    let once = |t: &TableRef| {
+        check
+            .relations
+            .iter()
+            .filter(|n| table_ref(n).as_ref() == Some(t))
+            .count()
+            == 1
+    };
     let equalities = top_select(query)
         .map(|s| equalities(s, &tables))
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.table.as_ref().is_some_and(once))
+        .collect();
     let (normalized, literals) = normalize(stmt, check.max_param);
     Ok(Classification::Cacheable(CacheableQuery {
         tables,

@@ -9,6 +9,10 @@
 //!
 //! Answered as PostgreSQL answers them: `[ParseComplete] BindComplete [RowDescription] DataRow*
 //! CommandComplete ReadyForQuery(I)` (simple: no Parse/Bind parts, RowDescription always).
+//! Cacheable statements (simple, or the same extended shape with an unlimited Execute) are
+//! answered from the query-result cache (`results.rs`); a miss is forwarded marked with its
+//! result key.
+//!
 //! Everything else is forwarded as it came, preceded by the Parse of any statement it names
 //! that the control plane has not seen (parsed in a batch served here). A store miss is
 //! forwarded too, and a [`MissRequest`] for the key is pushed so the next lookup hits.
@@ -18,19 +22,18 @@
 //!
 //! [`PgRequest`]: crate::plane::PgRequest
 
-use std::sync::Arc;
-
 use crate::pgwire::{
     compose_bind_complete, compose_parse_complete, compose_ready_for_query,
     compose_select_complete, parse_frontend, sqlstate, Bind, Format, Frontend, Oids, ParseError,
     Target, TxStatus,
 };
-use crate::plane::PgRequestKind;
+use crate::plane::{PgRequestKind, ResultKey};
 use crate::row::{ColumnsView, SECTION_COLUMNS};
 use crate::store::Lookup as StoreLookup;
 use rustc_hash::FxHashMap;
 
 use super::lookup::{canonical_param, classify_text, compose_data_row, Class, KeyValue, Lookup};
+use super::results::{ResultQuery, ResultServed, ResultShape};
 use super::{pg_fatal, pg_protocol_error, PgSession, Statement, Step};
 use crate::engine::conn::Conn;
 use crate::engine::session::Worker;
@@ -119,6 +122,8 @@ enum Served {
     Hit,
     /// A point lookup the store does not hold: forward, and fill this key.
     Miss(u32),
+    /// A cacheable statement the store does not hold: forward, marked with its key.
+    Result(Box<ResultKey>),
     No,
 }
 
@@ -160,7 +165,11 @@ impl Worker {
             return Step::Done;
         }
         let messages = self.pg_forward_messages(conn, end);
-        if !self.push_pg(conn, token, PgRequestKind::Batch, messages) {
+        let (served, cache) = match served {
+            Served::Result(key) => (Served::No, Some(key)),
+            other => (other, None),
+        };
+        if !self.push_pg(conn, token, PgRequestKind::Batch, messages, cache) {
             return Step::Retry;
         }
         self.pg_note_statements(conn, end);
@@ -187,8 +196,12 @@ impl Worker {
         }
         match framed.shape {
             [Some(Frontend::Query(text)), None, ..] if framed.count == 1 => {
-                let Some(lookup) = memo_lookup(&mut pg.memo, text, &self.keyspace) else {
-                    return Served::No;
+                let lookup = match memo_class(&mut pg.memo, text, &self.keyspace) {
+                    Class::Lookup(l) => l,
+                    Class::Result(q) => {
+                        return self.pg_serve_result(pg, &q, ResultShape::Simple, out)
+                    }
+                    Class::Other => return Served::No,
                 };
                 if lookup.datetime && !pg.settings.datetime_ok() {
                     return Served::No;
@@ -263,8 +276,23 @@ impl Worker {
         if ntypes > types.len() {
             return Served::No;
         }
-        let Some(lookup) = memo_lookup(&mut pg.memo, text, &self.keyspace) else {
-            return Served::No;
+        let lookup = match memo_class(&mut pg.memo, text, &self.keyspace) {
+            Class::Lookup(l) => l,
+            Class::Result(q) if *max_rows == 0 => {
+                let shape = ResultShape::Extended {
+                    parse: parse.is_some(),
+                    describe,
+                    bind,
+                    declared: &types[..ntypes],
+                };
+                let served = self.pg_serve_result(pg, &q, shape, out);
+                if let (Served::Hit, Some((name, query, oids))) = (&served, parse) {
+                    let raw = framed.raw_parse.unwrap_or(&[]);
+                    remember_parse(pg, name, query, oids, raw, false);
+                }
+                return served;
+            }
+            Class::Result(_) | Class::Other => return Served::No,
         };
         if lookup.datetime && !pg.settings.datetime_ok() {
             return Served::No;
@@ -357,21 +385,39 @@ impl Worker {
     }
 }
 
-/// The memoized point lookup for `text`, classifying it on first sight.
-fn memo_lookup(
+/// The memoized class of `text`, classifying it on first sight.
+fn memo_class(
     memo: &mut FxHashMap<Box<[u8]>, Class>,
     text: &[u8],
     keyspace: &crate::keyspace::KeySpace,
-) -> Option<Arc<Lookup>> {
+) -> Class {
     if !memo.contains_key(text) {
         if memo.len() >= MEMO_LIMIT {
             memo.clear();
         }
         memo.insert(text.into(), classify_text(text, keyspace));
     }
-    match memo.get(text)? {
-        Class::Lookup(l) => Some(l.clone()),
-        Class::Other => None,
+    memo.get(text).cloned().unwrap_or(Class::Other)
+}
+
+impl Worker {
+    /// A cacheable statement: its stored answer, or the key to forward it under.
+    fn pg_serve_result(
+        &mut self,
+        pg: &mut PgSession,
+        q: &ResultQuery,
+        shape: ResultShape<'_>,
+        out: &mut Vec<u8>,
+    ) -> Served {
+        // Any answer may hold date/time values.
+        if !pg.settings.datetime_ok() {
+            return Served::No;
+        }
+        match self.pg_result(q, shape, &mut pg.result_key, out) {
+            ResultServed::Hit => Served::Hit,
+            ResultServed::Miss(key) => Served::Result(key),
+            ResultServed::No => Served::No,
+        }
     }
 }
 

@@ -34,6 +34,8 @@ const UNKNOWN: u32 = 705;
 #[derive(Clone, Debug)]
 pub(crate) enum Class {
     Lookup(Arc<Lookup>),
+    /// A cacheable read-only statement (see `results.rs`).
+    Result(Arc<super::results::ResultQuery>),
     Other,
 }
 
@@ -83,8 +85,12 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
     let Ok(sql) = std::str::from_utf8(text) else {
         return Class::Other;
     };
-    let Classification::PointLookup(p) = classify(sql, keyspace) else {
-        return Class::Other;
+    let p = match classify(sql, keyspace) {
+        Classification::PointLookup(p) => p,
+        Classification::Cacheable(q) => {
+            return super::results::result_query(q, keyspace).map_or(Class::Other, Class::Result)
+        }
+        Classification::PassThrough(_) => return Class::Other,
     };
     let Some(table) = keyspace.pg_table_named(p.table.schema.as_deref(), &p.table.name) else {
         return Class::Other;
@@ -171,7 +177,7 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
 }
 
 /// The canonical pk text of a literal as the classifier wrote it, for a key of type `ty`.
-fn canonical_literal(lit: &[u8], ty: u32) -> Option<Vec<u8>> {
+pub(crate) fn canonical_literal(lit: &[u8], ty: u32) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     match ty {
         INT2 | INT4 | INT8 => {

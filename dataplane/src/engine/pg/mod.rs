@@ -9,6 +9,7 @@
 //!           replies end Ready(s)     ──▶ Ready
 //!  Ready    one batch (up to Sync, or one Query) at a time:
 //!           cached point lookup, hit  -> composed here (batch.rs, lookup.rs)
+//!           cached query result, hit  -> the origin's stored answer (results.rs)
 //!           anything else (and misses)-> PgRequest Batch, wait for Ready(s)
 //! ```
 //!
@@ -35,6 +36,7 @@ mod batch;
 mod binary;
 mod forward;
 mod lookup;
+mod results;
 mod settings;
 
 use std::sync::atomic::Ordering;
@@ -45,7 +47,7 @@ use crate::pgwire::{
     compose_error_response, compose_ssl_response, parse_frontend, parse_startup, sqlstate,
     ErrorFields, Frontend, ParseError, Startup,
 };
-use crate::plane::{CoreStats, PgReply, PgReplyEnd, PgRequest, PgRequestKind};
+use crate::plane::{CoreStats, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultKey};
 
 use super::conn::Conn;
 use super::session::Worker;
@@ -81,6 +83,8 @@ pub(crate) struct PgSession {
     pub statements: FxHashMap<Box<[u8]>, Statement>,
     /// The store key of the lookup being served (reused).
     pub key_buf: Vec<u8>,
+    /// The key of the cacheable statement being served (reused).
+    pub result_key: Vec<u8>,
     /// What the session's settings allow to be served (see `settings.rs`).
     pub settings: settings::Settings,
     /// Finds ParameterStatus in the replies.
@@ -99,6 +103,7 @@ impl PgSession {
             memo_generation: 0,
             statements: FxHashMap::default(),
             key_buf: Vec::with_capacity(64),
+            result_key: Vec::new(),
             settings: settings::Settings::default(),
             scan: settings::ReplyScan::default(),
         }
@@ -170,7 +175,7 @@ impl Worker {
             }
         };
         let messages = conn.input()[..consumed].to_vec();
-        if !self.push_pg(conn, token, kind, messages) {
+        if !self.push_pg(conn, token, kind, messages, None) {
             return Step::Retry;
         }
         conn.rpos += consumed;
@@ -222,7 +227,7 @@ impl Worker {
             return Step::Incomplete;
         }
         let messages = conn.input()[..end].to_vec();
-        if !self.push_pg(conn, token, PgRequestKind::Auth, messages) {
+        if !self.push_pg(conn, token, PgRequestKind::Auth, messages, None) {
             return Step::Retry;
         }
         conn.rpos += end;
@@ -237,6 +242,7 @@ impl Worker {
         token: u64,
         kind: PgRequestKind,
         messages: Vec<u8>,
+        cache: Option<Box<ResultKey>>,
     ) -> bool {
         let seq = conn.next_seq;
         let request = PgRequest {
@@ -246,6 +252,7 @@ impl Worker {
             session: conn.session.client_id,
             kind,
             messages,
+            cache,
         };
         if self.shared.queues[self.id]
             .pg_requests
@@ -272,7 +279,7 @@ impl Worker {
         }
         // A full queue loses the Close; the control plane also notices the dead session when
         // its next reply finds no connection (best effort, counted).
-        let _ = self.push_pg(conn, token, PgRequestKind::Close, Vec::new());
+        let _ = self.push_pg(conn, token, PgRequestKind::Close, Vec::new(), None);
         if let Some(pg) = conn.pg.as_mut() {
             pg.opened = false;
         }

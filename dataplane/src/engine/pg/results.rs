@@ -1,0 +1,312 @@
+//! The query-result cache on the core: the key of a cacheable statement's answer, the hit
+//! (the origin's stored answer written back), and the [`ResultKey`] a miss forwards.
+//!
+//! A statement the classifier marks `Cacheable` (read-only, deterministic, over cached tables)
+//! is memoized as a [`ResultQuery`]. Its key is the normalized text, the declared parameter
+//! types, the client's parameter values (text format only) and the lifted literals, each
+//! length-prefixed; the store holds the answer under [`RESULTS_TABLE`] and the key's 64-bit
+//! hash, in one section: `key length (u32) | key | RowDescription DataRow* CommandComplete`.
+//! A hit compares the full key (a hash collision reads as a miss) and writes the answer:
+//! - simple `Query`: the stored bytes, then ReadyForQuery `I`;
+//! - extended `[Parse] Bind [Describe portal] Execute Sync`: ParseComplete (if parsed here),
+//!   BindComplete, the stored bytes without the RowDescription unless the portal was
+//!   described, ReadyForQuery `I`.
+//!
+//! Served only when point lookups would be (`Worker::pg_may_serve`: idle session, fence
+//! reached, hits allowed, plain settings) and, as any answer may hold date/time values, only
+//! while the session's DateStyle/IntervalStyle/TimeZone are the server's. Results in binary
+//! format, binary parameters and `Execute` with a row limit are forwarded uncached.
+//!
+//! Thread model: the owning core. The key is built in the session's reused buffer; a miss
+//! allocates the forwarded [`ResultKey`] (off the hit path).
+
+use std::hash::Hasher;
+use std::sync::Arc;
+
+use rustc_hash::FxHasher;
+
+use crate::keyspace::KeySpace;
+use crate::pgwire::classify::{CacheableQuery, KeySource};
+use crate::pgwire::{compose_bind_complete, compose_parse_complete, compose_ready_for_query};
+use crate::pgwire::{Bind, Format, TxStatus};
+use crate::plane::{CoreStats, ResultEquality, ResultKey, RESULTS_TABLE};
+use crate::store::Lookup as StoreLookup;
+
+use super::lookup::{canonical_literal, canonical_param};
+use crate::engine::session::Worker;
+
+/// Where an equality's value comes from.
+#[derive(Debug)]
+pub(crate) enum EqValue {
+    /// Parameter index (0-based), canonicalized for the column's type at miss time.
+    Param(usize),
+    /// Canonical text of a literal.
+    Literal(Box<[u8]>),
+}
+
+/// A memoized cacheable statement.
+#[derive(Debug)]
+pub(crate) struct ResultQuery {
+    pub normalized: Box<[u8]>,
+    pub literals: Box<[Box<[u8]>]>,
+    /// Parameters the client's text uses.
+    pub client_params: usize,
+    pub tables: Box<[u32]>,
+    /// `(table, column index, column type, value)`, at most one per table.
+    pub equalities: Box<[(u32, u16, u32, EqValue)]>,
+}
+
+/// The memo entry of a cacheable statement (`None` when a table is not a PostgreSQL table).
+pub(crate) fn result_query(q: CacheableQuery, keyspace: &KeySpace) -> Option<Arc<ResultQuery>> {
+    let mut tables = Vec::with_capacity(q.tables.len());
+    for t in &q.tables {
+        tables.push(keyspace.pg_table_named(t.schema.as_deref(), &t.name)?.id);
+    }
+    tables.sort_unstable();
+    tables.dedup();
+    let mut equalities: Vec<(u32, u16, u32, EqValue)> = Vec::new();
+    for e in &q.equalities {
+        let Some(t) = e.table.as_ref() else { continue };
+        let Some(table) = keyspace.pg_table_named(t.schema.as_deref(), &t.name) else {
+            continue;
+        };
+        if equalities.iter().any(|x| x.0 == table.id) {
+            continue;
+        }
+        let Some(col) = table.columns.iter().position(|c| *c.name == *e.column) else {
+            continue;
+        };
+        let (Ok(idx), ty) = (u16::try_from(col), table.columns[col].type_oid) else {
+            continue;
+        };
+        let value = match &e.value {
+            KeySource::Param(n) if *n >= 1 => EqValue::Param(n - 1),
+            KeySource::Param(_) => continue,
+            KeySource::Literal(lit) => match canonical_literal(lit.as_bytes(), ty) {
+                Some(v) => EqValue::Literal(v.into()),
+                None => continue,
+            },
+        };
+        equalities.push((table.id, idx, ty, value));
+    }
+    Some(Arc::new(ResultQuery {
+        normalized: q.normalized.into_bytes().into(),
+        literals: q
+            .literals
+            .into_iter()
+            .map(|l| l.into_bytes().into())
+            .collect(),
+        client_params: q.client_params,
+        tables: tables.into(),
+        equalities: equalities.into(),
+    }))
+}
+
+/// How the answer is framed for the client.
+#[derive(Clone, Copy)]
+pub(crate) enum ResultShape<'a> {
+    Simple,
+    Extended {
+        parse: bool,
+        describe: bool,
+        bind: &'a Bind<'a>,
+        declared: &'a [u32],
+    },
+}
+
+/// What serving a result found.
+pub(crate) enum ResultServed {
+    Hit,
+    /// Forward, marked cacheable under this key.
+    Miss(Box<ResultKey>),
+    /// Forward, not cacheable.
+    No,
+}
+
+fn push_field(key: &mut Vec<u8>, value: Option<&[u8]>) {
+    match value {
+        Some(v) => {
+            key.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            key.extend_from_slice(v);
+        }
+        None => key.extend_from_slice(&u32::MAX.to_be_bytes()),
+    }
+}
+
+/// Builds the key into `key`; false if the batch cannot be cached (binary parameters).
+fn build_key(q: &ResultQuery, shape: ResultShape<'_>, key: &mut Vec<u8>) -> bool {
+    key.clear();
+    key.extend_from_slice(&q.normalized);
+    key.push(0);
+    match shape {
+        ResultShape::Simple => {
+            if q.client_params != 0 {
+                return false;
+            }
+            key.extend_from_slice(&0u32.to_be_bytes());
+        }
+        ResultShape::Extended { bind, declared, .. } => {
+            if bind.param_count() < q.client_params {
+                return false;
+            }
+            key.extend_from_slice(&(declared.len() as u32).to_be_bytes());
+            for t in declared {
+                key.extend_from_slice(&t.to_be_bytes());
+            }
+            key.extend_from_slice(&(bind.param_count() as u32).to_be_bytes());
+            for (i, p) in bind.params().enumerate() {
+                if p.is_some() && bind.param_format(i) != Format::Text {
+                    return false;
+                }
+                push_field(key, p);
+            }
+        }
+    }
+    for l in q.literals.iter() {
+        push_field(key, Some(l));
+    }
+    true
+}
+
+fn hash_key(key: &[u8]) -> u64 {
+    let mut h = FxHasher::default();
+    h.write(key);
+    h.write_usize(key.len());
+    h.finish()
+}
+
+/// Result formats are all text.
+fn text_results(bind: &Bind<'_>) -> bool {
+    (0..bind.result_format_count().max(1)).all(|i| bind.result_format(i) == Format::Text)
+}
+
+impl Worker {
+    /// Serves a cacheable statement from the store, or says how to forward it.
+    pub(crate) fn pg_result(
+        &mut self,
+        q: &ResultQuery,
+        shape: ResultShape<'_>,
+        key: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> ResultServed {
+        if let ResultShape::Extended { bind, .. } = shape {
+            if !text_results(bind) {
+                return ResultServed::No;
+            }
+        }
+        if !build_key(q, shape, key) {
+            return ResultServed::No;
+        }
+        let hash = hash_key(key);
+        self.scratch.clear();
+        let found =
+            self.shared
+                .store
+                .read(RESULTS_TABLE, &hash.to_be_bytes(), 0, &mut self.scratch);
+        if found == StoreLookup::Hit {
+            if let Some(answer) = stored_answer(&self.scratch, key) {
+                compose_answer(answer, shape, out);
+                CoreStats::add(&self.stats().keys_hit, 1);
+                return ResultServed::Hit;
+            }
+        }
+        CoreStats::add(&self.stats().keys_miss, 1);
+        ResultServed::Miss(Box::new(ResultKey {
+            hash,
+            key: key.as_slice().into(),
+            tables: q.tables.clone(),
+            equalities: equalities(q, shape),
+        }))
+    }
+}
+
+/// The answer of an entry whose key is `key`.
+fn stored_answer<'a>(entry: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    let len = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?) as usize;
+    let stored = entry.get(4..4 + len)?;
+    (stored == key).then(|| &entry[4 + len..])
+}
+
+/// Writes the stored answer framed for the client's batch.
+fn compose_answer(answer: &[u8], shape: ResultShape<'_>, out: &mut Vec<u8>) {
+    let mut body = answer;
+    if let ResultShape::Extended {
+        parse, describe, ..
+    } = shape
+    {
+        if parse {
+            compose_parse_complete(out);
+        }
+        compose_bind_complete(out);
+        if !describe && body.first() == Some(&b'T') {
+            let len = body
+                .get(1..5)
+                .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
+            body = body.get(1 + len..).unwrap_or(&[]);
+        }
+    }
+    out.extend_from_slice(body);
+    compose_ready_for_query(out, TxStatus::Idle);
+}
+
+/// The equalities with their values for this batch (canonical text of the column's type).
+fn equalities(q: &ResultQuery, shape: ResultShape<'_>) -> Box<[ResultEquality]> {
+    let mut out = Vec::with_capacity(q.equalities.len());
+    for (table, col, ty, value) in q.equalities.iter() {
+        let text = match (value, shape) {
+            (EqValue::Literal(v), _) => v.to_vec(),
+            (EqValue::Param(p), ResultShape::Extended { bind, declared, .. }) => {
+                let Some(Some(v)) = bind.params().nth(*p) else {
+                    continue;
+                };
+                let mut canon = Vec::new();
+                let d = declared.get(*p).copied().unwrap_or(0);
+                if canonical_param(v, bind.param_format(*p), d, *ty, &mut canon).is_none() {
+                    continue;
+                }
+                canon
+            }
+            (EqValue::Param(_), ResultShape::Simple) => continue,
+        };
+        out.push((*table, *col, text.into()));
+    }
+    out.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_answer_needs_its_whole_key() {
+        let mut entry = 3u32.to_be_bytes().to_vec();
+        entry.extend_from_slice(b"abcT");
+        assert_eq!(stored_answer(&entry, b"abc"), Some(&b"T"[..]));
+        assert_eq!(stored_answer(&entry, b"abd"), None);
+        assert_eq!(stored_answer(&entry[..5], b"abc"), None);
+    }
+
+    #[test]
+    fn keys_separate_values_and_nulls() {
+        let q = ResultQuery {
+            normalized: b"SELECT 1 FROM t WHERE a = $1".to_vec().into(),
+            literals: vec![b"'x'".to_vec().into()].into(),
+            client_params: 0,
+            tables: vec![1].into(),
+            equalities: Vec::new().into(),
+        };
+        let mut a = Vec::new();
+        assert!(build_key(&q, ResultShape::Simple, &mut a));
+        let mut q2 = q;
+        q2.literals = vec![b"'y'".to_vec().into()].into();
+        let mut b = Vec::new();
+        assert!(build_key(&q2, ResultShape::Simple, &mut b));
+        assert_ne!(a, b);
+        assert_ne!(hash_key(&a), hash_key(&b));
+        let mut k = Vec::new();
+        push_field(&mut k, None);
+        let mut e = Vec::new();
+        push_field(&mut e, Some(b""));
+        assert_ne!(k, e);
+    }
+}

@@ -595,8 +595,25 @@ impl Config {
             max_args: self.resp.max_args,
             ..Limits::default()
         };
+        // Validated: origin.url parses. Its user (and database, defaulting to the user as in
+        // libpq) is the identity the cache holds rows for.
+        let origin = self.origin.pg_config().ok();
+        let origin_user = origin
+            .as_ref()
+            .and_then(|c| c.get_user())
+            .map(str::to_owned);
+        let pg_cache_database = origin
+            .as_ref()
+            .and_then(|c| c.get_dbname().map(str::to_owned))
+            .or_else(|| origin_user.clone());
+        let pg_cache_users = origin_user
+            .into_iter()
+            .chain(self.pgwire.cache_users.iter().cloned())
+            .collect();
         EngineConfig {
             pg_listen: self.pgwire.listen_addr(),
+            pg_cache_users,
+            pg_cache_database,
             listen: self
                 .resp
                 .listen

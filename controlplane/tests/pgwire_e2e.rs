@@ -235,3 +235,94 @@ async fn pgbench_runs_through_pgline() {
     }
     p.shutdown().await;
 }
+
+/// The cache holds one database's rows as `origin.url`'s role reads them: another role, or
+/// the same table name in another database, must get the origin's answer, never the cache's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_cached_identity_reads_the_cache() {
+    let db = TestDb::create("pgw_ident").await;
+    let other_db = TestDb::create("pgw_ident_other").await;
+    db.client().await.batch_execute(SCHEMA).await.unwrap();
+    // Same table, different data, in another database.
+    other_db
+        .client()
+        .await
+        .batch_execute(
+            "CREATE TABLE counters (id int8 PRIMARY KEY, n int8 NOT NULL, note text);
+             INSERT INTO counters VALUES (1, 777, 'other database');",
+        )
+        .await
+        .unwrap();
+    let role = format!("{}_reader", db.name);
+    let admin = common::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw';
+             GRANT CONNECT ON DATABASE {} TO {role};",
+            db.name
+        ))
+        .await
+        .unwrap();
+    db.client()
+        .await
+        .batch_execute(&format!("GRANT SELECT ON counters TO {role}"))
+        .await
+        .unwrap();
+
+    let mut cfg = support::config(&db, 1);
+    cfg.pgwire.cache_users = Vec::new();
+    let p = support::start(cfg).await;
+    let addr = p.pg_addr().unwrap();
+    let (host, port) = (addr.ip(), addr.port());
+    let owner = connect(&pgline_conn(&p, &db)).await;
+    let q = "SELECT n, note FROM counters WHERE id = 1";
+    // The cached identity: the second read is a hit.
+    owner.simple_query(q).await.unwrap();
+    let hits = p.shared.total(|s| &s.keys_hit);
+    owner.simple_query(q).await.unwrap();
+    assert!(p.shared.total(|s| &s.keys_hit) > hits, "owner reads hit");
+
+    // Another role: correct answers, never from cache.
+    let reader = connect(&format!(
+        "host={host} port={port} user={role} password=rpw dbname={}",
+        db.name
+    ))
+    .await;
+    let hits = p.shared.total(|s| &s.keys_hit);
+    for _ in 0..5 {
+        let row = reader.query_one(q, &[]).await.unwrap();
+        assert_eq!(row.get::<_, i64>(0), 0);
+    }
+    assert_eq!(
+        p.shared.total(|s| &s.keys_hit),
+        hits,
+        "another role hit the cache"
+    );
+
+    // Another database: its own row, not the cached one.
+    let (_, _, user, password) = common::origin_base();
+    let elsewhere = connect(&format!(
+        "host={host} port={port} user={user} password={password} dbname={}",
+        other_db.name
+    ))
+    .await;
+    for _ in 0..5 {
+        let row = elsewhere.query_one(q, &[]).await.unwrap();
+        assert_eq!(row.get::<_, i64>(0), 777);
+        assert_eq!(row.get::<_, &str>(1), "other database");
+    }
+    drop((reader, elsewhere));
+    p.shutdown().await;
+    db.client()
+        .await
+        .batch_execute(&format!("REVOKE ALL ON counters FROM {role}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "REVOKE ALL ON DATABASE {} FROM {role}; DROP ROLE {role}",
+            db.name
+        ))
+        .await
+        .unwrap();
+}

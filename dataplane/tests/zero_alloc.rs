@@ -116,6 +116,8 @@ fn start() -> (Engine, Arc<Shared>) {
     let engine = Engine::start(
         EngineConfig {
             pg_listen: Some("127.0.0.1:0".parse().unwrap()),
+            pg_cache_users: vec!["postgres".into()],
+            pg_cache_database: Some("postgres".into()),
             listen: "127.0.0.1:0".parse().unwrap(),
             cores: 1,
             max_connections: 16,

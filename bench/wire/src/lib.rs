@@ -337,6 +337,8 @@ fn serve(
 fn engine_config(conns: usize) -> EngineConfig {
     EngineConfig {
         pg_listen: None,
+        pg_cache_users: Vec::new(),
+        pg_cache_database: None,
         listen: SocketAddr::V4(SocketAddrV4::new(SERVER_IP, PORT)),
         cores: 1,
         max_connections: conns + 64,

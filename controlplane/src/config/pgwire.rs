@@ -25,6 +25,10 @@ pub struct PgwireConfig {
     pub connect_timeout_ms: u64,
     /// Client sessions open at once; more are refused with SQLSTATE 53300.
     pub max_sessions: usize,
+    /// Users besides `origin.url`'s whose sessions may be answered from cache. The cache holds
+    /// rows as `origin.url`'s role reads them: list only roles that may read every cached table
+    /// whole (no missing privilege, no row-level security). Others always go to the origin.
+    pub cache_users: Vec<String>,
 }
 
 impl Default for PgwireConfig {
@@ -35,6 +39,7 @@ impl Default for PgwireConfig {
             pool_size: DEFAULT_PG_POOL_SIZE,
             connect_timeout_ms: DEFAULT_PG_CONNECT_TIMEOUT_MS,
             max_sessions: DEFAULT_PG_MAX_SESSIONS,
+            cache_users: Vec::new(),
         }
     }
 }

@@ -66,6 +66,12 @@ pub struct EngineConfig {
     pub listen: SocketAddr,
     /// Where PostgreSQL-protocol clients connect (`None`: the pgwire front is off).
     pub pg_listen: Option<SocketAddr>,
+    /// PostgreSQL sessions of these users may be answered from cache (`origin.url`'s user and
+    /// `pgwire.cache_users`); others always go to the origin.
+    pub pg_cache_users: Vec<String>,
+    /// The database the cache holds (`origin.url`'s); sessions on another database always go
+    /// to the origin. `None`: no PostgreSQL session is answered from cache.
+    pub pg_cache_database: Option<String>,
     pub cores: usize,
     pub max_connections: usize,
     pub max_request_bytes: usize,

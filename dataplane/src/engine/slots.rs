@@ -310,6 +310,8 @@ mod tests {
         ));
         let cfg = EngineConfig {
             pg_listen: None,
+            pg_cache_users: Vec::new(),
+            pg_cache_database: None,
             listen: "127.0.0.1:0".parse().expect("address"),
             cores: 1,
             max_connections: 16,

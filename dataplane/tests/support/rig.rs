@@ -89,6 +89,8 @@ pub fn shared(cores: usize) -> Arc<Shared> {
 pub fn engine_config(cores: usize, max_connections: usize, listen: &str) -> EngineConfig {
     EngineConfig {
         pg_listen: None,
+        pg_cache_users: vec!["postgres".into()],
+        pg_cache_database: Some("postgres".into()),
         listen: listen.parse().expect("listen address"),
         cores,
         max_connections,

@@ -170,6 +170,12 @@ impl Worker {
                     for (name, value) in m.params() {
                         pg.settings.note_startup_param(name, value);
                     }
+                    pg.settings.note_identity(
+                        m.user(),
+                        m.database(),
+                        &self.cfg.pg_cache_users,
+                        self.cfg.pg_cache_database.as_deref(),
+                    );
                 }
                 PgRequestKind::Startup
             }

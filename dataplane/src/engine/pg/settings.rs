@@ -3,6 +3,11 @@
 //! a returned column must not get them.
 //!
 //! The rule:
+//! - no hits at all unless the session's user is one the operator lets read the cache
+//!   (`EngineConfig::pg_cache_users`: `origin.url`'s user and `pgwire.cache_users`) and its
+//!   database is the one pgline caches (`origin.url`'s): the store holds one database's rows
+//!   as pgline's own role reads them, so another database's same-named table, or a role
+//!   without the privilege (or under row-level security), must go to the origin;
 //! - no hits at all unless the session's `client_encoding` is `UTF8` (text is stored in the
 //!   server's encoding, assumed UTF-8);
 //! - no hits at all once the session may have changed a setting that is not reported but
@@ -12,9 +17,9 @@
 //!   `options`;
 //! - a lookup returning a column of a date/time type (date, time, timetz, timestamp,
 //!   timestamptz, interval, or an array of one) is served only while the session's `DateStyle`
-//!   is `ISO, MDY`, its `IntervalStyle` is `postgres`, and its `TimeZone` equals the one its
-//!   startup reply reported (the server's, unless the StartupMessage set `TimeZone`, in which
-//!   case such lookups are never served).
+//!   is `ISO, MDY`, its `IntervalStyle` is `postgres`, and its `TimeZone` is UTC (`UTC`,
+//!   `Etc/UTC`, `GMT`, `Etc/GMT`): pgline's own origin sessions run with `TimeZone=UTC`, so
+//!   on a server whose default zone is another one, date/time columns always go to the origin.
 //!
 //! The session's values come from the ParameterStatus messages of every reply the control
 //! plane sends (the startup reply, and e.g. the one `SET TimeZone` produces), scanned by
@@ -30,8 +35,18 @@ const DATETIME: [u32; 12] = [
     1082, 1083, 1266, 1114, 1184, 1186, 1182, 1183, 1270, 1115, 1185, 1187,
 ];
 
-/// Words whose mention in a statement taints the session.
-const TAINT: [&[u8]; 3] = [b"extra_float_digits", b"bytea_output", b"lc_monetary"];
+/// Zone names whose timestamptz output is pgline's own (its origin sessions run
+/// `TimeZone=UTC`, `crate`-external: `SESSION_OPTIONS` in the control plane's config).
+const UTC_NAMES: [&[u8]; 4] = [b"UTC", b"Etc/UTC", b"GMT", b"Etc/GMT"];
+
+/// Words whose mention in a statement taints the session (`search_path`: unqualified table
+/// names are resolved in `public`).
+const TAINT: [&[u8]; 4] = [
+    b"extra_float_digits",
+    b"bytea_output",
+    b"lc_monetary",
+    b"search_path",
+];
 
 /// Whether a column of type `oid` prints differently under other DateStyle/IntervalStyle/
 /// TimeZone.
@@ -42,21 +57,32 @@ pub(crate) fn is_datetime(oid: u32) -> bool {
 /// What the session's settings allow.
 #[derive(Debug, Default)]
 pub(crate) struct Settings {
-    /// The TimeZone of the startup reply; `None` until seen or when not the server's.
-    server_tz: Option<Box<[u8]>>,
-    /// The StartupMessage chose the TimeZone itself.
-    startup_tz: bool,
     date_style_ok: bool,
     interval_style_ok: bool,
     tz_ok: bool,
     encoding_ok: bool,
     tainted: bool,
+    /// The session's user and database may read the cache.
+    identity_ok: bool,
 }
 
 impl Settings {
     /// Any hit at all.
     pub(crate) fn plain(&self) -> bool {
-        self.encoding_ok && !self.tainted
+        self.identity_ok && self.encoding_ok && !self.tainted
+    }
+
+    /// The StartupMessage's user and database (after its defaults), against the identities
+    /// that may read the cache.
+    pub(crate) fn note_identity(
+        &mut self,
+        user: &[u8],
+        database: &[u8],
+        cache_users: &[String],
+        cache_database: Option<&str>,
+    ) {
+        self.identity_ok = cache_database.is_some_and(|d| d.as_bytes() == database)
+            && cache_users.iter().any(|u| u.as_bytes() == user);
     }
 
     /// Hits returning date/time columns.
@@ -66,9 +92,6 @@ impl Settings {
 
     /// A StartupMessage parameter.
     pub(crate) fn note_startup_param(&mut self, name: &[u8], _value: &[u8]) {
-        if name.eq_ignore_ascii_case(b"timezone") {
-            self.startup_tz = true;
-        }
         if name == b"options" || TAINT.iter().any(|w| name.eq_ignore_ascii_case(w)) {
             self.tainted = true;
         }
@@ -82,17 +105,12 @@ impl Settings {
     }
 
     /// A ParameterStatus; `startup`: part of the startup reply.
-    pub(crate) fn note_status(&mut self, name: &[u8], value: &[u8], startup: bool) {
+    pub(crate) fn note_status(&mut self, name: &[u8], value: &[u8], _startup: bool) {
         match name {
             b"DateStyle" => self.date_style_ok = value == b"ISO, MDY",
             b"IntervalStyle" => self.interval_style_ok = value == b"postgres",
             b"client_encoding" => self.encoding_ok = value == b"UTF8",
-            b"TimeZone" => {
-                if startup && !self.startup_tz && self.server_tz.is_none() {
-                    self.server_tz = Some(value.into());
-                }
-                self.tz_ok = self.server_tz.as_deref() == Some(value);
-            }
+            b"TimeZone" => self.tz_ok = UTC_NAMES.contains(&value),
             _ => {}
         }
     }

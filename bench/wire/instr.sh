@@ -21,7 +21,7 @@ trap 'rm -rf "$TMP"' EXIT
 ir() { # conns requests -> Ir inside the server's turns
     valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$1.$2" \
         --toggle-collect='*UserCore*poll_once*' \
-        "$BIN" --lockstep "$2" --conns "$1" --depth "$DEPTH" --mget "$MGET" --no-pin \
+        "$BIN" --lockstep "$2" --conns "$1" --depth "$DEPTH" --mget "$MGET" --no-pin ${EXTRA:-} \
         >"$TMP/out.$1.$2" 2>"$TMP/err.$1.$2"
     grep -E '^(summary|totals):' "$TMP/cg.$1.$2" | head -1 | awk '{print $2}'
 }

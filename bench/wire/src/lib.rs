@@ -55,6 +55,7 @@ use pgline_dataplane::plane::Shared;
 use pgline_dataplane::resp::Limits;
 use pgline_dataplane::transport::net::NetStream;
 use pgline_nic::mem::{self, MemConfig, MemQueue};
+use pgline_nic::Offloads;
 
 use client::{Client, Load, Outcome, ServerProbe};
 use cpu::{Env, ThreadClock};
@@ -81,6 +82,8 @@ pub struct WireConfig {
     pub pin: bool,
     /// Frames the server's stack takes per poll (`None`: the stack's default).
     pub server_rx_burst: Option<usize>,
+    /// Checksums in software on both stacks (as before offload), instead of the port's offload.
+    pub sw_checksum: bool,
 }
 
 impl Default for WireConfig {
@@ -96,6 +99,7 @@ impl Default for WireConfig {
             sample_every: 64,
             pin: true,
             server_rx_burst: None,
+            sw_checksum: false,
         }
     }
 }
@@ -164,6 +168,7 @@ impl Report {
             "value_bytes": self.cfg.value_bytes,
             "rows": self.cfg.rows,
             "server_rx_burst": self.cfg.server_rx_burst,
+            "checksum": if self.cfg.sw_checksum { "software" } else { "offload" },
             "window_s": round(self.window_s, 3),
             "requests": self.requests,
             "rps": self.rps.round(),
@@ -283,6 +288,13 @@ pub(crate) fn port_pair(cfg: &WireConfig) -> (MemQueue, MemQueue) {
     mem::pair(MemConfig {
         pool_frames: frames,
         ring: frames / 2,
+        // A NIC's checksum offload: the stacks neither compute nor verify checksums in
+        // software, and the port passes frames with checksums partial (veth/virtio style).
+        offloads: Offloads {
+            tx_checksum: !cfg.sw_checksum,
+            rx_checksum: !cfg.sw_checksum,
+        },
+        checksum_partial: true,
         ..MemConfig::default()
     })
 }

@@ -36,6 +36,9 @@ struct Args {
     /// Frames the server's stack takes per poll (default: the stack's, 32).
     #[arg(long)]
     server_rx_burst: Option<usize>,
+    /// Compute and verify checksums in software (no checksum offload on the in-memory port).
+    #[arg(long)]
+    sw_checksum: bool,
     /// Do not pin the server and client threads.
     #[arg(long)]
     no_pin: bool,
@@ -61,6 +64,7 @@ fn main() {
         sample_every: a.sample_every,
         pin: !a.no_pin,
         server_rx_burst: a.server_rx_burst,
+        sw_checksum: a.sw_checksum,
     };
     if let Some(n) = a.lockstep {
         match pgline_wire_bench::lockstep::run_lockstep(&cfg, n) {

@@ -17,6 +17,11 @@
 //! Offloads: when [`MemConfig::offloads`] has `tx_checksum`, frames that asked for it with
 //! [`Packet::request_tx_checksum`] get their IPv4 header and TCP/UDP checksums computed on
 //! transmit, as a device would, so the receiver sees valid frames. `rx_checksum` is only reported.
+//! With [`MemConfig::checksum_partial`] (and both offloads on) such frames cross with their
+//! checksums left partial, the way veth and virtio-net pass `CHECKSUM_PARTIAL` between two ends
+//! of one host: the receiving end reports `rx_checksum`, so its stack trusts them, and no CPU
+//! computes a checksum the hardware would. Only for pairs whose two ends both offload (the
+//! in-process benchmark); a receiver that verifies would drop them.
 //!
 //! Thread model: each end is owned by one thread; the two ends may live on two threads. The only
 //! shared state is the rings and the pools (lock-free) and one `Arc` per pool.
@@ -75,6 +80,9 @@ pub struct MemConfig {
     pub b_to_a: Faults,
     /// What both ends report (and emulate, for `tx_checksum`).
     pub offloads: Offloads,
+    /// With both offloads on: frames that asked for checksum offload cross with the checksums
+    /// left partial instead of filled (see the module doc). Ignored otherwise.
+    pub checksum_partial: bool,
 }
 
 impl Default for MemConfig {
@@ -88,6 +96,7 @@ impl Default for MemConfig {
             a_to_b: Faults::default(),
             b_to_a: Faults::default(),
             offloads: Offloads::default(),
+            checksum_partial: false,
         }
     }
 }
@@ -186,6 +195,8 @@ pub struct MemQueue {
     mac: [u8; 6],
     max_frame: usize,
     offloads: Offloads,
+    /// Fill requested checksums on transmit (tx offload on, checksums not left partial).
+    fill_checksums: bool,
     faults: Faults,
     rng: Rng,
     held: Option<MemPacket>,
@@ -236,6 +247,8 @@ impl MemQueue {
             mac,
             max_frame: cfg.frame_size.min(1514),
             offloads: cfg.offloads,
+            fill_checksums: cfg.offloads.tx_checksum
+                && !(cfg.checksum_partial && cfg.offloads.rx_checksum),
             faults,
             rng: Rng(faults.seed ^ 0x005e_ed0f_fa17),
             held: None,
@@ -342,7 +355,7 @@ impl Queue for MemQueue {
         }
         for mut pkt in pkts.drain(..take) {
             if let Some((l2, l3)) = pkt.csum.take() {
-                if self.offloads.tx_checksum {
+                if self.fill_checksums {
                     let n = pkt.len;
                     if let Some(buf) = pkt.buf.as_mut() {
                         fill_checksums(&mut buf[..n], usize::from(l2), usize::from(l3));
@@ -569,5 +582,52 @@ mod tests {
         let mut pseudo = sum16(0, &ip[12..20]);
         pseudo += 17 + 12;
         assert_eq!(fold(sum16(pseudo, &ip[20..32])), 0, "UDP checksum valid");
+    }
+
+    #[test]
+    fn checksum_partial_frames_cross_unfilled() {
+        let frame = {
+            let mut f = vec![0u8; 14 + 20 + 8];
+            f[14] = 0x45;
+            f[16..18].copy_from_slice(&28u16.to_be_bytes());
+            f[23] = 17;
+            f
+        };
+        let both = Offloads {
+            tx_checksum: true,
+            rx_checksum: true,
+        };
+        for (partial, offloads, filled) in [
+            (true, both, false),
+            (false, both, true),
+            // Partial needs a receiver that trusts the frame: without rx offload it is ignored.
+            (
+                true,
+                Offloads {
+                    rx_checksum: false,
+                    ..both
+                },
+                true,
+            ),
+        ] {
+            let (mut a, mut b) = pair(MemConfig {
+                offloads,
+                checksum_partial: partial,
+                ..MemConfig::default()
+            });
+            let mut p = a.alloc().expect("room");
+            p.set_len(frame.len());
+            p.data_mut().copy_from_slice(&frame);
+            p.request_tx_checksum(14, 20);
+            a.tx_burst(&mut vec![p]);
+            let mut v = Vec::new();
+            b.rx_burst(&mut v, 8);
+            let ip = &v[0].data()[14..];
+            assert_eq!(
+                ip[10..12] != [0, 0],
+                filled,
+                "partial {partial}, {offloads:?}"
+            );
+        }
     }
 }

@@ -231,6 +231,26 @@ impl<'a> Client<'a> {
 
     /// Opens every connection and waits for the handshakes (requests start as each completes).
     fn open(&mut self, server: SocketAddrV4) -> Result<(), String> {
+        self.connect_all(server)?;
+        let until = Instant::now() + Duration::from_secs(20);
+        while self.connected < self.load.conns {
+            let now = Instant::now();
+            if now > until {
+                return Err(format!(
+                    "{} of {} connections established after 20 s",
+                    self.connected, self.load.conns
+                ));
+            }
+            self.turn(now);
+            if let Some(e) = self.error.take() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts every connection; the handshakes complete as the client and server turn.
+    pub fn connect_all(&mut self, server: SocketAddrV4) -> Result<(), String> {
         for i in 0..self.load.conns {
             let id = self
                 .stack
@@ -249,21 +269,32 @@ impl<'a> Client<'a> {
                 queued_tx: false,
             });
         }
-        let until = Instant::now() + Duration::from_secs(20);
-        while self.connected < self.load.conns {
-            let now = Instant::now();
-            if now > until {
-                return Err(format!(
-                    "{} of {} connections established after 20 s",
-                    self.connected, self.load.conns
-                ));
-            }
-            self.turn(now);
-            if let Some(e) = self.error.take() {
-                return Err(e);
-            }
-        }
         Ok(())
+    }
+
+    /// One turn for a driver that runs the server in the same thread (`lockstep`): whether
+    /// anything arrived, or the first wrong reply.
+    pub fn step(&mut self, now: Instant) -> Result<bool, String> {
+        let worked = self.turn(now);
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(worked),
+        }
+    }
+
+    /// Connections whose handshake completed.
+    pub fn connected(&self) -> usize {
+        self.connected
+    }
+
+    /// The client stack's counters (frames sent and received, retransmissions).
+    pub fn net_stats(&self) -> pgline_dataplane::net::NetStats {
+        *self.stack.stats()
+    }
+
+    /// Replies received and checked so far.
+    pub fn requests(&self) -> u64 {
+        self.requests
     }
 
     /// One client turn: RX and events, parse replies and issue the next requests, TX. Returns

@@ -40,6 +40,7 @@ pub mod client;
 // libc calls for thread CPU clocks and affinity; each block has its SAFETY reason.
 #[allow(unsafe_code)]
 pub mod cpu;
+pub mod lockstep;
 pub mod rows;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -54,6 +55,7 @@ use pgline_dataplane::plane::Shared;
 use pgline_dataplane::resp::Limits;
 use pgline_dataplane::transport::net::NetStream;
 use pgline_nic::mem::{self, MemConfig, MemQueue};
+use pgline_nic::Offloads;
 
 use client::{Client, Load, Outcome, ServerProbe};
 use cpu::{Env, ThreadClock};
@@ -80,6 +82,8 @@ pub struct WireConfig {
     pub pin: bool,
     /// Frames the server's stack takes per poll (`None`: the stack's default).
     pub server_rx_burst: Option<usize>,
+    /// Checksums in software on both stacks (as before offload), instead of the port's offload.
+    pub sw_checksum: bool,
 }
 
 impl Default for WireConfig {
@@ -95,6 +99,7 @@ impl Default for WireConfig {
             sample_every: 64,
             pin: true,
             server_rx_burst: None,
+            sw_checksum: false,
         }
     }
 }
@@ -163,6 +168,7 @@ impl Report {
             "value_bytes": self.cfg.value_bytes,
             "rows": self.cfg.rows,
             "server_rx_burst": self.cfg.server_rx_burst,
+            "checksum": if self.cfg.sw_checksum { "software" } else { "offload" },
             "window_s": round(self.window_s, 3),
             "requests": self.requests,
             "rps": self.rps.round(),
@@ -210,12 +216,7 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
     let shared = served.install()?;
     let rows = expected;
     let stats = shared.clone();
-    let frames = (cfg.conns * (cfg.depth + 2) * 2).clamp(8192, 1 << 17);
-    let (server_q, client_q) = mem::pair(MemConfig {
-        pool_frames: frames,
-        ring: frames / 2,
-        ..MemConfig::default()
-    });
+    let (server_q, client_q) = port_pair(cfg);
     let cpus = cpu::allowed_cpus();
     let pinned = (cfg.pin && cpus.len() >= 2).then(|| (cpus[0], cpus[1]));
     let load = Load {
@@ -281,6 +282,23 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
     Ok(report(cfg, &outcome, pinned))
 }
 
+/// The in-memory port pair: server end, client end.
+pub(crate) fn port_pair(cfg: &WireConfig) -> (MemQueue, MemQueue) {
+    let frames = (cfg.conns * (cfg.depth + 2) * 2).clamp(8192, 1 << 17);
+    mem::pair(MemConfig {
+        pool_frames: frames,
+        ring: frames / 2,
+        // A NIC's checksum offload: the stacks neither compute nor verify checksums in
+        // software, and the port passes frames with checksums partial (veth/virtio style).
+        offloads: Offloads {
+            tx_checksum: !cfg.sw_checksum,
+            rx_checksum: !cfg.sw_checksum,
+        },
+        checksum_partial: true,
+        ..MemConfig::default()
+    })
+}
+
 /// The server thread: pins itself, sends its CPU clock, runs the core turn by turn until `stop`.
 fn serve(
     queue: MemQueue,
@@ -294,24 +312,13 @@ fn serve(
     if let Some(cpu) = cpu {
         cpu::pin_current(cpu);
     }
-    let mut net = NetConfig::new(SERVER_IP, 24);
-    net.max_connections = cfg.conns + 64;
-    if let Some(burst) = cfg.server_rx_burst {
-        net.rx_burst = burst;
-    }
-    let stack = match Stack::new(queue, net) {
-        Ok(s) => s,
+    let mut core = match server_core(queue, shared, cfg) {
+        Ok(c) => c,
         Err(e) => {
-            let _ = clock.send(Err(format!("server stack: {e}")));
+            let _ = clock.send(Err(e));
             return;
         }
     };
-    let mut core = UserCore::new(
-        0,
-        NetStream::new(stack),
-        shared,
-        Arc::new(engine_config(cfg.conns)),
-    );
     let _ = clock.send(ThreadClock::of_current().ok_or_else(|| "no thread CPU clock".to_string()));
     // The engine's own `UserCore::run`, plus the busy/idle split: a turn's wall time (from its
     // `now` to the next turn's) counts as busy when the turn did work.
@@ -331,6 +338,26 @@ fn serve(
         probe.busy_turns.store(turns, Ordering::Relaxed);
         now = next;
     }
+}
+
+/// The benchmarked core: the engine's `UserCore` over `net::Stack` on `queue`.
+pub(crate) fn server_core(
+    queue: MemQueue,
+    shared: Arc<Shared>,
+    cfg: &WireConfig,
+) -> Result<UserCore<NetStream<MemQueue>>, String> {
+    let mut net = NetConfig::new(SERVER_IP, 24);
+    net.max_connections = cfg.conns + 64;
+    if let Some(burst) = cfg.server_rx_burst {
+        net.rx_burst = burst;
+    }
+    let stack = Stack::new(queue, net).map_err(|e| format!("server stack: {e}"))?;
+    Ok(UserCore::new(
+        0,
+        NetStream::new(stack),
+        shared,
+        Arc::new(engine_config(cfg.conns)),
+    ))
 }
 
 /// The engine settings of the benchmarked core (the shipped defaults where they matter).

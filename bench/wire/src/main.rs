@@ -36,9 +36,16 @@ struct Args {
     /// Frames the server's stack takes per poll (default: the stack's, 32).
     #[arg(long)]
     server_rx_burst: Option<usize>,
+    /// Compute and verify checksums in software (no checksum offload on the in-memory port).
+    #[arg(long)]
+    sw_checksum: bool,
     /// Do not pin the server and client threads.
     #[arg(long)]
     no_pin: bool,
+    /// Run server and client in one thread, turn for turn, until this many replies (for
+    /// instruction counts under callgrind; see `lockstep.rs`).
+    #[arg(long)]
+    lockstep: Option<u64>,
     /// Print the JSONL row instead of the summary.
     #[arg(long)]
     json: bool,
@@ -57,7 +64,22 @@ fn main() {
         sample_every: a.sample_every,
         pin: !a.no_pin,
         server_rx_burst: a.server_rx_burst,
+        sw_checksum: a.sw_checksum,
     };
+    if let Some(n) = a.lockstep {
+        match pgline_wire_bench::lockstep::run_lockstep(&cfg, n) {
+            Ok(r) => println!(
+                "lockstep conns {} depth {} mget {}: {} replies, {} busy server turns, server {:.0} ns/req; frames per reply: {:.2} to the server, {:.2} from it",
+                cfg.conns, cfg.depth, cfg.mget, r.requests, r.server_turns, r.server_ns_per_req,
+                r.frames_to_server_per_req, r.frames_from_server_per_req
+            ),
+            Err(e) => {
+                eprintln!("pgline-wire-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let r = match run(&cfg) {
         Ok(r) => r,
         Err(e) => {

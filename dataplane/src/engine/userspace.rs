@@ -159,18 +159,8 @@ impl<S: StreamStack> UserCore<S> {
         for i in 0..self.events.len() {
             match self.events[i] {
                 StreamEvent::Accepted { id, port } => self.accept(id, port),
-                StreamEvent::Readable(id) => {
-                    if let Some(entry) = self.flow(id) {
-                        entry.io.readable = true;
-                        self.activate(id);
-                    }
-                }
-                StreamEvent::Writable(id) => {
-                    if let Some(entry) = self.flow(id) {
-                        entry.io.write_blocked = false;
-                        self.activate(id);
-                    }
-                }
+                StreamEvent::Readable(id) => self.wake(id, |io| io.readable = true),
+                StreamEvent::Writable(id) => self.wake(id, |io| io.write_blocked = false),
                 StreamEvent::Closed(id) => {
                     // The stack has freed it: drop the session, tell the stack nothing.
                     if let Some(slot) = self.streams.slot_of.remove(&id) {
@@ -185,13 +175,13 @@ impl<S: StreamStack> UserCore<S> {
         }
     }
 
-    fn flow(&mut self, id: S::Id) -> Option<&mut Entry<Flow<S::Id>>> {
-        let slot = *self.streams.slot_of.get(&id)?;
-        self.slots.get_mut(slot)
-    }
-
-    fn activate(&mut self, id: S::Id) {
-        if let Some(&slot) = self.streams.slot_of.get(&id) {
+    /// Updates a flow's I/O state and puts its session on the active list (one table lookup).
+    fn wake(&mut self, id: S::Id, update: impl FnOnce(&mut Flow<S::Id>)) {
+        let Some(&slot) = self.streams.slot_of.get(&id) else {
+            return;
+        };
+        if let Some(entry) = self.slots.get_mut(slot) {
+            update(&mut entry.io);
             self.slots.activate(slot);
         }
     }

@@ -47,7 +47,7 @@ impl<Q: Queue> Stack<Q> {
                 return;
             }
         }
-        self.egress_conn(slot, now);
+        let at = self.egress_conn(slot, now, t);
         let c = &mut self.conns[slot as usize];
         let state = c.socket().state();
         if matches!(state, State::Closed | State::TimeWait) {
@@ -55,13 +55,16 @@ impl<Q: Queue> Stack<Q> {
             self.release(slot, report);
             return;
         }
-        let at = c.poll_at(now);
         self.schedule(slot, at, t);
     }
 
     /// Lets the socket emit up to [`MAX_SEGMENTS_PER_FLUSH`] segments (smoltcp emits one per
-    /// call).
-    pub(super) fn egress_conn(&mut self, slot: u32, now: SInstant) {
+    /// call); returns when smoltcp next wants to run (`poll_at`).
+    ///
+    /// After each segment `poll_at` says whether another is due now; only then is egress called
+    /// again. (Calling egress until it emits nothing costs a full no-op `dispatch` per visit,
+    /// more than `poll_at`, and the deadline is needed for the timer anyway.)
+    pub(super) fn egress_conn(&mut self, slot: u32, now: SInstant, t: u64) -> Option<u64> {
         let c = &mut self.conns[slot as usize];
         for _ in 0..MAX_SEGMENTS_PER_FLUSH {
             let out = TxOut {
@@ -71,10 +74,13 @@ impl<Q: Queue> Stack<Q> {
                 stats: &mut self.stats,
                 link: self.link,
             };
-            if !c.egress(now, out) {
-                break;
+            let sent = c.egress(now, out);
+            let at = c.poll_at(now);
+            if !sent || at.is_none_or(|at| at > t) {
+                return at;
             }
         }
+        c.poll_at(now)
     }
 
     /// Puts the connection's next deadline on the heap (or back on the dirty list if it is due).

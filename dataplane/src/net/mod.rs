@@ -450,7 +450,7 @@ impl<Q: Queue> Stack<Q> {
         if let Some(slot) = self.live(id) {
             self.conns[slot].socket_mut().abort();
             let now = self.s_now_cached();
-            self.egress_conn(slot as u32, now);
+            self.egress_conn(slot as u32, now, self.last_t);
             self.release(slot as u32, false);
         }
     }

@@ -40,7 +40,7 @@ mod queue;
 
 pub use eal::{Eal, EalConfig};
 pub use mbuf::{Mbuf, Mempool};
-pub use port::{Link, Port, PortConfig, PortStats, QueueStats};
+pub use port::{Link, Port, PortConfig, PortStats, PortStatsHandle, QueueStats};
 pub use queue::{DpdkQueue, QueueCounters};
 
 use std::ffi::CStr;

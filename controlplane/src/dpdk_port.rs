@@ -6,7 +6,8 @@
 //! after the queues are taken: each [`DpdkQueue`] keeps the device open, and the device is stopped
 //! and closed when the engine's cores have exited and dropped their queues.
 //!
-//! EAL arguments: `--vdev` for each of `nic.vdevs`, `--no-pci` when `nic.no_pci` (the default),
+//! EAL arguments: `--vdev` for each of `nic.vdevs` (a multi-queue `net_af_packet` without
+//! `framecnt` gets `framecnt=4096`, see [`vdev_with_defaults`]), `--no-pci` when `nic.no_pci` (the default),
 //! `--file-prefix=pgline-<pid>` unless `nic.eal_args` names one, then `nic.eal_args` verbatim
 //! (e.g. `--no-huge -m 512`, `--in-memory`, `-a 0000:01:00.0`).
 //!
@@ -71,12 +72,37 @@ fn nic_error(what: &str, e: impl std::fmt::Display) -> StartError {
     StartError::Nic(format!("dpdk: {what}: {e}"))
 }
 
+/// `framecnt` pgline gives a multi-queue `net_af_packet` vdev that names none.
+pub const AF_PACKET_MULTIQUEUE_FRAMECNT: u32 = 4096;
+
+/// A vdev entry (`name,key=value,...`) with pgline's defaults added: a `net_af_packet` with
+/// `qpairs` > 1 and no `framecnt` gets `framecnt=4096`. Its queues form a `PACKET_FANOUT`
+/// group with rollover: when one queue's ring (512 frames by default) is full the kernel hands
+/// the frame to another queue, i.e. to another core, whose stack does not know the flow and
+/// answers RST. 4,096 frames per queue absorb a 1,000-connection burst (measured in
+/// `tests/dpdk_veth.rs`); an explicit `framecnt` is kept as given.
+pub fn vdev_with_defaults(vdev: &str) -> String {
+    let mut parts = vdev.split(',');
+    let name = parts.next().unwrap_or("");
+    let kv: Vec<(&str, &str)> = parts.filter_map(|p| p.split_once('=')).collect();
+    let qpairs = kv
+        .iter()
+        .find(|(k, _)| *k == "qpairs")
+        .and_then(|(_, v)| v.parse::<u32>().ok())
+        .unwrap_or(1);
+    if name.starts_with("net_af_packet") && qpairs > 1 && !kv.iter().any(|(k, _)| *k == "framecnt")
+    {
+        return format!("{vdev},framecnt={AF_PACKET_MULTIQUEUE_FRAMECNT}");
+    }
+    vdev.to_owned()
+}
+
 /// The EAL arguments `nic` asks for.
 pub fn eal_config(nic: &NicConfig) -> EalConfig {
     let named = nic.eal_args.iter().any(|a| a.starts_with("--file-prefix"));
     EalConfig {
         file_prefix: (!named).then(|| format!("pgline-{}", std::process::id())),
-        vdevs: nic.vdevs.clone(),
+        vdevs: nic.vdevs.iter().map(|v| vdev_with_defaults(v)).collect(),
         no_pci: nic.no_pci,
         extra_args: nic.eal_args.clone(),
         ..EalConfig::default()
@@ -118,6 +144,7 @@ fn find_port(
         .find(|v| v.split(',').next() == Some(nic.port.as_str()));
     match vdev {
         Some(vdev) if !fresh => {
+            let vdev = &vdev_with_defaults(vdev);
             let args = vdev.split_once(',').map_or("", |(_, a)| a);
             tracing::info!(port = %nic.port, args, "dpdk: EAL already up, hot-plugging the vdev");
             Port::attach_vdev(eal, &nic.port, args, cfg, pool)
@@ -190,6 +217,29 @@ pub fn open_queues(nic: &NicConfig, cores: usize) -> Result<Vec<DpdkQueue>, Star
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multi_queue_af_packet_gets_a_bigger_ring() {
+        assert_eq!(
+            vdev_with_defaults("net_af_packet0,iface=v0,qpairs=2"),
+            "net_af_packet0,iface=v0,qpairs=2,framecnt=4096"
+        );
+        for kept in [
+            "net_af_packet0,iface=v0",
+            "net_af_packet0,iface=v0,qpairs=1",
+            "net_af_packet0,iface=v0,qpairs=4,framecnt=1024",
+            "net_af_xdp0,iface=v0,queue_count=2",
+        ] {
+            assert_eq!(vdev_with_defaults(kept), kept);
+        }
+        let nic = NicConfig {
+            vdevs: vec!["net_af_packet1,iface=v1,qpairs=2".into()],
+            ..NicConfig::default()
+        };
+        assert!(eal_config(&nic)
+            .args()
+            .contains(&"net_af_packet1,iface=v1,qpairs=2,framecnt=4096".to_string()));
+    }
 
     #[test]
     fn eal_args_come_from_the_nic_section() {

@@ -48,8 +48,9 @@ fn dpdk_veth_end_to_end() {
     rt.block_on(async {
         // Two queue pairs on af_packet: a PACKET_FANOUT group that hashes flows to the queues
         // and rolls a frame over to another queue when its ring is full, which moves a flow to
-        // the other core (its stack answers RST); the bigger ring (4,096 frames, default 512)
-        // keeps the 1,000-connection burst from filling it.
+        // the other core (its stack answers RST); pgline gives a multi-queue af_packet 4,096
+        // frames per ring (default 512) when `framecnt` is not named, which keeps the
+        // 1,000-connection burst from filling it. The run below relies on that default.
         let runs = [
             Run {
                 port: "net_af_packet0",
@@ -71,7 +72,7 @@ fn dpdk_veth_end_to_end() {
                 port: "net_af_packet1",
                 tag: "afp2q",
                 cores: 2,
-                args: ",qpairs=2,framecnt=4096",
+                args: ",qpairs=2",
                 load: true,
             },
         ];

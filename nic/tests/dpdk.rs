@@ -306,14 +306,21 @@ fn polling_thread_registers_with_the_eal() {
         let mut rx = Vec::new();
         q.rx_burst(&mut rx, 8);
         drop(rx);
-        let during = (eal.lcore_id(), q.registered_lcore(), q.counters().register_failed);
+        let during = (
+            eal.lcore_id(),
+            q.registered_lcore(),
+            q.counters().register_failed,
+        );
         drop(q);
         (before, during, eal.lcore_id())
     })
     .join()
     .expect("core thread");
     assert_eq!(before, None);
-    assert!(during.0.is_some() && during.1 && during.2 == 0, "{during:?}");
+    assert!(
+        during.0.is_some() && during.1 && during.2 == 0,
+        "{during:?}"
+    );
     assert_eq!(after, None, "the lcore is given back with the queue");
     assert_eq!(pool.in_use(), 0);
 }

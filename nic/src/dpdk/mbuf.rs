@@ -88,9 +88,9 @@ impl Mempool {
 
     /// How far the buffers reach from the start of the pool's first memory chunk, counted in
     /// buffer sizes: `capacity - 1` when packed, more when DPDK left gaps between them.
-    pub fn span(&self) -> u64 {
+    pub fn span(&self) -> std::ffi::c_ulong {
         // SAFETY: the pool is live; the shim only walks its object list.
-        u64::from(unsafe { sys::pgline_mempool_span_objects(self.raw.as_ptr()) })
+        unsafe { sys::pgline_mempool_span_objects(self.raw.as_ptr()) }
     }
 
     /// One empty buffer, or `None` when the pool is exhausted.

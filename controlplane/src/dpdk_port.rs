@@ -7,8 +7,8 @@
 //! and closed when the engine's cores have exited and dropped their queues.
 //!
 //! EAL arguments: `--vdev` for each of `nic.vdevs` (a multi-queue `net_af_packet` without
-//! `framecnt` gets `framecnt=4096`, see [`vdev_with_defaults`]), `--no-pci` when `nic.no_pci` (the default),
-//! `--file-prefix=pgline-<pid>` unless `nic.eal_args` names one, then `nic.eal_args` verbatim
+//! `framecnt` gets `framecnt=4096`, see [`vdev_with_defaults`]), `--no-pci` when `nic.no_pci`
+//! (the default), `--file-prefix=pgline-<pid>` unless `nic.eal_args` names one, then `nic.eal_args` verbatim
 //! (e.g. `--no-huge -m 512`, `--in-memory`, `-a 0000:01:00.0`).
 //!
 //! Thread model: `rte_eal_init` pins its calling thread to the main lcore's CPU set (and threads

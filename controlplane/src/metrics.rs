@@ -9,7 +9,10 @@
 //! `prometheus-client` encode it (names, HELP/TYPE lines, escaping, histogram layout, `# EOF`).
 //! A scrape costs a few hundred relaxed loads and one string; nothing here touches the hit path.
 //! The PostgreSQL front's families come from the relay's own counts (sessions, pools, the sums
-//! of its per-statement statistics), copied by the caller into a [`PgwireSnapshot`].
+//! of its per-statement statistics), copied by the caller into a [`PgwireSnapshot`]. With
+//! `nic.mode = "dpdk"` the `pgline_nic_*` families carry the DPDK port's device counters
+//! (`rte_eth_stats_get`, read at scrape time through `dpdk_port::device_stats`); in the other
+//! modes they are absent.
 //!
 //! Names are `pgline_<layer>_<object>[_<event>]` in base units (bytes, seconds); counters get
 //! the `_total` suffix from the encoder. Per-core families carry a `core` label. The full list
@@ -77,11 +80,62 @@ pub fn render(src: &MetricsSnapshot) -> String {
     render_with_pgwire(src, &PgwireSnapshot::default())
 }
 
+/// One DPDK port's device counters (`rte_eth_stats`), labelled by its device name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NicPortSnapshot {
+    pub port: String,
+    pub ipackets: u64,
+    pub opackets: u64,
+    pub ibytes: u64,
+    pub obytes: u64,
+    pub imissed: u64,
+    pub ierrors: u64,
+    pub oerrors: u64,
+    pub rx_nombuf: u64,
+    /// Per queue pair (the first 16), where the driver keeps them:
+    /// `[ipackets, opackets, ibytes, obytes, errors]`.
+    pub queues: Vec<[u64; 5]>,
+}
+
+/// The device counters of the DPDK ports this process serves on (empty in the other modes).
+fn nic_ports() -> Vec<NicPortSnapshot> {
+    #[cfg(feature = "dpdk")]
+    {
+        crate::dpdk_port::device_stats()
+            .into_iter()
+            .map(|(port, s)| NicPortSnapshot {
+                port,
+                ipackets: s.ipackets,
+                opackets: s.opackets,
+                ibytes: s.ibytes,
+                obytes: s.obytes,
+                imissed: s.imissed,
+                ierrors: s.ierrors,
+                oerrors: s.oerrors,
+                rx_nombuf: s.rx_nombuf,
+                queues: s
+                    .queues
+                    .iter()
+                    .map(|q| [q.ipackets, q.opackets, q.ibytes, q.obytes, q.errors])
+                    .collect(),
+            })
+            .collect()
+    }
+    #[cfg(not(feature = "dpdk"))]
+    Vec::new()
+}
+
 /// [`render`] with the PostgreSQL front's figures.
 pub fn render_with_pgwire(src: &MetricsSnapshot, pg: &PgwireSnapshot) -> String {
+    render_all(src, pg, nic_ports())
+}
+
+/// [`render_with_pgwire`] with given DPDK port counters instead of the live ports'.
+pub fn render_all(src: &MetricsSnapshot, pg: &PgwireSnapshot, nic: Vec<NicPortSnapshot>) -> String {
     let mut registry = Registry::default();
     let mut sample = Sample::take(src);
     sample.pgwire = pg.clone();
+    sample.nic = nic;
     registry.register_collector(Box::new(sample));
     let mut out = String::with_capacity(16 * 1024);
     // Writing into a String cannot fail; an encoder error would only come from our own values.
@@ -175,6 +229,7 @@ struct Sample {
     repl: ReplSample,
     uptime_s: f64,
     pgwire: PgwireSnapshot,
+    nic: Vec<NicPortSnapshot>,
 }
 
 #[derive(Debug)]
@@ -253,6 +308,7 @@ impl Sample {
             },
             uptime_s: shared.started_at.elapsed().as_secs_f64(),
             pgwire: PgwireSnapshot::default(),
+            nic: Vec::new(),
         }
     }
 }
@@ -561,10 +617,182 @@ impl Collector for Sample {
         self.encode_store(&mut enc)?;
         self.encode_replication(&mut enc)?;
         self.encode_pgwire(&mut enc)?;
+        self.encode_nic(&mut enc)?;
         self.encode_process(&mut enc)
+    }
+}
+
+type NicField = fn(&NicPortSnapshot) -> u64;
+/// Per-port device counters: (name without `_total`, help, field).
+const NIC_COUNTERS: [(&str, &str, NicField); 8] = [
+    (
+        "pgline_nic_rx_packets",
+        "Frames the DPDK port received (ipackets).",
+        |p| p.ipackets,
+    ),
+    (
+        "pgline_nic_tx_packets",
+        "Frames the DPDK port sent (opackets).",
+        |p| p.opackets,
+    ),
+    (
+        "pgline_nic_rx_bytes",
+        "Bytes the DPDK port received (ibytes).",
+        |p| p.ibytes,
+    ),
+    (
+        "pgline_nic_tx_bytes",
+        "Bytes the DPDK port sent (obytes).",
+        |p| p.obytes,
+    ),
+    (
+        "pgline_nic_rx_missed",
+        "Frames the device dropped because an RX queue was full (imissed).",
+        |p| p.imissed,
+    ),
+    (
+        "pgline_nic_rx_errors",
+        "Erroneous frames received (ierrors).",
+        |p| p.ierrors,
+    ),
+    (
+        "pgline_nic_tx_errors",
+        "Frames the device failed to send (oerrors).",
+        |p| p.oerrors,
+    ),
+    (
+        "pgline_nic_rx_nombuf",
+        "RX mbuf allocation failures: the mbuf pool was empty (rx_nombuf).",
+        |p| p.rx_nombuf,
+    ),
+];
+/// Per-queue device counters, in [`NicPortSnapshot::queues`] order.
+const NIC_QUEUE_COUNTERS: [(&str, &str); 5] = [
+    (
+        "pgline_nic_queue_rx_packets",
+        "Frames received on the queue pair.",
+    ),
+    (
+        "pgline_nic_queue_tx_packets",
+        "Frames sent on the queue pair.",
+    ),
+    (
+        "pgline_nic_queue_rx_bytes",
+        "Bytes received on the queue pair.",
+    ),
+    ("pgline_nic_queue_tx_bytes", "Bytes sent on the queue pair."),
+    (
+        "pgline_nic_queue_errors",
+        "Errors on the queue pair (driver-defined).",
+    ),
+];
+
+impl Sample {
+    /// The DPDK port families, only when there are ports (`nic.mode = "dpdk"`).
+    fn encode_nic(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.nic.is_empty() {
+            return Ok(());
+        }
+        for (name, help, f) in NIC_COUNTERS {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for p in &self.nic {
+                let labels = [("port", p.port.as_str())];
+                m.encode_family(&labels)?
+                    .encode_counter::<(), _, f64>(&f(p), None)?;
+            }
+        }
+        for (i, (name, help)) in NIC_QUEUE_COUNTERS.iter().enumerate() {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for p in &self.nic {
+                for (q, v) in p.queues.iter().enumerate() {
+                    let labels = [("port", p.port.clone()), ("queue", q.to_string())];
+                    m.encode_family(&labels)?
+                        .encode_counter::<(), _, f64>(&v[i], None)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 #[path = "metrics_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod nic_tests {
+    use super::*;
+
+    struct NoWake;
+    impl pgline_dataplane::plane::Wake for NoWake {
+        fn wake(&self) {}
+    }
+
+    #[test]
+    fn dpdk_port_counters_are_exported_labelled_and_documented() {
+        use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
+        use pgline_dataplane::store::{self, StoreConfig};
+        let cfg = StoreConfig {
+            memory_bytes: 8 << 20,
+            segment_bytes: 256 << 10,
+            max_page_level: pgline_hugepages::PageLevel::Base,
+            prefault: false,
+        };
+        let (writer, reader) = store::open(&cfg).expect("store");
+        // The reader's region must outlive the test.
+        std::mem::forget(writer);
+        let keys = KeySpaceCell::new(KeySpace::new());
+        let shared = Shared::new(reader, keys, 1, 16, std::sync::Arc::new(NoWake));
+        let repl = ReplicationState::default();
+        let src = MetricsSnapshot {
+            shared: &shared,
+            repl: &repl,
+            store: StoreStats::default(),
+            pool: deadpool_postgres::Status {
+                max_size: 1,
+                size: 0,
+                available: 0,
+                waiting: 0,
+            },
+            now_us: 0,
+        };
+        let pg = PgwireSnapshot::default();
+        let bare = render_with_pgwire(&src, &pg);
+        assert!(!bare.contains("pgline_nic_"), "no port, no nic families");
+        let port = NicPortSnapshot {
+            port: "net_af_xdp0".into(),
+            ipackets: 11,
+            opackets: 12,
+            ibytes: 13,
+            obytes: 14,
+            imissed: 15,
+            ierrors: 16,
+            oerrors: 17,
+            rx_nombuf: 18,
+            queues: vec![[21, 22, 23, 24, 25], [31, 32, 33, 34, 35]],
+        };
+        let text = render_all(&src, &pg, vec![port]);
+        let docs = include_str!("../../docs/operations.md");
+        for (i, (name, _, _)) in NIC_COUNTERS.iter().enumerate() {
+            let line = format!("{name}_total{{port=\"net_af_xdp0\"}} {}", 11 + i);
+            assert!(text.contains(&line), "{line} in\n{text}");
+            assert!(
+                docs.contains(&format!("| `{name}_total")),
+                "{name} undocumented"
+            );
+        }
+        for (i, (name, _)) in NIC_QUEUE_COUNTERS.iter().enumerate() {
+            for (q, base) in [(0, 21), (1, 31)] {
+                let line = format!(
+                    "{name}_total{{port=\"net_af_xdp0\",queue=\"{q}\"}} {}",
+                    base + i
+                );
+                assert!(text.contains(&line), "{line} in\n{text}");
+            }
+            assert!(
+                docs.contains(&format!("| `{name}_total")),
+                "{name} undocumented"
+            );
+        }
+    }
+}

@@ -262,13 +262,67 @@ fn af_packet_on_veth_answers_arp_and_ping() {
 fn af_xdp_on_veth_answers_arp_and_ping() {
     let Some(eal) = eal() else { return };
     let net = veth::Veth::create("af_xdp").expect("netns + veth set-up");
-    let pool = Mempool::create(eal, "afxdp", 4095, 0, DATA_ROOM).expect("pool");
+    let pool = Mempool::create_packed(eal, "afxdp", 4095, 0, DATA_ROOM).expect("pool");
     let args = format!("iface={}", net.root_if);
     let mut port = Port::attach_vdev(eal, "net_af_xdp1", &args, &PortConfig::default(), pool)
         .expect("attach net_af_xdp on the veth");
     port.start().expect("start");
     let q = port.queue(0).expect("queue 0");
     veth::arp_and_ping_exchange(q, &net);
+}
+
+/// net_af_xdp's UMEM covers `capacity * buffer size` bytes from the pool's start: a packed pool
+/// fits inside it, DPDK's default layout without hugepages (one buffer per 4 KiB page) does not,
+/// which is what stalled af_xdp RX once the buffers past the UMEM came round.
+#[test]
+fn packed_pools_fit_the_af_xdp_umem() {
+    let Some(eal) = eal() else { return };
+    let packed = Mempool::create_packed(eal, "packed", 4095, 0, DATA_ROOM).expect("pool");
+    assert_eq!(packed.span(), 4094);
+    assert_eq!(packed.data_room(), DATA_ROOM);
+    let held: Vec<_> = (0..4095).map(|_| packed.alloc().expect("mbuf")).collect();
+    assert!(packed.alloc().is_none());
+    drop(held);
+    assert_eq!(packed.in_use(), 0);
+    let spread = Mempool::create(eal, "spread", 4095, 0, DATA_ROOM).expect("pool");
+    if eal.args().iter().any(|a| a == "--no-huge") {
+        assert!(spread.span() > 4095, "{}", spread.span());
+    }
+}
+
+/// A core's thread becomes an EAL lcore on its first RX burst and gives the lcore back when it
+/// drops the queue.
+#[test]
+fn polling_thread_registers_with_the_eal() {
+    let Some(eal) = eal() else { return };
+    let pool = Mempool::create(eal, "lcore_reg", 1023, 32, DATA_ROOM).expect("pool");
+    let mut port = Port::attach_vdev(eal, "net_null7", "", &PortConfig::default(), pool)
+        .expect("attach net_null");
+    port.start().expect("start");
+    let mut q = port.queue(0).expect("queue 0");
+    assert!(!q.registered_lcore(), "not before the first burst");
+    let (before, during, after) = std::thread::spawn(move || {
+        let before = eal.lcore_id();
+        let mut rx = Vec::new();
+        q.rx_burst(&mut rx, 8);
+        drop(rx);
+        let during = (
+            eal.lcore_id(),
+            q.registered_lcore(),
+            q.counters().register_failed,
+        );
+        drop(q);
+        (before, during, eal.lcore_id())
+    })
+    .join()
+    .expect("core thread");
+    assert_eq!(before, None);
+    assert!(
+        during.0.is_some() && during.1 && during.2 == 0,
+        "{during:?}"
+    );
+    assert_eq!(after, None, "the lcore is given back with the queue");
+    assert_eq!(pool.in_use(), 0);
 }
 
 #[test]

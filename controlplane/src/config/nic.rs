@@ -79,7 +79,9 @@ pub struct NicConfig {
     pub rx_burst: usize,
     /// Extra EAL arguments (dpdk), e.g. `["--no-huge", "-m", "256"]`.
     pub eal_args: Vec<String>,
-    /// Virtual devices (dpdk), e.g. `["net_af_packet0,iface=veth0"]`.
+    /// Virtual devices (dpdk), e.g. `["net_af_packet0,iface=veth0"]`. A `net_af_packet` with
+    /// `qpairs` > 1 and no `framecnt` is given `framecnt=4096` (its fanout group moves frames
+    /// to another core's queue when one ring is full; see `dpdk_port::vdev_with_defaults`).
     pub vdevs: Vec<String>,
     /// The DPDK port by device name (dpdk), e.g. `net_af_packet0`.
     pub port: String,

@@ -38,15 +38,7 @@ impl Mempool {
         cache: u32,
         data_room: u16,
     ) -> Result<Mempool, DpdkError> {
-        if name.is_empty() || name.len() > MAX_POOL_NAME {
-            return Err(DpdkError::Invalid(
-                "mempool name empty or longer than 26 bytes",
-            ));
-        }
-        if usize::from(data_room) <= sys::RTE_PKTMBUF_HEADROOM as usize {
-            return Err(DpdkError::Invalid("mbuf data room not above the headroom"));
-        }
-        let cname = CString::new(name).map_err(|_| DpdkError::Invalid("NUL in mempool name"))?;
+        let cname = check_pool_args(name, data_room)?;
         // SAFETY: the EAL is initialized (`_eal` proves it), `cname` is a valid C string, and
         // DPDK validates the sizes itself (returning NULL with rte_errno set).
         let raw = unsafe {
@@ -62,6 +54,43 @@ impl Mempool {
         NonNull::new(raw)
             .map(|raw| Mempool { raw })
             .ok_or_else(|| DpdkError::call("rte_pktmbuf_pool_create", -1))
+    }
+
+    /// [`Mempool::create`], with the buffers packed back to back in memory rather than each
+    /// kept inside one page (DPDK's default where memory is not IOVA-contiguous, e.g.
+    /// `--no-huge`). Use it for ports that never DMA into mbufs. `net_af_xdp` needs it: it
+    /// registers only `mbufs * buffer size` bytes from the pool's start as the AF_XDP UMEM, so
+    /// with the default layout the buffers past that end are refused by the kernel on the fill
+    /// ring and RX stalls once they come round (see `docs/decisions.md`).
+    pub fn create_packed(
+        _eal: &Eal,
+        name: &str,
+        mbufs: u32,
+        cache: u32,
+        data_room: u16,
+    ) -> Result<Mempool, DpdkError> {
+        let cname = check_pool_args(name, data_room)?;
+        // SAFETY: the EAL is initialized (`_eal` proves it), `cname` is a valid C string; the
+        // shim returns a populated packet pool or NULL with rte_errno set.
+        let raw = unsafe {
+            sys::pgline_pktmbuf_pool_create_packed(
+                cname.as_ptr(),
+                mbufs,
+                cache,
+                data_room,
+                sys::rte_socket_id() as i32,
+            )
+        };
+        NonNull::new(raw)
+            .map(|raw| Mempool { raw })
+            .ok_or_else(|| DpdkError::call("pgline_pktmbuf_pool_create_packed", -1))
+    }
+
+    /// How far the buffers reach from the start of the pool's first memory chunk, counted in
+    /// buffer sizes: `capacity - 1` when packed, more when DPDK left gaps between them.
+    pub fn span(&self) -> std::ffi::c_ulong {
+        // SAFETY: the pool is live; the shim only walks its object list.
+        unsafe { sys::pgline_mempool_span_objects(self.raw.as_ptr()) }
     }
 
     /// One empty buffer, or `None` when the pool is exhausted.
@@ -115,6 +144,19 @@ impl Mempool {
     pub(crate) fn as_ptr(&self) -> *mut sys::rte_mempool {
         self.raw.as_ptr()
     }
+}
+
+/// The pool name as a C string, after checking it and the data room.
+fn check_pool_args(name: &str, data_room: u16) -> Result<CString, DpdkError> {
+    if name.is_empty() || name.len() > MAX_POOL_NAME {
+        return Err(DpdkError::Invalid(
+            "mempool name empty or longer than 26 bytes",
+        ));
+    }
+    if usize::from(data_room) <= sys::RTE_PKTMBUF_HEADROOM as usize {
+        return Err(DpdkError::Invalid("mbuf data room not above the headroom"));
+    }
+    CString::new(name).map_err(|_| DpdkError::Invalid("NUL in mempool name"))
 }
 
 /// One packet buffer (`rte_mbuf`), owned: dropping it frees it back to its pool, transmitting it

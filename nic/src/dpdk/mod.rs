@@ -22,9 +22,13 @@
 //!   refuses while queues are out.
 //!
 //! Thread model: [`Eal`], [`Mempool`] and [`Port`] may be shared; a [`DpdkQueue`] and its
-//! [`Mbuf`]s move between threads but are used by one at a time. Threads that poll should call
-//! [`Eal::register_thread`] so the mempool's per-lcore cache serves them (unregistered threads
-//! still work, through the pool's shared ring).
+//! [`Mbuf`]s move between threads but are used by one at a time. A [`DpdkQueue`] registers the
+//! thread of its first RX burst with the EAL (and unregisters it when dropped there), so the
+//! mempool's per-lcore cache serves the polling core; [`Eal::register_thread`] does the same by
+//! hand for other threads (unregistered threads still work, through the pool's shared ring).
+//!
+//! Pools for `net_af_xdp` must be made with [`Mempool::create_packed`]: the PMD's AF_XDP UMEM
+//! covers only `capacity * buffer size` bytes from the pool's start.
 //!
 //! Limitations: single-segment frames only (no scatter RX, no TSO); at most 64 queue pairs per
 //! port; RSS uses DPDK's default key; per-queue device counters exist for the first
@@ -40,7 +44,7 @@ mod queue;
 
 pub use eal::{Eal, EalConfig};
 pub use mbuf::{Mbuf, Mempool};
-pub use port::{Link, Port, PortConfig, PortStats, QueueStats};
+pub use port::{Link, Port, PortConfig, PortStats, PortStatsHandle, QueueStats};
 pub use queue::{DpdkQueue, QueueCounters};
 
 use std::ffi::CStr;

@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use pgline_dpdk_sys as sys;
 
@@ -137,6 +137,58 @@ pub(crate) struct PortShared {
 impl PortShared {
     pub(crate) fn release(&self, queue: u16) {
         self.taken.fetch_and(!(1u64 << queue), Ordering::AcqRel);
+    }
+
+    /// `rte_eth_stats_get`. May run on any thread while the cores poll: drivers keep these as
+    /// plain per-queue integers that only their polling core writes, so a reading can be a
+    /// burst behind (DPDK's own telemetry reads them the same way).
+    fn stats(&self) -> Result<PortStats, DpdkError> {
+        let mut s = sys::rte_eth_stats::default();
+        // SAFETY: valid port (self keeps it open); `s` is a valid out-pointer.
+        let ret = unsafe { sys::rte_eth_stats_get(self.id, &mut s) };
+        check("rte_eth_stats_get", ret)?;
+        let n = usize::from(self.queues).min(s.q_ipackets.len());
+        let queues = (0..n)
+            .map(|q| QueueStats {
+                ipackets: s.q_ipackets[q],
+                opackets: s.q_opackets[q],
+                ibytes: s.q_ibytes[q],
+                obytes: s.q_obytes[q],
+                errors: s.q_errors[q],
+            })
+            .collect();
+        Ok(PortStats {
+            ipackets: s.ipackets,
+            opackets: s.opackets,
+            ibytes: s.ibytes,
+            obytes: s.obytes,
+            imissed: s.imissed,
+            ierrors: s.ierrors,
+            oerrors: s.oerrors,
+            rx_nombuf: s.rx_nombuf,
+            queues,
+        })
+    }
+}
+
+/// Reads a port's device counters without keeping it open (see [`Port::stats_handle`]).
+#[derive(Clone, Debug)]
+pub struct PortStatsHandle {
+    shared: Weak<PortShared>,
+}
+
+impl PortStatsHandle {
+    /// The counters; `None` once the [`Port`] and all its queues are gone (the device closed).
+    ///
+    /// While the read runs it holds the port open; should the last queue go meanwhile, the
+    /// device is stopped and closed on this thread when the read ends.
+    pub fn stats(&self) -> Option<Result<PortStats, DpdkError>> {
+        self.shared.upgrade().map(|p| p.stats())
+    }
+
+    /// Whether the port is still open.
+    pub fn is_open(&self) -> bool {
+        self.shared.strong_count() > 0
     }
 }
 
@@ -354,31 +406,15 @@ impl Port {
 
     /// Device counters, with per-queue figures where the driver keeps them.
     pub fn stats(&self) -> Result<PortStats, DpdkError> {
-        let mut s = sys::rte_eth_stats::default();
-        // SAFETY: valid port; `s` is a valid out-pointer.
-        let ret = unsafe { sys::rte_eth_stats_get(self.shared.id, &mut s) };
-        check("rte_eth_stats_get", ret)?;
-        let n = usize::from(self.shared.queues).min(s.q_ipackets.len());
-        let queues = (0..n)
-            .map(|q| QueueStats {
-                ipackets: s.q_ipackets[q],
-                opackets: s.q_opackets[q],
-                ibytes: s.q_ibytes[q],
-                obytes: s.q_obytes[q],
-                errors: s.q_errors[q],
-            })
-            .collect();
-        Ok(PortStats {
-            ipackets: s.ipackets,
-            opackets: s.opackets,
-            ibytes: s.ibytes,
-            obytes: s.obytes,
-            imissed: s.imissed,
-            ierrors: s.ierrors,
-            oerrors: s.oerrors,
-            rx_nombuf: s.rx_nombuf,
-            queues,
-        })
+        self.shared.stats()
+    }
+
+    /// A handle that reads this port's counters from any thread (the metrics scrape) without
+    /// keeping the device open: once the port and its queues are gone it reads `None`.
+    pub fn stats_handle(&self) -> PortStatsHandle {
+        PortStatsHandle {
+            shared: Arc::downgrade(&self.shared),
+        }
     }
 
     /// Zeroes the device counters.

@@ -1,6 +1,16 @@
 //! One RX/TX queue pair of a port, owned by one dataplane core: the [`Queue`] implementation.
+//!
+//! EAL registration: the first `rx_burst` (only the polling core calls it) on a thread that has
+//! no lcore id registers that thread with the EAL (`rte_thread_register`), so the mbuf pool's per-lcore
+//! cache serves its allocations and frees (and drivers that index per-lcore state by
+//! `rte_lcore_id()` see a real id). The queue gives the lcore back (`rte_thread_unregister`)
+//! when it is dropped on that same thread, which is where a core drops its stack. The engine's
+//! threads therefore need no DPDK-specific start hook. A registration that fails (all
+//! `RTE_MAX_LCORE` slots taken) is counted in [`QueueCounters::register_failed`] and the queue
+//! keeps working through the pool's shared ring.
 
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use pgline_dpdk_sys as sys;
 
@@ -24,6 +34,19 @@ pub struct QueueCounters {
     pub tx_full: u64,
     /// `alloc` calls that found the pool empty.
     pub alloc_failed: u64,
+    /// 1 when registering the polling thread with the EAL failed (no lcore slot left).
+    pub register_failed: u64,
+}
+
+/// Whether the polling thread has been looked at for EAL registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lcore {
+    /// Not polled yet.
+    Unchecked,
+    /// This queue registered `ThreadId`; it unregisters it on drop (on that thread).
+    Registered(ThreadId),
+    /// The thread already had an lcore id (an EAL thread), or registration failed.
+    Left,
 }
 
 /// RX/TX queue pair `index` of a port. Dropping it gives the index back to the [`super::Port`].
@@ -32,6 +55,7 @@ pub struct DpdkQueue {
     port: Arc<PortShared>,
     index: u16,
     counters: QueueCounters,
+    lcore: Lcore,
 }
 
 impl DpdkQueue {
@@ -40,7 +64,43 @@ impl DpdkQueue {
             port,
             index,
             counters: QueueCounters::default(),
+            lcore: Lcore::Unchecked,
         }
+    }
+
+    /// The polling thread's lcore id, registering the thread the first time (see the module
+    /// doc). Cheap after the first call: one compare.
+    #[inline]
+    fn ensure_lcore(&mut self) {
+        if self.lcore == Lcore::Unchecked {
+            self.register_lcore();
+        }
+    }
+
+    #[cold]
+    fn register_lcore(&mut self) {
+        // SAFETY: the EAL is initialized (a queue exists only after a port was configured);
+        // both calls touch only the calling thread's lcore slot.
+        let (had, ret) = unsafe {
+            if sys::rte_lcore_id() != sys::LCORE_ID_ANY {
+                (true, 0)
+            } else {
+                (false, sys::rte_thread_register())
+            }
+        };
+        self.lcore = if had {
+            Lcore::Left
+        } else if ret == 0 {
+            Lcore::Registered(std::thread::current().id())
+        } else {
+            self.counters.register_failed = 1;
+            Lcore::Left
+        };
+    }
+
+    /// True when this queue registered the thread that polls it with the EAL.
+    pub fn registered_lcore(&self) -> bool {
+        matches!(self.lcore, Lcore::Registered(_))
     }
 
     /// The queue index on its port.
@@ -61,6 +121,13 @@ impl DpdkQueue {
 
 impl Drop for DpdkQueue {
     fn drop(&mut self) {
+        if let Lcore::Registered(id) = self.lcore {
+            if std::thread::current().id() == id {
+                // SAFETY: this thread was registered by this queue (register_lcore) and is the
+                // calling thread; the lcore slot goes back to the EAL's pool.
+                unsafe { sys::rte_thread_unregister() };
+            }
+        }
         self.port.release(self.index);
     }
 }
@@ -69,6 +136,7 @@ impl Queue for DpdkQueue {
     type Packet = Mbuf;
 
     fn rx_burst(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
+        self.ensure_lcore();
         let mut total = 0;
         while total < max {
             let want = (max - total).min(MAX_BURST);

@@ -204,6 +204,13 @@ mod tests {
     fn the_rule() {
         let mut s = Settings::default();
         assert!(!s.plain());
+        // Only the cached identity reads the cache.
+        let users = ["app".to_string()];
+        s.note_identity(b"other", b"appdb", &users, Some("appdb"));
+        assert!(!s.identity_ok);
+        s.note_identity(b"app", b"otherdb", &users, Some("appdb"));
+        assert!(!s.identity_ok);
+        s.note_identity(b"app", b"appdb", &users, Some("appdb"));
         for (n, v) in [
             (&b"client_encoding"[..], &b"UTF8"[..]),
             (b"DateStyle", b"ISO, MDY"),
@@ -218,6 +225,12 @@ mod tests {
         s.note_status(b"TimeZone", b"Etc/UTC", false);
         assert!(s.datetime_ok());
         s.note_statement(b"set Extra_Float_Digits = 3");
+        assert!(!s.plain());
+        let mut s = Settings::default();
+        s.note_identity(b"app", b"appdb", &users, Some("appdb"));
+        s.note_status(b"client_encoding", b"UTF8", true);
+        assert!(s.plain());
+        s.note_statement(b"SET search_path = tenant_7");
         assert!(!s.plain());
     }
 }

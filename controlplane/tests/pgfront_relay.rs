@@ -493,9 +493,10 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
     assert!(r.chunks.iter().all(|&c| c <= 64 * 1024));
     assert_eq!(first_values(&r.bytes)[0].len(), 1 << 20);
 
-    // COPY FROM STDIN cannot run through batches: refused with CopyFail, the session goes on.
+    // COPY FROM STDIN cannot run through batches: refused with CopyFail (the client sees only
+    // the origin's error, not the CopyInResponse), the session goes on.
     let r = d.query(1, "COPY t FROM STDIN").await;
-    assert_eq!(tags(&r.bytes), "GEZ");
+    assert_eq!(tags(&r.bytes), "EZ");
     assert_eq!(error_code(&r.bytes).as_deref(), Some("57014"));
     assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
 
@@ -658,5 +659,129 @@ async fn pools_of_the_origin_user_refill_themselves() {
     let r = d.query(2, "SELECT 1").await;
     assert_eq!(r.end, PgReplyEnd::Close);
     assert_eq!(error_code(&r.bytes).as_deref(), Some("08006"));
+    teardown(db, d, &role).await;
+}
+
+/// What the relay books for a session stays true when batches fail: a failed named Parse can
+/// be retried under its name, COPY FROM STDIN (simple and extended) ends with an error
+/// instead of hanging, the fence never runs inside a transaction the batch opened, a batch the
+/// relay cannot read leaves no open transaction in the pool, and an ambiguous startup packet
+/// is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_leave_the_bookkeeping_true() {
+    let (db, d, role) = setup("pgf_fail").await;
+    for s in [1, 2, 3] {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+
+    // A named Parse the origin refuses, then the same name again.
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                frontend::parse("s9", "SELEC v FROM t", [], b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("42601"));
+    let r = d
+        .request(
+            1,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                frontend::parse("s9", "SELECT v FROM t WHERE id = $1", [23u32], b).unwrap();
+                bind(b, "s9", &["4"]);
+                frontend::execute("", 0, b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert_eq!(tags(&r.bytes), "12DCZ", "{:?}", error_code(&r.bytes));
+    assert_eq!(first_values(&r.bytes), vec!["v4"]);
+
+    // The fence query must not take the transaction's snapshot: SET TRANSACTION after BEGIN.
+    let r = d.query(2, "BEGIN").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'T'));
+    let r = d
+        .query(2, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .await;
+    assert_eq!(
+        error_code(&r.bytes),
+        None,
+        "the fence ran inside the transaction"
+    );
+    let r = d.query(2, "COMMIT").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(r.fence > 0);
+    // BEGIN and a read in one batch ending idle: the fence is asked afterwards.
+    let r = d
+        .query(2, "BEGIN; SELECT v FROM t WHERE id = 1; COMMIT")
+        .await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(r.fence > 0, "fence asked after the batch");
+
+    // COPY FROM STDIN: an error and ReadyForQuery, no CopyInResponse, both protocols.
+    let r = d.query(2, "COPY t FROM STDIN").await;
+    assert!(!tags(&r.bytes).contains('G'), "{}", tags(&r.bytes));
+    assert!(error_code(&r.bytes).is_some());
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let r = d
+        .request(
+            2,
+            PgRequestKind::Batch,
+            msgs(|b| {
+                frontend::parse("", "COPY t FROM STDIN", [], b).unwrap();
+                bind(b, "", &[]);
+                frontend::execute("", 0, b).unwrap();
+                frontend::sync(b);
+            }),
+        )
+        .await;
+    assert!(!tags(&r.bytes).contains('G'), "{}", tags(&r.bytes));
+    assert!(error_code(&r.bytes).is_some());
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let r = d.query(2, "SELECT v FROM t WHERE id = 2").await;
+    assert_eq!(first_values(&r.bytes), vec!["v2"]);
+
+    // Session 3 opens a transaction, then sends a batch the relay cannot plan (a named
+    // statement whose text is not UTF-8): the session ends, and its transaction with it.
+    let r = d
+        .query(3, "BEGIN; INSERT INTO t VALUES (100, 'uncommitted')")
+        .await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'T'));
+    let mut bad = BytesMut::new();
+    let body = b"s1\0SELECT '\xff'\0\0\0";
+    bad.put_u8(b'P');
+    bad.put_i32(body.len() as i32 + 4);
+    bad.put_slice(body);
+    frontend::sync(&mut bad);
+    let r = d.request(3, PgRequestKind::Batch, bad.to_vec()).await;
+    assert_eq!(r.end, PgReplyEnd::Close);
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("08P01"));
+    for _ in 0..4 {
+        let r = d
+            .query(1, "SELECT count(*)::text FROM t WHERE id = 100")
+            .await;
+        assert_eq!(
+            r.end,
+            PgReplyEnd::Ready(b'I'),
+            "a pooled backend was in a transaction"
+        );
+        assert_eq!(first_values(&r.bytes), vec!["0"]);
+    }
+
+    // A startup naming `user` twice is refused before the origin sees it.
+    let mut m = BytesMut::new();
+    let params = format!("user\0{role}\0database\0{}\0user\0postgres\0\0", db.name);
+    m.put_i32(8 + params.len() as i32);
+    m.put_i32(196_608);
+    m.put_slice(params.as_bytes());
+    let r = d.request(4, PgRequestKind::Startup, m.to_vec()).await;
+    assert_eq!(r.end, PgReplyEnd::Close);
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("08P01"));
+
     teardown(db, d, &role).await;
 }

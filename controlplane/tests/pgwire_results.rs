@@ -31,12 +31,18 @@ fn msgs(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
 
 impl Wire {
     async fn connect(addr: SocketAddr, db: &str) -> Wire {
+        Wire::connect_with(addr, db, &[]).await
+    }
+
+    /// Connects with more startup parameters.
+    async fn connect_with(addr: SocketAddr, db: &str, extra: &[(&str, &str)]) -> Wire {
         let (_, _, user, password) = common::origin_base();
         let s = TcpStream::connect(addr).await.expect("connect");
         s.set_nodelay(true).unwrap();
         let mut w = Wire { s, buf: Vec::new() };
-        let m =
-            msgs(|b| frontend::startup_message([("user", &*user), ("database", db)], b).unwrap());
+        let mut params = vec![("user", &*user), ("database", db)];
+        params.extend_from_slice(extra);
+        let m = msgs(|b| frontend::startup_message(params, b).unwrap());
         w.s.write_all(&m).await.unwrap();
         let mut scram: Option<sasl::ScramSha256> = None;
         loop {
@@ -445,5 +451,48 @@ async fn answers_converge_after_concurrent_writes() {
         );
     }
     eprintln!("{runs} reads during 400 concurrent updates: {during} from cache; converged");
+    p.shutdown().await;
+}
+
+/// A session that logged in with its own settings (here `TimeZone`) neither shares origin
+/// connections with plain sessions nor feeds the result cache: a plain session's cacheable
+/// query never gets another zone's text, from the origin or from cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_settings_never_reach_the_result_cache() {
+    let db = TestDb::create("pgw_results_tz").await;
+    let origin_client = db.client().await;
+    origin_client
+        .batch_execute(
+            "CREATE TABLE events (id int8 PRIMARY KEY, at timestamptz NOT NULL);
+             INSERT INTO events SELECT g, '2026-01-01 00:00:00+00'::timestamptz
+               + g * interval '1 hour' FROM generate_series(1, 20) g;",
+        )
+        .await
+        .unwrap();
+    let p = support::start(support::config(&db, 1)).await;
+    let (host, port, _, _) = common::origin_base();
+    let origin_addr: SocketAddr = format!("{host}:{port}").parse().unwrap();
+    let q = "SELECT id, at FROM events WHERE id < 6 ORDER BY id";
+    let expected = Wire::connect(origin_addr, &db.name).await.simple(q).await;
+    let zoned_expected = Wire::connect_with(origin_addr, &db.name, &[("TimeZone", "Asia/Tokyo")])
+        .await
+        .simple(q)
+        .await;
+    assert_ne!(expected, zoned_expected);
+
+    let pg = p.pg_addr().unwrap();
+    let mut zoned = Wire::connect_with(pg, &db.name, &[("TimeZone", "Asia/Tokyo")]).await;
+    let mut plain = Wire::connect(pg, &db.name).await;
+    for _ in 0..3 {
+        // The zoned session's connection is the most recently used one each time.
+        assert_eq!(zoned.simple(q).await, zoned_expected);
+        assert_eq!(plain.simple(q).await, expected);
+    }
+    until_hit(&p, &mut plain, Q::Simple(q), &expected).await;
+    assert_eq!(
+        zoned.simple(q).await,
+        zoned_expected,
+        "the zoned session got the cache"
+    );
     p.shutdown().await;
 }

@@ -129,7 +129,9 @@ struct SessionHandle {
 pub struct RelayState {
     shared: Arc<Shared>,
     cfg: RelayConfig,
-    pools: Mutex<HashMap<(String, String), Arc<pool::Pool>>>,
+    /// Keyed by user, database and the startup settings (see `session::Startup`): clients
+    /// share origin connections only with clients that logged in with the same settings.
+    pools: Mutex<HashMap<(String, String, String), Arc<pool::Pool>>>,
     sessions: Mutex<HashMap<u64, SessionHandle>>,
     /// pgline's (pid, secret) -> session id.
     keys: Mutex<HashMap<(i32, i32), u64>>,
@@ -154,18 +156,20 @@ impl RelayState {
         })
     }
 
-    fn pool(&self, user: &str, database: &str) -> Arc<pool::Pool> {
+    fn pool(&self, user: &str, database: &str, settings: &str) -> Arc<pool::Pool> {
         lock(&self.pools)
-            .entry((user.to_owned(), database.to_owned()))
+            .entry((user.to_owned(), database.to_owned(), settings.to_owned()))
             .or_insert_with(|| Arc::new(pool::Pool::new(self.cfg.pool_size)))
             .clone()
     }
 
-    /// (idle, total) origin connections of the (user, database) pool.
+    /// (idle, total) origin connections of the (user, database) pools, all startup settings.
     pub fn pool_counts(&self, user: &str, database: &str) -> (usize, usize) {
         lock(&self.pools)
-            .get(&(user.to_owned(), database.to_owned()))
-            .map_or((0, 0), |p| p.counts())
+            .iter()
+            .filter(|((u, d, _), _)| u == user && d == database)
+            .map(|(_, p)| p.counts())
+            .fold((0, 0), |(i, t), (pi, pt)| (i + pi, t + pt))
     }
 
     /// Per-statement figures of forwarded batches (normalized text -> stats).

@@ -75,6 +75,12 @@ pub fn cstr(b: &[u8]) -> Result<(&str, &[u8]), PlanError> {
     Ok((s, &b[end + 1..]))
 }
 
+/// Like [`cstr`], but any bytes: invalid UTF-8 is replaced (for texts only looked at).
+fn lossy_cstr(b: &[u8]) -> Result<std::borrow::Cow<'_, str>, PlanError> {
+    let end = b.iter().position(|&c| c == 0).ok_or(PlanError::Malformed)?;
+    Ok(String::from_utf8_lossy(&b[..end]))
+}
+
 /// A named statement of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stmt {
@@ -133,6 +139,10 @@ pub struct Plan {
     pub acts: Vec<Act>,
     /// SQL texts of the batch (Query strings and Parse texts), for session-state detection.
     pub sql: Vec<String>,
+    /// The client's named Parses: (index in `acts`, client name). The planner books the name
+    /// as open; if that act fails or is skipped after an error, the name must be forgotten
+    /// again ([`Tracker::dropped`]), or a retried Parse would get 42P05.
+    pub named_parses: Vec<(usize, String)>,
 }
 
 /// Rewrites `messages` for a backend whose prepared statement names are `prepared`.
@@ -219,7 +229,9 @@ fn plan_frame(
                 b'E' => plan.acts.push(Act::Execute),
                 b'S' => plan.acts.push(Act::Sync),
                 b'Q' => {
-                    plan.sql.push(cstr(f.body)?.0.to_owned());
+                    // Forwarded as sent; the text is kept for statistics and pin rules only,
+                    // so a client encoding other than UTF-8 passes through.
+                    plan.sql.push(lossy_cstr(f.body)?.into_owned());
                     plan.acts.push(Act::Query { hidden: false });
                 }
                 _ => {}
@@ -237,9 +249,9 @@ fn plan_parse(
     plan: &mut Plan,
 ) -> Result<(), PlanError> {
     let (name, rest) = cstr(body)?;
-    let (text, rest) = cstr(rest)?;
-    plan.sql.push(text.to_owned());
     if name.is_empty() {
+        // Forwarded as sent, like a Query.
+        plan.sql.push(lossy_cstr(rest)?.into_owned());
         put_frame(&mut plan.out, b'P', body);
         plan.acts.push(Act::Parse {
             hidden: false,
@@ -247,6 +259,9 @@ fn plan_parse(
         });
         return Ok(());
     }
+    // A named statement is re-sent under its backend name, so its text must be UTF-8.
+    let (text, rest) = cstr(rest)?;
+    plan.sql.push(text.to_owned());
     let n = rest
         .get(..2)
         .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
@@ -271,6 +286,7 @@ fn plan_parse(
         text: text.to_owned(),
         oids,
     };
+    plan.named_parses.push((plan.acts.len(), name.to_owned()));
     if prepared.contains(&st.backend_name) {
         plan.acts.push(Act::Local(PARSE_COMPLETE));
     } else {
@@ -333,6 +349,9 @@ pub fn add_snapshot(plan: &mut Plan) {
     out.extend_from_slice(&plan.out);
     plan.out = out;
     plan.acts.insert(0, Act::Snapshot);
+    for (i, _) in &mut plan.named_parses {
+        *i += 1;
+    }
 }
 
 /// What the last backend message meant for the batch.
@@ -340,7 +359,11 @@ pub fn add_snapshot(plan: &mut Plan) {
 pub enum Step {
     Continue,
     /// The backend wants COPY data: answer CopyFail.
-    CopyIn,
+    CopyIn {
+        /// Started by an Execute: the origin ignored the batch's Sync during copy-in and
+        /// waits for another after the CopyFail.
+        extended: bool,
+    },
     /// The client's last ReadyForQuery went out, with this status.
     ClientDone(u8),
     /// A hidden query finished.
@@ -362,6 +385,8 @@ pub struct Tracker {
     pub described: Option<Vec<u8>>,
     /// An ErrorResponse went to the client.
     pub failed: bool,
+    /// Indexes of acts that failed or were skipped after an error.
+    pub dropped: Vec<usize>,
 }
 
 impl Tracker {
@@ -379,6 +404,7 @@ impl Tracker {
             snapshot: None,
             described: None,
             failed: false,
+            dropped: Vec::new(),
         }
     }
 
@@ -398,6 +424,7 @@ impl Tracker {
                     if let Act::Parse { name: Some(n), .. } = act {
                         prepared.remove(n);
                     }
+                    self.dropped.push(self.i);
                 }
                 _ => break,
             }
@@ -445,6 +472,10 @@ impl Tracker {
                 self.i += 1;
                 return Step::Continue;
             }
+            // COPY FROM STDIN: the client never sees the CopyInResponse (the session answers
+            // it with CopyFail, so the client gets the error and ReadyForQuery).
+            (Act::Query { .. }, b'G') => return Step::CopyIn { extended: false },
+            (Act::Execute, b'G') => return Step::CopyIn { extended: true },
             (Act::Query { hidden }, _) => {
                 if !hidden {
                     self.failed |= tag == b'E';
@@ -454,7 +485,6 @@ impl Tracker {
                 }
                 match tag {
                     b'Z' => return self.ready(frame),
-                    b'G' => return Step::CopyIn,
                     _ => return Step::Continue,
                 }
             }
@@ -469,6 +499,7 @@ impl Tracker {
                 if let Act::Parse { name: Some(n), .. } = &act {
                     prepared.remove(n);
                 }
+                self.dropped.push(self.i);
                 out.extend_from_slice(frame);
                 self.error = true;
                 self.failed = true;
@@ -535,26 +566,66 @@ fn parse_text_row(frame: &[u8]) -> Option<String> {
 /// Whether a statement leaves session state on its backend that a later batch on another
 /// backend would miss, so the session must keep its backend for good: `SET` (but not
 /// `SET LOCAL`, `SET TRANSACTION`, `SET CONSTRAINTS`), `LISTEN`, `PREPARE`, `DECLARE ... WITH
-/// HOLD`, `CREATE TEMP`/`TEMPORARY` objects, `LOAD`, session-level advisory locks and
-/// `set_config(...)`. Errs on the side of pinning; `RESET` and `DISCARD` pin nothing.
+/// HOLD`, any statement with the word `temp`/`temporary` or naming `pg_temp` (temporary
+/// objects, `SELECT ... INTO TEMP`), `LOAD`, session-level advisory locks and `set_config`.
+/// Comments are skipped. Errs on the side of pinning; `RESET` and `DISCARD` pin nothing.
 pub fn leaves_session_state(sql: &str) -> bool {
-    let lower = sql.to_ascii_lowercase();
-    if (lower.contains("pg_advisory_lock") || lower.contains("pg_try_advisory_lock"))
-        || lower.contains("set_config(")
+    let lower = strip_comments(&sql.to_ascii_lowercase());
+    if [
+        "pg_advisory_lock",
+        "pg_try_advisory_lock",
+        "set_config",
+        "pg_temp",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
     {
         return true;
     }
     lower.split(';').any(|stmt| {
-        let words: Vec<&str> = stmt.split_whitespace().take(4).collect();
+        let words: Vec<&str> = stmt
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        if words.iter().any(|w| matches!(*w, "temp" | "temporary")) {
+            return true;
+        }
         match words.as_slice() {
             ["set", second, ..] => !matches!(*second, "local" | "transaction" | "constraints"),
             ["listen", ..] | ["prepare", ..] | ["load", ..] => true,
-            ["declare", ..] => stmt.contains("with hold"),
-            ["create", "temp" | "temporary", ..] => true,
-            ["create", "local" | "global", "temp" | "temporary", ..] => true,
+            ["declare", rest @ ..] => rest.windows(2).any(|w| w == ["with", "hold"]),
             _ => false,
         }
     })
+}
+
+/// `sql` without `--` and `/* */` comments (not nested; quotes are not tracked, so a `--`
+/// inside a string literal cuts the rest of its line: pin rules only).
+fn strip_comments(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    loop {
+        let line = rest.find("--");
+        let block = rest.find("/*");
+        match (line, block) {
+            (Some(l), b) if b.is_none_or(|b| l < b) => {
+                out.push_str(&rest[..l]);
+                out.push(' ');
+                rest = rest[l..].find('\n').map_or("", |n| &rest[l + n..]);
+            }
+            (_, Some(b)) => {
+                out.push_str(&rest[..b]);
+                out.push(' ');
+                rest = rest[b + 2..]
+                    .find("*/")
+                    .map_or("", |e| &rest[b + 2 + e + 2..]);
+            }
+            _ => {
+                out.push_str(rest);
+                return out;
+            }
+        }
+    }
 }
 
 /// Whether a statement drops every prepared statement of its backend.

@@ -148,6 +148,14 @@ fn session_state_detection() {
         "select 1; create temporary table t (a int)",
         "SELECT pg_advisory_lock(1)",
         "SELECT set_config('a.b', 'c', false)",
+        "/* app */ SET search_path = x",
+        "-- why\nSET TimeZone = 'UTC'",
+        "SELECT * INTO TEMP t FROM users",
+        "CREATE OR REPLACE TEMP VIEW v AS SELECT 1",
+        "CREATE TABLE pg_temp.x (a int)",
+        "SELECT set_config ('a.b', 'c', false)",
+        "(SET x = 1)",
+        "declare c cursor\nwith\thold for select 1",
     ] {
         assert!(leaves_session_state(sql), "{sql}");
     }
@@ -158,6 +166,8 @@ fn session_state_detection() {
         "DECLARE c CURSOR FOR SELECT 1",
         "RESET ALL",
         "SELECT * FROM settings",
+        "SELECT temperature FROM t -- set x = 1",
+        "SELECT 1 /* SET search_path = x */",
     ] {
         assert!(!leaves_session_state(sql), "{sql}");
     }

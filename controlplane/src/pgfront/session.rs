@@ -48,6 +48,8 @@ struct Outcome {
     snapshot: Option<String>,
     /// The RowDescription of the Describe pgline added.
     described: Option<Vec<u8>>,
+    /// Client statement names whose Parse failed or was skipped: not open after all.
+    unparsed: Vec<String>,
 }
 
 /// The reply being streamed for one request.
@@ -147,6 +149,9 @@ pub(super) struct Session {
     pinned: Option<Backend>,
     /// Left session state behind: keeps its backend until the end.
     sticky: bool,
+    /// Logged in with the server's defaults (no startup settings): its pool's connections
+    /// produce the answers the query-result cache may keep.
+    plain_startup: bool,
     status: u8,
     /// The backend of the client's open transaction died after its reply went out.
     lost: bool,
@@ -172,6 +177,7 @@ impl Session {
             stmts: HashMap::new(),
             pinned: None,
             sticky: false,
+            plain_startup: false,
             status: b'I',
             lost: false,
             closed: false,
@@ -203,10 +209,16 @@ impl Session {
     }
 
     async fn startup(&mut self, req: PgRequest) {
-        let Some((user, database)) = parse_startup(&req.messages) else {
+        let Some(Startup {
+            user,
+            database,
+            settings,
+        }) = parse_startup(&req.messages)
+        else {
             return self.fatal(&req, "08P01", "invalid startup packet").await;
         };
-        self.pool = Some(self.relay.pool(&user, &database));
+        self.pool = Some(self.relay.pool(&user, &database, &settings));
+        self.plain_startup = settings.is_empty();
         self.startup.clone_from(&req.messages);
         self.user = user;
         let cfg = &self.relay.cfg;
@@ -354,27 +366,44 @@ impl Session {
         let mut plan = match plan::plan_batch(messages, &mut self.stmts, &mut b.prepared) {
             Ok(p) => p,
             Err(e) => {
-                self.put_back(b);
+                // The session ends: a pinned backend stays pinned, so that `release` rolls
+                // back its transaction and resets its state; a pooled one is dropped, because
+                // the batch's earlier Parses were already booked as prepared on it.
+                if self.status != b'I' || self.sticky {
+                    self.pinned = Some(b);
+                } else {
+                    self.discard();
+                    tokio::spawn(b.terminate());
+                }
                 return self.fatal(&req, "08P01", &format!("pgline: {e}")).await;
             }
         };
-        // Behind a COPY the fence query would land in the copy stream: asked afterwards then.
+        // Behind a COPY the fence query would land in the copy stream, and behind a batch
+        // that may open a transaction it would run inside it (taking a REPEATABLE READ
+        // snapshot early, or failing a later SET TRANSACTION): asked afterwards then, once the
+        // session is idle (`settle`).
         let copy = plan
             .sql
             .iter()
             .any(|s| s.to_ascii_lowercase().contains("copy"));
-        if idle_before && !copy {
+        let may_open_tx = plan.sql.iter().any(|s| {
+            let s = s.to_ascii_lowercase();
+            s.contains("begin") || s.contains("start")
+        });
+        if idle_before && !copy && !may_open_tx {
             plan::add_fence(&mut plan);
         }
         if added.is_some() {
             plan::hide_added_describe(&mut plan);
         }
         // The lease is taken before the statement (and its snapshot) reaches the origin.
-        let cache = cache.filter(|_| idle_before && !copy).map(|key| {
-            plan::add_snapshot(&mut plan);
-            let lease = self.relay.shared.results.lease(&key.tables);
-            (key, lease)
-        });
+        let cache = cache
+            .filter(|_| idle_before && !copy && self.plain_startup)
+            .map(|key| {
+                plan::add_snapshot(&mut plan);
+                let lease = self.relay.shared.results.lease(&key.tables);
+                (key, lease)
+            });
         let sql = std::mem::take(&mut plan.sql);
         let relay = self.relay.clone();
         let mut out = out_for(&relay, &req);
@@ -383,6 +412,9 @@ impl Session {
         }
         let started = std::time::Instant::now();
         let o = self.execute(&mut b, plan, &mut out).await;
+        for name in &o.unparsed {
+            self.stmts.remove(name);
+        }
         let bytes = out.sent + out.buf.len();
         let failed = o.failed || o.status.is_none();
         relay.stats.record(&sql, started.elapsed(), bytes, failed);
@@ -443,30 +475,61 @@ impl Session {
                 // The transaction died with the backend: the next batch tells the client.
                 self.status = b'I';
                 self.lost = true;
+            } else if fence.is_none() {
+                fence = Some(self.fence_elsewhere().await);
             }
         } else {
             if status == b'I' && fence.is_none() {
                 match b.simple(plan::FENCE_SQL).await {
                     Ok(v) => fence = v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)),
                     Err(_) => {
-                        // The connection died after the reply: drop it; no fence this time.
+                        // The connection died after the reply: drop it, and ask another one
+                        // (the batch may have written).
                         self.discard();
                         self.sticky = false;
-                        return None;
+                        return Some(self.fence_elsewhere().await);
                     }
                 }
             }
-            if sql.iter().any(|s| plan::clears_prepared(s)) {
+            let clears = sql.iter().any(|s| plan::clears_prepared(s));
+            if clears && !o.failed {
                 b.prepared.clear();
             }
             self.sticky |= sql.iter().any(|s| plan::leaves_session_state(s));
             if status == b'I' && !self.sticky {
-                self.put_back(b);
+                if clears && o.failed {
+                    // Whether the DISCARD/DEALLOCATE ran is not known: the connection's
+                    // prepared statements are not either, so it is not pooled again.
+                    self.discard();
+                    tokio::spawn(b.terminate());
+                } else {
+                    self.put_back(b);
+                }
             } else {
+                // Inside a transaction block DISCARD ALL fails, and an aborted transaction
+                // runs nothing: with an error, nothing was cleared.
                 self.pinned = Some(b);
             }
         }
         fence
+    }
+
+    /// The origin's WAL position read over a pooled connection, when the batch's own one
+    /// died before telling it. If none answers either, `u64::MAX`: the core keeps a session's
+    /// highest fence, so this session (whose origin is failing anyway) reads from the origin
+    /// from then on, never older data than its last write.
+    async fn fence_elsewhere(&mut self) -> u64 {
+        if let Ok(mut b) = self.backend().await {
+            if let Ok(v) = b.simple(plan::FENCE_SQL).await {
+                if let Some(lsn) = v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)) {
+                    self.put_back(b);
+                    return lsn;
+                }
+            }
+            self.discard();
+            tokio::spawn(b.terminate());
+        }
+        u64::MAX
     }
 
     /// Sends the plan and streams the replies (see [`Outcome`]).
@@ -491,12 +554,15 @@ impl Session {
             out.note(before);
             match step {
                 Step::Continue => {}
-                Step::CopyIn => {
+                Step::CopyIn { extended } => {
                     let mut buf = bytes::BytesMut::new();
                     let _ = postgres_protocol::message::frontend::copy_fail(
                         "COPY FROM STDIN is not supported through pgline",
                         &mut buf,
                     );
+                    if extended {
+                        postgres_protocol::message::frontend::sync(&mut buf);
+                    }
                     if let Err(e) = b.write(&buf).await {
                         o.broken = Some(e);
                         break;
@@ -521,6 +587,12 @@ impl Session {
         o.failed = tracker.failed;
         o.snapshot = tracker.snapshot.take();
         o.described = tracker.described.take();
+        o.unparsed = plan
+            .named_parses
+            .into_iter()
+            .filter(|(i, _)| tracker.dropped.contains(i))
+            .map(|(_, name)| name)
+            .collect();
         o
     }
 
@@ -574,23 +646,58 @@ impl Session {
     }
 }
 
-/// (user, database) of a StartupMessage (protocol 3.0); database defaults to the user.
-fn parse_startup(m: &[u8]) -> Option<(String, String)> {
+/// What a StartupMessage says about the session's pool.
+#[derive(Debug, PartialEq, Eq)]
+struct Startup {
+    user: String,
+    /// Defaults to the user.
+    database: String,
+    /// Every other parameter that sets a session default (`name=value`, sorted, joined by
+    /// NUL; `application_name`, `fallback_application_name` and a UTF-8 `client_encoding`
+    /// left out). The origin connections a client logs in become pooled with those defaults
+    /// (and keep them across `DISCARD ALL`), so they are shared only with clients that asked
+    /// for the same; empty means the server's defaults, the only ones whose answers the
+    /// query-result cache keeps.
+    settings: String,
+}
+
+/// Reads a StartupMessage (protocol 3.0). Parameters are read as bytes (values other than user
+/// and database may be in any encoding); a parameter named twice or a user/database that is
+/// not UTF-8 gives `None`, as the core refuses such packets too: PostgreSQL takes the last of
+/// two values, and reading another one here would put one role's connection into another
+/// role's pool.
+fn parse_startup(m: &[u8]) -> Option<Startup> {
     if m.len() < 8 || m[4..8] != 196_608i32.to_be_bytes() {
         return None;
     }
     let mut rest = &m[8..];
+    let mut names: Vec<&[u8]> = Vec::new();
+    let mut settings: Vec<String> = Vec::new();
     let (mut user, mut database) = (None, None);
-    while let Ok((k, tail)) = plan::cstr(rest) {
+    loop {
+        let (k, tail) = raw_cstr(rest)?;
         if k.is_empty() {
             break;
         }
-        let (v, tail) = plan::cstr(tail).ok()?;
+        let (v, tail) = raw_cstr(tail)?;
+        if names.contains(&k) {
+            return None;
+        }
+        names.push(k);
         match k {
-            "user" => user = Some(v.to_owned()),
-            "database" => database = Some(v.to_owned()),
-            "replication" => return None,
-            _ => {}
+            b"user" => user = Some(std::str::from_utf8(v).ok()?.to_owned()),
+            b"database" => database = Some(std::str::from_utf8(v).ok()?.to_owned()),
+            b"replication" => return None,
+            b"application_name" | b"fallback_application_name" => {}
+            b"client_encoding"
+                if [&b"UTF8"[..], b"UTF-8", b"UNICODE"]
+                    .iter()
+                    .any(|e| v.eq_ignore_ascii_case(e)) => {}
+            _ => settings.push(format!(
+                "{}={}",
+                String::from_utf8_lossy(k),
+                String::from_utf8_lossy(v)
+            )),
         }
         rest = tail;
     }
@@ -598,7 +705,18 @@ fn parse_startup(m: &[u8]) -> Option<(String, String)> {
     let database = database
         .filter(|d| !d.is_empty())
         .unwrap_or_else(|| user.clone());
-    Some((user, database))
+    settings.sort();
+    Some(Startup {
+        user,
+        database,
+        settings: settings.join("\0"),
+    })
+}
+
+/// A NUL-terminated byte string at the start of `b`, and the rest after the NUL.
+fn raw_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = b.iter().position(|&c| c == 0)?;
+    Some((&b[..end], &b[end + 1..]))
 }
 
 #[cfg(test)]
@@ -615,7 +733,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             parse_startup(&buf),
-            Some(("alice".to_string(), "alice".to_string()))
+            Some(Startup {
+                user: "alice".into(),
+                database: "alice".into(),
+                settings: String::new()
+            })
         );
         let mut buf = bytes::BytesMut::new();
         postgres_protocol::message::frontend::startup_message(
@@ -625,5 +747,36 @@ mod tests {
         .unwrap();
         assert_eq!(parse_startup(&buf), None);
         assert_eq!(parse_startup(b"\0\0\0\x08\0\x04\xd2\x16"), None);
+        let packet = |body: &[u8]| {
+            let mut m = ((8 + body.len()) as i32).to_be_bytes().to_vec();
+            m.extend_from_slice(&196_608i32.to_be_bytes());
+            m.extend_from_slice(body);
+            m
+        };
+        // A non-UTF-8 parameter elsewhere does not end the list early...
+        assert_eq!(
+            parse_startup(&packet(
+                b"user\0app\0_pq_.\xff\0x\0database\0d\0client_encoding\0utf8\0\0"
+            )),
+            Some(Startup {
+                user: "app".into(),
+                database: "d".into(),
+                settings: "_pq_.\u{fffd}=x".into()
+            })
+        );
+        // Settings are pooled apart, in a canonical order.
+        let a = parse_startup(&packet(
+            b"user\0u\0TimeZone\0Asia/Tokyo\0DateStyle\0SQL\0\0",
+        ));
+        let b = parse_startup(&packet(
+            b"user\0u\0DateStyle\0SQL\0TimeZone\0Asia/Tokyo\0\0",
+        ));
+        assert_eq!(a, b);
+        assert_eq!(a.unwrap().settings, "DateStyle=SQL\0TimeZone=Asia/Tokyo");
+        // ...and a second user (PostgreSQL would log that one in) is refused.
+        assert_eq!(
+            parse_startup(&packet(b"user\0app\0_pq_.\xff\0x\0user\0mallory\0\0")),
+            None
+        );
     }
 }

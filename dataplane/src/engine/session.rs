@@ -62,6 +62,10 @@ pub(crate) struct Worker {
     pub(crate) pg_pushed: bool,
     /// Message limits of the PostgreSQL front (message size bounded by `max_request_bytes`).
     pub(crate) pg_limits: PgLimits,
+    /// Closes of PostgreSQL sessions that found the request queue full: retried each turn
+    /// (a lost Close would leave the control plane's session, and any transaction it holds
+    /// open, waiting for ever). Empty, and so unallocated, in normal operation.
+    pub(crate) pg_unsent_closes: Vec<crate::plane::PgRequest>,
 }
 
 impl Worker {
@@ -83,6 +87,7 @@ impl Worker {
             scratch: Vec::with_capacity(64 * 1024),
             misses_pushed: false,
             pg_pushed: false,
+            pg_unsent_closes: Vec::new(),
         }
     }
 
@@ -116,6 +121,9 @@ impl Worker {
 
     /// Wakes the control plane once if this turn pushed misses.
     pub fn end_turn(&mut self) {
+        if !self.pg_unsent_closes.is_empty() {
+            self.retry_pg_closes();
+        }
         if std::mem::take(&mut self.misses_pushed) | std::mem::take(&mut self.pg_pushed) {
             self.shared.control_waker.wake();
         }

@@ -62,6 +62,10 @@ pub enum Invalid {
     UnsupportedProtocol,
     /// A startup packet without the `user` parameter.
     MissingUser,
+    /// A startup packet naming a parameter twice, or with a `user`/`database` that is not
+    /// UTF-8. PostgreSQL takes the last of two values; a proxy that read the first would
+    /// authenticate one role and route (or serve cache rows) as another, so both are refused.
+    AmbiguousStartup,
     /// A string field without its terminating NUL inside the message.
     MissingNul,
     /// A body shorter than its fields claim.
@@ -87,6 +91,9 @@ impl Invalid {
             Invalid::UnknownMessage => "invalid frontend message type",
             Invalid::UnsupportedProtocol => "unsupported frontend protocol",
             Invalid::MissingUser => "no PostgreSQL user name specified in startup packet",
+            Invalid::AmbiguousStartup => {
+                "startup packet names a parameter twice or has a user/database that is not UTF-8"
+            }
             Invalid::MissingNul => "invalid string in message",
             Invalid::Truncated => "insufficient data left in message",
             Invalid::TrailingBytes => "invalid message format",
@@ -110,6 +117,7 @@ impl Invalid {
 }
 
 /// A checked cursor over one complete message body.
+#[derive(Clone)]
 pub(crate) struct Body<'a> {
     buf: &'a [u8],
     pos: usize,

@@ -74,6 +74,7 @@ impl<'a> StartupMessage<'a> {
 }
 
 /// Iterator over a validated StartupMessage's parameters.
+#[derive(Clone)]
 pub struct StartupParams<'a> {
     body: Body<'a>,
 }
@@ -139,8 +140,21 @@ fn parse_params<'a>(body: &mut Body<'a>, minor: u16) -> Result<StartupMessage<'a
         if name.is_empty() {
             break;
         }
-        check.cstr()?;
-        has_user |= name == b"user";
+        let value = check.cstr()?;
+        if name == b"user" || name == b"database" {
+            if std::str::from_utf8(value).is_err() {
+                return Err(Invalid::AmbiguousStartup);
+            }
+            has_user |= name == b"user";
+        }
+        // Quadratic in the parameter count, which max_startup_bytes bounds (a handful in
+        // practice).
+        let earlier = StartupParams {
+            body: Body::new(&params[..consumed]),
+        };
+        if earlier.clone().any(|(n, _)| n == name) {
+            return Err(Invalid::AmbiguousStartup);
+        }
         consumed = params.len() - check.remaining();
     }
     check.end()?;
@@ -183,6 +197,27 @@ mod tests {
                 Err(ParseError::Incomplete)
             );
         }
+    }
+
+    #[test]
+    fn ambiguous_startups_are_refused() {
+        for body in [
+            &b"user\0app\0database\0db\0user\0mallory\0\0"[..],
+            b"user\0app\0database\0a\0database\0b\0\0",
+            b"user\0app\0application_name\0x\0application_name\0y\0\0",
+            b"user\0ap\xffp\0\0",
+            b"user\0app\0database\0\xfe\0\0",
+        ] {
+            let buf = packet(PROTOCOL_3_0, body);
+            assert_eq!(
+                parse_startup(&buf, &Limits::default()),
+                Err(Invalid::AmbiguousStartup.into()),
+                "{body:?}"
+            );
+        }
+        // Other values may be in any encoding.
+        let buf = packet(PROTOCOL_3_0, b"user\0app\0application_name\0\xe9t\xe9\0\0");
+        assert!(parse_startup(&buf, &Limits::default()).is_ok());
     }
 
     #[test]

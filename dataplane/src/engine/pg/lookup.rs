@@ -177,6 +177,13 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
 }
 
 /// The canonical pk text of a literal as the classifier wrote it, for a key of type `ty`.
+/// Key types whose canonical text ([`canonical_literal`], [`canonical_param`]) is the text the
+/// origin prints, and so what a WAL tuple carries. Other types (bool, numeric, date, bpchar,
+/// ...) print a value differently from how a client may spell it (`true` vs `t`).
+pub(crate) fn canonical_key_type(ty: u32) -> bool {
+    matches!(ty, INT2 | INT4 | INT8 | TEXT | VARCHAR | UUID)
+}
+
 pub(crate) fn canonical_literal(lit: &[u8], ty: u32) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     match ty {
@@ -242,13 +249,17 @@ fn canonical_uuid_text(text: &[u8], out: &mut Vec<u8>) -> Option<()> {
     };
     let mut raw = [0u8; 16];
     let mut nibbles = 0;
+    let mut after_dash = false;
     for &c in inner {
         if c == b'-' {
-            if nibbles % 4 != 0 || nibbles == 0 {
+            // PostgreSQL takes one hyphen after a group of four digits, never two in a row.
+            if nibbles % 4 != 0 || nibbles == 0 || after_dash {
                 return None;
             }
+            after_dash = true;
             continue;
         }
+        after_dash = false;
         let v = (c as char).to_digit(16)? as u8;
         if nibbles >= 32 {
             return None;
@@ -374,6 +385,32 @@ pub(crate) fn compose_data_row(
 mod tests {
     use super::*;
     use crate::keyspace::PgColumn;
+
+    #[test]
+    fn uuid_spellings_follow_postgres() {
+        let canon = |t: &[u8]| {
+            let mut out = Vec::new();
+            canonical_uuid_text(t, &mut out).map(|()| String::from_utf8(out).unwrap())
+        };
+        let want = Some("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".to_string());
+        for ok in [
+            &b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"[..],
+            b"A0EEBC999C0B4EF8BB6D6BB9BD380A11",
+            b"{a0eebc99-9c0b4ef8-bb6d6bb9-bd380a11}",
+            b"a0ee-bc99-9c0b-4ef8-bb6d-6bb9-bd38-0a11",
+        ] {
+            assert_eq!(canon(ok), want, "{ok:?}");
+        }
+        for bad in [
+            &b"a0eebc99--9c0b-4ef8-bb6d-6bb9bd380a11"[..],
+            b"-a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11-",
+            b"a0eebc9-99c0b-4ef8-bb6d-6bb9bd380a11",
+            b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1",
+        ] {
+            assert_eq!(canon(bad), None, "{bad:?}");
+        }
+    }
 
     fn keyspace() -> KeySpace {
         let col = |name: &str, attnum, type_oid, typlen| PgColumn {

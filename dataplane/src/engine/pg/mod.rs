@@ -283,12 +283,41 @@ impl Worker {
         if !conn.pg.as_ref().is_some_and(|pg| pg.opened) {
             return;
         }
-        // A full queue loses the Close; the control plane also notices the dead session when
-        // its next reply finds no connection (best effort, counted).
-        let _ = self.push_pg(conn, token, PgRequestKind::Close, Vec::new(), None);
+        let close = PgRequest {
+            core: self.id,
+            conn: token,
+            seq: conn.next_seq,
+            session: conn.session.client_id,
+            kind: PgRequestKind::Close,
+            messages: Vec::new(),
+            cache: None,
+        };
+        conn.next_seq += 1;
+        match self.shared.queues[self.id].pg_requests.push(close) {
+            Ok(()) => self.pg_pushed = true,
+            Err(close) => {
+                // Kept and retried at the end of each turn until the queue takes it.
+                CoreStats::add(&self.stats().miss_queue_full, 1);
+                self.pg_unsent_closes.push(close);
+            }
+        }
         if let Some(pg) = conn.pg.as_mut() {
             pg.opened = false;
         }
+    }
+
+    /// Pushes the Closes a full queue refused earlier, in order, as far as the queue takes them.
+    pub(crate) fn retry_pg_closes(&mut self) {
+        let queue = &self.shared.queues[self.id].pg_requests;
+        let mut pending = std::mem::take(&mut self.pg_unsent_closes).into_iter();
+        for close in pending.by_ref() {
+            if let Err(close) = queue.push(close) {
+                self.pg_unsent_closes.push(close);
+                break;
+            }
+            self.pg_pushed = true;
+        }
+        self.pg_unsent_closes.extend(pending);
     }
 
     /// Appends the control plane's reply (or chunk) and moves the session on.

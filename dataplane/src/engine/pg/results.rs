@@ -32,7 +32,7 @@ use crate::pgwire::{Bind, Format, TxStatus};
 use crate::plane::{CoreStats, ResultEquality, ResultKey, RESULTS_TABLE};
 use crate::store::Lookup as StoreLookup;
 
-use super::lookup::{canonical_literal, canonical_param};
+use super::lookup::{canonical_key_type, canonical_literal, canonical_param};
 use crate::engine::session::Worker;
 
 /// Where an equality's value comes from.
@@ -80,7 +80,9 @@ pub(crate) fn result_query(q: CacheableQuery, keyspace: &KeySpace) -> Option<Arc
             continue;
         };
         let value = match &e.value {
-            KeySource::Param(n) if *n >= 1 => EqValue::Param(n - 1),
+            // A parameter's value is only comparable with the WAL's text for these types;
+            // otherwise the result is dropped by any change to the table.
+            KeySource::Param(n) if *n >= 1 && canonical_key_type(ty) => EqValue::Param(n - 1),
             KeySource::Param(_) => continue,
             KeySource::Literal(lit) => match canonical_literal(lit.as_bytes(), ty) {
                 Some(v) => EqValue::Literal(v.into()),

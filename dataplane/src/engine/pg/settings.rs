@@ -9,12 +9,14 @@
 //!   as pgline's own role reads them, so another database's same-named table, or a role
 //!   without the privilege (or under row-level security), must go to the origin;
 //! - no hits at all unless the session's `client_encoding` is `UTF8` (text is stored in the
-//!   server's encoding, assumed UTF-8);
+//!   server's encoding, assumed UTF-8) and `standard_conforming_strings` is on (literal keys
+//!   are read with standard quoting);
 //! - no hits at all once the session may have changed a setting that is not reported but
 //!   changes output: any forwarded simple Query or Parse whose text mentions
 //!   `extra_float_digits` (floats), `bytea_output` (bytea) or `lc_monetary` (money), in any
-//!   case (SET, RESET, `set_config`, ...), or a StartupMessage carrying one of those or
-//!   `options`;
+//!   case (SET, RESET, `set_config`, ...), or `search_path` or the word `temp`, `temporary` or
+//!   `pg_temp` (a temporary table may hide a cached one), or a StartupMessage carrying one of
+//!   those or `options`;
 //! - a lookup returning a column of a date/time type (date, time, timetz, timestamp,
 //!   timestamptz, interval, or an array of one) is served only while the session's `DateStyle`
 //!   is `ISO, MDY`, its `IntervalStyle` is `postgres`, and its `TimeZone` is UTC (`UTC`,
@@ -62,6 +64,9 @@ pub(crate) struct Settings {
     tz_ok: bool,
     encoding_ok: bool,
     tainted: bool,
+    /// `standard_conforming_strings` is off: `'a\\b'` means `a\b` at the origin, not the
+    /// text pgline's literal reader sees.
+    escapes_in_strings: bool,
     /// The session's user and database may read the cache.
     identity_ok: bool,
 }
@@ -69,7 +74,7 @@ pub(crate) struct Settings {
 impl Settings {
     /// Any hit at all.
     pub(crate) fn plain(&self) -> bool {
-        self.identity_ok && self.encoding_ok && !self.tainted
+        self.identity_ok && self.encoding_ok && !self.tainted && !self.escapes_in_strings
     }
 
     /// The StartupMessage's user and database (after its defaults), against the identities
@@ -99,7 +104,12 @@ impl Settings {
 
     /// A forwarded statement text.
     pub(crate) fn note_statement(&mut self, text: &[u8]) {
-        if !self.tainted && TAINT.iter().any(|w| contains_ignore_case(text, w)) {
+        if !self.tainted
+            && (TAINT.iter().any(|w| contains_ignore_case(text, w))
+                || TEMP_WORDS
+                    .iter()
+                    .any(|w| contains_word_ignore_case(text, w)))
+        {
             self.tainted = true;
         }
     }
@@ -110,10 +120,27 @@ impl Settings {
             b"DateStyle" => self.date_style_ok = value == b"ISO, MDY",
             b"IntervalStyle" => self.interval_style_ok = value == b"postgres",
             b"client_encoding" => self.encoding_ok = value == b"UTF8",
+            b"standard_conforming_strings" => self.escapes_in_strings = value != b"on",
             b"TimeZone" => self.tz_ok = UTC_NAMES.contains(&value),
             _ => {}
         }
     }
+}
+
+/// Words (whole, any case) of statements that may create a temporary object: a temp table
+/// named like a cached one hides it for the rest of the session (`pg_temp` is first on the
+/// search path), so the session's lookups must go to the origin. A column named `temp` taints
+/// too: the safe side.
+const TEMP_WORDS: [&[u8]; 3] = [b"temp", b"temporary", b"pg_temp"];
+
+/// `word` in `text` with no identifier character on either side.
+fn contains_word_ignore_case(text: &[u8], word: &[u8]) -> bool {
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
+    text.windows(word.len()).enumerate().any(|(i, w)| {
+        w.eq_ignore_ascii_case(word)
+            && (i == 0 || !ident(text[i - 1]))
+            && text.get(i + word.len()).is_none_or(|&c| !ident(c))
+    })
 }
 
 fn contains_ignore_case(text: &[u8], word: &[u8]) -> bool {
@@ -232,5 +259,42 @@ mod tests {
         assert!(s.plain());
         s.note_statement(b"SET search_path = tenant_7");
         assert!(!s.plain());
+        let mut s = Settings::default();
+        s.note_identity(b"app", b"appdb", &users, Some("appdb"));
+        s.note_status(b"client_encoding", b"UTF8", true);
+        s.note_status(b"standard_conforming_strings", b"off", false);
+        assert!(!s.plain());
+        s.note_status(b"standard_conforming_strings", b"on", false);
+        assert!(s.plain());
+    }
+
+    #[test]
+    fn temporary_objects_taint() {
+        let users = vec!["app".to_string()];
+        let fresh = || {
+            let mut s = Settings::default();
+            s.note_identity(b"app", b"appdb", &users, Some("appdb"));
+            s.note_status(b"client_encoding", b"UTF8", true);
+            s
+        };
+        for text in [
+            &b"CREATE TEMP TABLE users (id int)"[..],
+            b"create temporary view v as select 1",
+            b"SELECT * INTO\nTemp t FROM users",
+            b"CREATE TABLE pg_temp.users (id int)",
+        ] {
+            let mut s = fresh();
+            s.note_statement(text);
+            assert!(!s.plain(), "{text:?}");
+        }
+        for text in [
+            &b"SELECT temperature FROM readings"[..],
+            b"SELECT * FROM templates WHERE id = 1",
+            b"UPDATE t SET attempts = 2",
+        ] {
+            let mut s = fresh();
+            s.note_statement(text);
+            assert!(s.plain(), "{text:?}");
+        }
     }
 }

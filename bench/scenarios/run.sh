@@ -19,7 +19,8 @@
 #   --out DIR          where the JSONL goes (default bench/results)
 #
 # Environment: ROWS (100000), SERVER_CPUS (0), CLIENT_CPUS (1), DURATION (10s), WARMUP (2s),
-# STALE_SECS (120), SOAK (1h), SERVER_ADDR (127.0.0.1), PGLINE_PORT (6390), VALKEY_PORT (6391).
+# STALE_SECS (120), SOAK (1h), SERVER_ADDR (127.0.0.1), PGLINE_PORT (6390), VALKEY_PORT (6391);
+# READ_MGETS, READ_CLIENTS, READ_SHAPES narrow the reads grid (e.g. READ_MGETS="1 16").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
         --dry-run) DRY=1 ;;
         --loadgen) LOADGEN=$2; shift ;;
         --out) OUT_DIR=$2; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -58,6 +59,7 @@ trap servers_stop EXIT
 scenario_reads() {
     local mgets="1 16 64" clients="16 64 256" shapes="hot uniform"
     [ $SMOKE = 1 ] && mgets="1 16" clients="16" shapes="hot uniform"
+    mgets=${READ_MGETS:-$mgets} clients=${READ_CLIENTS:-$clients} shapes=${READ_SHAPES:-$shapes}
     start_pgline
     local io
     for io in $(valkey_io_threads); do
@@ -113,9 +115,11 @@ scenario_mixed() {
 scenario_stale() {
     start_pgline
     start_valkey 1
-    valkey_prefill
     DURATION=${STALE_SECS}s bench_run stale "pgline" --target resp --resp "$PGLINE" \
         --server-pid "pgline=$PGLINE_PID" --clients 64 --keys zipf --write-rate unlimited --stale-check
+    # Filled after pgline's cell: that cell's writers update rows without Valkey DELs, so a
+    # fill before it would start Valkey's cell with those rows already stale.
+    valkey_prefill
     DURATION=${STALE_SECS}s bench_run stale "valkey cache-aside" --target cache-aside --resp "$VALKEY" \
         --server-pid "valkey=$VALKEY_PID" --clients 64 --keys zipf --write-rate unlimited --stale-check
 }

@@ -20,7 +20,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub struct Env {
     /// `model name` of /proc/cpuinfo.
     pub cpu_model: String,
-    /// Online CPUs.
+    /// The machine's CPUs (`processor` entries of /proc/cpuinfo), not the load generator's
+    /// `taskset` share of them.
     pub cores: usize,
     /// Kernel release.
     pub kernel: String,
@@ -49,9 +50,10 @@ pub fn host_env() -> Env {
         .unwrap_or_default();
     Env {
         cpu_model,
-        cores: std::thread::available_parallelism()
-            .map(usize::from)
-            .unwrap_or(0),
+        cores: match cpuinfo.lines().filter(|l| l.starts_with("processor")).count() {
+            0 => std::thread::available_parallelism().map_or(0, usize::from),
+            n => n,
+        },
         kernel,
         git_rev: command_line("git", &["rev-parse", "--short", "HEAD"]),
         started_at: rfc3339_utc(SystemTime::now()),

@@ -83,19 +83,39 @@ pub fn group_by_scenario(rows: &[Row]) -> Vec<(String, Vec<&Row>)> {
 
 /// A short description of a row's cell.
 pub fn row_label(r: &Row) -> String {
-    if !r.label.is_empty() {
-        return r.label.clone();
+    let cell = cell_params(r);
+    if r.label.is_empty() {
+        format!("{} {cell}", r.target)
+    } else {
+        format!("{} · {cell}", r.label)
     }
-    let mut s = format!("{} {}", r.target, r.op);
-    if r.mget > 1 {
-        let _ = write!(s, " {}", r.mget);
-    }
-    let _ = write!(s, " c{} p{} {}", r.clients, r.pipeline, r.keys);
-    if let Some(rate) = r.rate {
-        let _ = write!(s, " @{rate}/s");
+}
+
+/// What distinguishes a cell of a scenario: the read op and load, the writers.
+fn cell_params(r: &Row) -> String {
+    let mut s = String::new();
+    if r.clients > 0 {
+        s.push_str(&r.op);
+        if r.mget > 1 {
+            let _ = write!(s, " {}", r.mget);
+        }
+        let _ = write!(s, " c{}", r.clients);
+        if r.pipeline > 1 {
+            let _ = write!(s, " p{}", r.pipeline);
+        }
+        let _ = write!(s, " {}", r.keys);
+        if let Some(rate) = r.rate {
+            let _ = write!(s, " @{rate}/s");
+        }
     }
     if r.writers > 0 {
-        let _ = write!(s, " w={}", json_plain(&r.write_rate));
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        let _ = write!(s, "{} w={}", r.write_op, json_plain(&r.write_rate));
+        if let Some(sc) = &r.synchronous_commit {
+            let _ = write!(s, " sync_commit={sc}");
+        }
     }
     s
 }

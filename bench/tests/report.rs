@@ -67,7 +67,7 @@ fn report_writes_markdown_tables_and_svg_charts() {
     let b = md.find("## reads\n").unwrap();
     assert!(a < b);
     assert!(
-        md.contains("| resp get c64 p1 uniform w=unlimited | closed | 150000 | 50.0 | 120.0 |"),
+        md.contains("| resp get c64 uniform update w=unlimited | closed | 150000 | 50.0 | 120.0 |"),
         "{md}"
     );
     assert!(md.contains("| 0.900 |"));
@@ -86,7 +86,7 @@ fn report_writes_markdown_tables_and_svg_charts() {
     }
     let svg = std::fs::read_to_string(out.join("reads-during-writes-rps.svg")).unwrap();
     assert!(
-        svg.contains("cache-aside get c64 p1 uniform w=unlimited"),
+        svg.contains("cache-aside get c64 uniform update w=unlimited"),
         "labels are text"
     );
     std::fs::remove_dir_all(&dir).unwrap();

@@ -50,7 +50,11 @@ pub fn host_env() -> Env {
         .unwrap_or_default();
     Env {
         cpu_model,
-        cores: match cpuinfo.lines().filter(|l| l.starts_with("processor")).count() {
+        cores: match cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("processor"))
+            .count()
+        {
             0 => std::thread::available_parallelism().map_or(0, usize::from),
             n => n,
         },

@@ -20,7 +20,8 @@
 #
 # Environment: ROWS (100000), SERVER_CPUS (0), CLIENT_CPUS (1), DURATION (10s), WARMUP (2s),
 # STALE_SECS (120), SOAK (1h), SERVER_ADDR (127.0.0.1), PGLINE_PORT (6390), VALKEY_PORT (6391);
-# READ_MGETS, READ_CLIENTS, READ_SHAPES narrow the reads grid (e.g. READ_MGETS="1 16").
+# READ_MGETS, READ_CLIENTS, READ_SHAPES narrow the reads grid (e.g. READ_MGETS="1 16");
+# MIXED_RATES replaces the writer targets of `mixed` (e.g. MIXED_RATES="4000").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
         --dry-run) DRY=1 ;;
         --loadgen) LOADGEN=$2; shift ;;
         --out) OUT_DIR=$2; shift ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -99,6 +100,7 @@ scenario_writes() {
 scenario_mixed() {
     local rates="0 10000 30000 unlimited" shapes="uniform zipf" r k
     [ $SMOKE = 1 ] && rates="0 unlimited"
+    rates=${MIXED_RATES:-$rates}
     start_pgline
     start_valkey 1
     for k in $shapes; do for r in $rates; do

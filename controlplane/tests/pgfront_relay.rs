@@ -8,7 +8,8 @@
 mod common;
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,9 @@ use common::TestDb;
 use pgline_controlplane::pgfront::{self, RelayConfig, RelayState};
 use pgline_controlplane::server::Pgline;
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
-use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequest, PgRequestKind, Shared, Wake};
+use pgline_dataplane::plane::{
+    PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, Shared, Wake, PG_FLOW_WINDOW,
+};
 use postgres_protocol::authentication::sasl;
 use postgres_protocol::message::frontend;
 use tokio::sync::{watch, Notify};
@@ -30,6 +33,11 @@ struct Driver {
     relay: Arc<RelayState>,
     seq: AtomicU64,
     stash: Mutex<Vec<PgReply>>,
+    /// Per session: the flow control a core would share with the relay. The driver counts
+    /// every reply it pops as applied; `unread` is what its "client" has not read yet.
+    flows: Mutex<HashMap<u64, Arc<PgFlow>>>,
+    /// The client reads nothing: every popped byte stays in the backlog.
+    stalled: AtomicBool,
     _stop: watch::Sender<bool>,
 }
 
@@ -53,6 +61,11 @@ struct Reply {
 impl Driver {
     fn push(&self, session: u64, kind: PgRequestKind, messages: Vec<u8>) -> u64 {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let flow = (kind == PgRequestKind::Startup).then(|| {
+            let f = Arc::new(PgFlow::default());
+            self.flows.lock().unwrap().insert(session, f.clone());
+            f
+        });
         let req = PgRequest {
             core: 0,
             conn: session,
@@ -61,6 +74,7 @@ impl Driver {
             kind,
             messages,
             cache: None,
+            flow,
         };
         assert!(self.shared.queues[0].pg_requests.push(req).is_ok());
         self.shared.control_waker.wake();
@@ -79,6 +93,7 @@ impl Driver {
             {
                 let mut stash = self.stash.lock().unwrap();
                 while let Some(x) = self.shared.queues[0].pg_replies.pop() {
+                    self.applied(&x);
                     stash.push(x);
                 }
                 while let Some(i) = stash.iter().position(|x| x.conn == conn && x.seq == seq) {
@@ -94,6 +109,17 @@ impl Driver {
             }
             assert!(Instant::now() < until, "no reply for {conn}/{seq}");
             tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// What a core does with a reply's bytes, for flow control.
+    fn applied(&self, x: &PgReply) {
+        if let Some(f) = self.flows.lock().unwrap().get(&x.conn) {
+            let n = x.bytes.len() as u64;
+            f.applied.fetch_add(n, Ordering::Release);
+            if self.stalled.load(Ordering::Relaxed) {
+                f.backlog.fetch_add(n, Ordering::Release);
+            }
         }
     }
 
@@ -276,6 +302,8 @@ async fn setup(tag: &str) -> (TestDb, Driver, String) {
         relay,
         seq: AtomicU64::new(1),
         stash: Mutex::default(),
+        flows: Mutex::default(),
+        stalled: AtomicBool::new(false),
         _stop: stop,
     };
     (db, d, role)
@@ -610,6 +638,7 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
         kind: PgRequestKind::Cancel,
         messages: msgs(|b| frontend::cancel_request(1, 2, b)),
         cache: None,
+        flow: None,
     };
     assert!(q.push(req).is_ok());
     p.shared.control_waker.wake();
@@ -783,5 +812,56 @@ async fn failures_leave_the_bookkeeping_true() {
     assert_eq!(r.end, PgReplyEnd::Close);
     assert_eq!(error_code(&r.bytes).as_deref(), Some("08P01"));
 
+    teardown(db, d, &role).await;
+}
+
+/// A client that does not read a large answer holds the relay back at `PG_FLOW_WINDOW` bytes
+/// instead of letting its core buffer the whole answer; once it reads, the rest flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_holds_the_relay_back() {
+    let (db, d, role) = setup("pgf_flow").await;
+    let r = d.startup(1, &role, &db.name, PASSWORD).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let flow = d.flows.lock().unwrap()[&1].clone();
+
+    // 24 MiB of answer; the "client" reads none of it (nor has it read the startup reply).
+    let startup_bytes = flow.sent.load(Ordering::Relaxed);
+    flow.backlog.store(startup_bytes, Ordering::Release);
+    d.stalled.store(true, Ordering::Relaxed);
+    let seq = d.push(
+        1,
+        PgRequestKind::Batch,
+        msgs(|b| {
+            frontend::query("SELECT repeat('x', 1048576) FROM generate_series(1, 24)", b).unwrap()
+        }),
+    );
+    let mut popped = 0u64;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        while let Some(x) = d.shared.queues[0].pg_replies.pop() {
+            d.applied(&x);
+            popped += x.bytes.len() as u64;
+            d.stash.lock().unwrap().push(x);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let sent = flow.sent.load(Ordering::Relaxed);
+    assert!(
+        sent >= PG_FLOW_WINDOW,
+        "sent {sent}: the window was not used"
+    );
+    assert!(
+        sent <= PG_FLOW_WINDOW + 2 * 65_536 + 4096,
+        "sent {sent} bytes to a client that read nothing"
+    );
+    assert_eq!(popped + startup_bytes, sent);
+
+    // The client reads: the rest of the answer arrives, whole.
+    d.stalled.store(false, Ordering::Relaxed);
+    flow.backlog.store(0, Ordering::Release);
+    let r = d.reply(1, seq).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert_eq!(tags(&r.bytes), format!("T{}CZ", "D".repeat(24)));
+    assert!(r.bytes.len() > 24 << 20);
     teardown(db, d, &role).await;
 }

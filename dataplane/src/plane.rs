@@ -108,6 +108,38 @@ pub struct PgRequest {
     /// A `Batch` the query-result cache may keep: its one statement's answer is cacheable under
     /// this key when the batch runs with the session idle (see [`ResultPlane`]).
     pub cache: Option<Box<ResultKey>>,
+    /// Sent with `Startup` only: the session's flow control (see [`PgFlow`]).
+    pub flow: Option<Arc<PgFlow>>,
+}
+
+/// How far the control plane may run ahead of a client reading a relayed answer: it stops
+/// sending chunks while more than this many bytes are queued for the client or in flight to
+/// its core (so a slow reader of a huge result costs pgline this much memory, not the result).
+pub const PG_FLOW_WINDOW: u64 = 4 << 20;
+
+/// Flow control of one PostgreSQL session's relayed replies, shared by its core and the
+/// control plane. Bytes the control plane sent and the core has not yet appended, plus what
+/// the connection still has to write, are `sent - applied + backlog`.
+#[derive(Debug, Default)]
+pub struct PgFlow {
+    /// Reply bytes the control plane has pushed for this session (control plane only).
+    pub sent: AtomicU64,
+    /// Reply bytes the core has appended to the connection's output (core only).
+    pub applied: AtomicU64,
+    /// The connection's output not yet written to the client, as of the core's last visit
+    /// (core only).
+    pub backlog: AtomicU64,
+    /// The connection is gone: nothing will be read any more (core only).
+    pub closed: AtomicBool,
+}
+
+impl PgFlow {
+    /// Bytes sent to the client's core that the client has not read yet.
+    pub fn outstanding(&self) -> u64 {
+        let sent = self.sent.load(Ordering::Relaxed);
+        let applied = self.applied.load(Ordering::Acquire);
+        sent.saturating_sub(applied) + self.backlog.load(Ordering::Acquire)
+    }
 }
 
 /// How a [`PgReply`] chunk ends.

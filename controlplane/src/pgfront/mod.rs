@@ -40,7 +40,7 @@ mod stats;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -137,6 +137,8 @@ pub struct RelayState {
     keys: Mutex<HashMap<(i32, i32), u64>>,
     next_pid: AtomicI32,
     stats: stats::Stats,
+    /// The relay is shutting down: nothing waits for slow clients any more.
+    stopping: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -153,6 +155,7 @@ impl RelayState {
             keys: Mutex::default(),
             next_pid: AtomicI32::new(1_000_000),
             stats: stats::Stats::default(),
+            stopping: AtomicBool::new(false),
         })
     }
 
@@ -351,6 +354,7 @@ pub async fn run(state: Arc<RelayState>, wake: Arc<Notify>, mut shutdown: watch:
             _ = tick.tick() => state.drain(),
         }
     }
+    state.stopping.store(true, Ordering::Relaxed);
     lock(&state.sessions).clear();
 }
 

@@ -20,10 +20,12 @@
 //! ReadyForQuery `I` (its transaction, if any, is gone with the backend).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use pgline_dataplane::plane::{
-    PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultFill, RESULT_MAX_BYTES,
+    PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultFill, PG_FLOW_WINDOW,
+    RESULT_MAX_BYTES,
 };
 use tokio::sync::mpsc;
 
@@ -63,6 +65,8 @@ struct Out<'a> {
     sent: usize,
     /// A copy of what the client is sent, for the result cache (`None`: not kept, or too big).
     capture: Option<Vec<u8>>,
+    /// The session's flow control (none for a session the relay does not know).
+    flow: Option<Arc<PgFlow>>,
 }
 
 impl Out<'_> {
@@ -96,6 +100,17 @@ impl Out<'_> {
     }
 
     async fn send(&mut self, bytes: Vec<u8>, end: PgReplyEnd, fence_lsn: u64) {
+        if let Some(flow) = &self.flow {
+            // A client reading slowly holds the relay back rather than making its core buffer
+            // the whole answer; polled (the core publishes its backlog after each egress).
+            while flow.outstanding() > PG_FLOW_WINDOW
+                && !flow.closed.load(Ordering::Acquire)
+                && !self.relay.stopping.load(Ordering::Relaxed)
+            {
+                tokio::time::sleep(FLOW_POLL).await;
+            }
+            flow.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
         self.sent += bytes.len();
         let reply = PgReply {
             conn: self.conn,
@@ -108,7 +123,10 @@ impl Out<'_> {
     }
 }
 
-fn out_for<'a>(relay: &'a RelayState, req: &PgRequest) -> Out<'a> {
+/// How often a relay held back by [`PG_FLOW_WINDOW`] looks again.
+const FLOW_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+fn out_for<'a>(relay: &'a RelayState, req: &PgRequest, flow: Option<&Arc<PgFlow>>) -> Out<'a> {
     Out {
         relay,
         core: req.core,
@@ -117,19 +135,20 @@ fn out_for<'a>(relay: &'a RelayState, req: &PgRequest) -> Out<'a> {
         buf: Vec::new(),
         sent: 0,
         capture: None,
+        flow: flow.cloned(),
     }
 }
 
 /// Answers a request of a session the relay does not know (it ended) with a fatal error.
 pub(super) async fn refuse_unknown(relay: &RelayState, req: PgRequest) {
-    let mut out = out_for(relay, &req);
+    let mut out = out_for(relay, &req, None);
     out.buf = compose_error("FATAL", "08006", "pgline: session closed");
     out.finish(PgReplyEnd::Close, 0).await;
 }
 
 /// Refuses a startup past `max_sessions`.
 pub(super) async fn refuse_full(relay: &RelayState, req: PgRequest) {
-    let mut out = out_for(relay, &req);
+    let mut out = out_for(relay, &req, None);
     out.buf = compose_error("FATAL", "53300", "sorry, too many clients already");
     out.finish(PgReplyEnd::Close, 0).await;
 }
@@ -152,6 +171,8 @@ pub(super) struct Session {
     /// Logged in with the server's defaults (no startup settings): its pool's connections
     /// produce the answers the query-result cache may keep.
     plain_startup: bool,
+    /// Flow control of the replies, shared with the client's core (from the Startup request).
+    flow: Option<Arc<PgFlow>>,
     status: u8,
     /// The backend of the client's open transaction died after its reply went out.
     lost: bool,
@@ -178,6 +199,7 @@ impl Session {
             pinned: None,
             sticky: false,
             plain_startup: false,
+            flow: None,
             status: b'I',
             lost: false,
             closed: false,
@@ -202,13 +224,16 @@ impl Session {
     }
 
     async fn fatal(&mut self, req: &PgRequest, code: &str, message: &str) {
-        let mut out = out_for(&self.relay, req);
+        let mut out = out_for(&self.relay, req, self.flow.as_ref());
         out.buf = compose_error("FATAL", code, message);
         out.finish(PgReplyEnd::Close, 0).await;
         self.closed = true;
     }
 
-    async fn startup(&mut self, req: PgRequest) {
+    async fn startup(&mut self, mut req: PgRequest) {
+        if let Some(flow) = req.flow.take() {
+            self.flow = Some(flow);
+        }
         let Some(Startup {
             user,
             database,
@@ -250,7 +275,7 @@ impl Session {
 
     /// Relays the origin's side of the exchange until the client must answer or it is over.
     async fn relay_auth(&mut self, req: PgRequest, mut b: Backend) {
-        let mut out = out_for(&self.relay, &req);
+        let mut out = out_for(&self.relay, &req, self.flow.as_ref());
         loop {
             let frame = match b.read_frame().await {
                 Ok(f) => f,
@@ -336,7 +361,7 @@ impl Session {
     async fn batch(&mut self, mut req: PgRequest) {
         let cache = req.cache.take();
         if std::mem::take(&mut self.lost) {
-            let mut out = out_for(&self.relay, &req);
+            let mut out = out_for(&self.relay, &req, self.flow.as_ref());
             out.buf = compose_error(
                 "ERROR",
                 "08006",
@@ -349,7 +374,7 @@ impl Session {
             Ok(b) => b,
             Err(("53300", msg)) => {
                 // Busy, not broken: the client may try again.
-                let mut out = out_for(&self.relay, &req);
+                let mut out = out_for(&self.relay, &req, self.flow.as_ref());
                 out.buf = compose_error("ERROR", "53300", &msg);
                 out.buf.extend_from_slice(&compose_ready(self.status));
                 return out.finish(PgReplyEnd::Ready(self.status), 0).await;
@@ -406,7 +431,7 @@ impl Session {
             });
         let sql = std::mem::take(&mut plan.sql);
         let relay = self.relay.clone();
-        let mut out = out_for(&relay, &req);
+        let mut out = out_for(&relay, &req, self.flow.as_ref());
         if cache.is_some() {
             out.capture = Some(Vec::new());
         }

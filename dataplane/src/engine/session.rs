@@ -141,6 +141,12 @@ impl Worker {
     /// `more_input`: complete requests are left; `readable`: the transport may have more bytes.
     #[inline]
     pub fn next_step(&self, conn: &Conn, more_input: bool, readable: bool) -> Next {
+        if let Some(pg) = &conn.pg {
+            // After egress: what the client has not read yet, for the relay's flow control.
+            pg.flow
+                .backlog
+                .store(conn.backlog() as u64, Ordering::Release);
+        }
         if (conn.closing || (conn.eof && !more_input))
             && conn.output_done()
             && conn.pending.is_empty()

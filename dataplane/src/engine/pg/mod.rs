@@ -40,6 +40,7 @@ mod results;
 mod settings;
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -47,7 +48,7 @@ use crate::pgwire::{
     compose_error_response, compose_ssl_response, parse_frontend, parse_startup, sqlstate,
     ErrorFields, Frontend, ParseError, Startup,
 };
-use crate::plane::{CoreStats, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultKey};
+use crate::plane::{CoreStats, PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultKey};
 
 use super::conn::Conn;
 use super::session::Worker;
@@ -89,6 +90,8 @@ pub(crate) struct PgSession {
     pub settings: settings::Settings,
     /// Finds ParameterStatus in the replies.
     pub scan: settings::ReplyScan,
+    /// Flow control of relayed replies, shared with the control plane's session.
+    pub flow: Arc<PgFlow>,
 }
 
 impl PgSession {
@@ -106,7 +109,16 @@ impl PgSession {
             result_key: Vec::new(),
             settings: settings::Settings::default(),
             scan: settings::ReplyScan::default(),
+            flow: Arc::default(),
         }
+    }
+}
+
+impl Drop for PgSession {
+    /// However the connection goes (closed, or the engine stopping), the relay stops waiting
+    /// for its client to read.
+    fn drop(&mut self) {
+        self.flow.closed.store(true, Ordering::Release);
     }
 }
 
@@ -251,6 +263,10 @@ impl Worker {
         cache: Option<Box<ResultKey>>,
     ) -> bool {
         let seq = conn.next_seq;
+        let flow = match (kind, conn.pg.as_ref()) {
+            (PgRequestKind::Startup, Some(pg)) => Some(pg.flow.clone()),
+            _ => None,
+        };
         let request = PgRequest {
             core: self.id,
             conn: token,
@@ -259,6 +275,7 @@ impl Worker {
             kind,
             messages,
             cache,
+            flow,
         };
         if self.shared.queues[self.id]
             .pg_requests
@@ -291,6 +308,7 @@ impl Worker {
             kind: PgRequestKind::Close,
             messages: Vec::new(),
             cache: None,
+            flow: None,
         };
         conn.next_seq += 1;
         match self.shared.queues[self.id].pg_requests.push(close) {
@@ -323,6 +341,10 @@ impl Worker {
     /// Appends the control plane's reply (or chunk) and moves the session on.
     pub(crate) fn apply_pg_reply(&self, conn: &mut Conn, reply: PgReply) {
         let Some(pg) = conn.pg.as_mut() else { return };
+        // Counted whether kept or not: the control plane counted it as sent.
+        pg.flow
+            .applied
+            .fetch_add(reply.bytes.len() as u64, Ordering::Release);
         if pg.waiting != Some(reply.seq) {
             return;
         }

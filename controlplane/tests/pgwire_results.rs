@@ -203,20 +203,50 @@ INSERT INTO orders SELECT g, g % 3 + 1, (g * 7 % 100)::numeric / 4, CASE WHEN g 
   THEN 'paid' ELSE 'open' END FROM generate_series(1, 300) g;
 ";
 
+/// The origin's address, for raw connections.
+fn origin_addr() -> SocketAddr {
+    let (host, port, _, _) = common::origin_base();
+    format!("{host}:{port}").parse().unwrap()
+}
+
+/// A test database holding [`SCHEMA`], a pgline on it, and raw connections to both.
+struct Lab {
+    db: TestDb,
+    origin_client: tokio_postgres::Client,
+    p: std::sync::Arc<Pgline>,
+    origin: Wire,
+    c: Wire,
+}
+
+async fn lab(tag: &str) -> Lab {
+    let db = TestDb::create(tag).await;
+    let origin_client = db.client().await;
+    origin_client.batch_execute(SCHEMA).await.unwrap();
+    let p = support::start(support::config(&db, 1)).await;
+    let origin = Wire::connect(origin_addr(), &db.name).await;
+    let c = Wire::connect(p.pg_addr().unwrap(), &db.name).await;
+    Lab {
+        db,
+        origin_client,
+        p,
+        origin,
+        c,
+    }
+}
+
 const JOIN_AGG: &str = "SELECT t.name, count(*) AS n, sum(o.amount) AS total \
     FROM orders o JOIN tenants t ON t.id = o.tenant_id \
     GROUP BY t.name ORDER BY t.name";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_aggregate_is_cached_byte_for_byte_and_never_stale() {
-    let db = TestDb::create("pgw_results_join").await;
-    let origin_client = db.client().await;
-    origin_client.batch_execute(SCHEMA).await.unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let (host, port, _, _) = common::origin_base();
-    let origin_addr: SocketAddr = format!("{host}:{port}").parse().unwrap();
-    let mut origin = Wire::connect(origin_addr, &db.name).await;
-    let mut c = Wire::connect(p.pg_addr().unwrap(), &db.name).await;
+    let Lab {
+        db: _db,
+        origin_client,
+        p,
+        mut origin,
+        mut c,
+    } = lab("pgw_results_join").await;
 
     // Simple protocol: the cached answer is exactly the origin's bytes.
     let expected = origin.simple(JOIN_AGG).await;
@@ -277,14 +307,13 @@ async fn join_aggregate_is_cached_byte_for_byte_and_never_stale() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_results_survive_other_tenants_writes() {
-    let db = TestDb::create("pgw_results_tenant").await;
-    let origin_client = db.client().await;
-    origin_client.batch_execute(SCHEMA).await.unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let (host, port, _, _) = common::origin_base();
-    let origin_addr: SocketAddr = format!("{host}:{port}").parse().unwrap();
-    let mut origin = Wire::connect(origin_addr, &db.name).await;
-    let mut c = Wire::connect(p.pg_addr().unwrap(), &db.name).await;
+    let Lab {
+        db: _db,
+        origin_client,
+        p,
+        mut origin,
+        mut c,
+    } = lab("pgw_results_tenant").await;
     let sql = "SELECT count(*), sum(amount) FROM orders WHERE tenant_id = $1";
 
     let t2 = origin.extended(sql, &["2"], true).await;
@@ -410,14 +439,13 @@ async fn volatile_and_oversized_answers_are_not_cached() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_converge_after_concurrent_writes() {
-    let db = TestDb::create("pgw_results_race").await;
-    let origin_client = db.client().await;
-    origin_client.batch_execute(SCHEMA).await.unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let (host, port, _, _) = common::origin_base();
-    let origin_addr: SocketAddr = format!("{host}:{port}").parse().unwrap();
-    let mut origin = Wire::connect(origin_addr, &db.name).await;
-    let mut c = Wire::connect(p.pg_addr().unwrap(), &db.name).await;
+    let Lab {
+        db,
+        origin_client,
+        p,
+        mut origin,
+        mut c,
+    } = lab("pgw_results_race").await;
     let tenant = "SELECT count(*), sum(amount) FROM orders WHERE tenant_id = $1";
     let writer = {
         let w = db.client().await;
@@ -470,8 +498,7 @@ async fn startup_settings_never_reach_the_result_cache() {
         .await
         .unwrap();
     let p = support::start(support::config(&db, 1)).await;
-    let (host, port, _, _) = common::origin_base();
-    let origin_addr: SocketAddr = format!("{host}:{port}").parse().unwrap();
+    let origin_addr = origin_addr();
     let q = "SELECT id, at FROM events WHERE id < 6 ORDER BY id";
     let expected = Wire::connect(origin_addr, &db.name).await.simple(q).await;
     let zoned_expected = Wire::connect_with(origin_addr, &db.name, &[("TimeZone", "Asia/Tokyo")])

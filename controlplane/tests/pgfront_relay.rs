@@ -192,24 +192,6 @@ fn msgs(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
     b.to_vec()
 }
 
-/// Bind of text parameters to `stmt` (unnamed portal, text results).
-fn bind(b: &mut BytesMut, stmt: &str, params: &[&str]) {
-    let mut body = BytesMut::new();
-    body.put_u8(0);
-    body.put_slice(stmt.as_bytes());
-    body.put_u8(0);
-    body.put_i16(0);
-    body.put_i16(params.len() as i16);
-    for p in params {
-        body.put_i32(p.len() as i32);
-        body.put_slice(p.as_bytes());
-    }
-    body.put_i16(0);
-    b.put_u8(b'B');
-    b.put_i32(body.len() as i32 + 4);
-    b.put_slice(&body);
-}
-
 fn frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
     let mut out = Vec::new();
     while b.len() >= 5 {
@@ -398,7 +380,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             PgRequestKind::Batch,
             msgs(|b| {
                 frontend::parse("s1", sql, [23u32], b).unwrap();
-                bind(b, "s1", &["1"]);
+                support::bind_text(b, "s1", &["1"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -423,7 +405,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             1,
             PgRequestKind::Batch,
             msgs(|b| {
-                bind(b, "s1", &["2"]);
+                support::bind_text(b, "s1", &["2"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -461,7 +443,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             1,
             PgRequestKind::Batch,
             msgs(|b| {
-                bind(b, "s1", &["2"]);
+                support::bind_text(b, "s1", &["2"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -489,7 +471,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             PgRequestKind::Batch,
             msgs(|b| {
                 parse_s9(b);
-                bind(b, "s9", &[]);
+                support::bind_text(b, "s9", &[]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -722,7 +704,7 @@ async fn failures_leave_the_bookkeeping_true() {
             PgRequestKind::Batch,
             msgs(|b| {
                 frontend::parse("s9", "SELECT v FROM t WHERE id = $1", [23u32], b).unwrap();
-                bind(b, "s9", &["4"]);
+                support::bind_text(b, "s9", &["4"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -763,7 +745,7 @@ async fn failures_leave_the_bookkeeping_true() {
             PgRequestKind::Batch,
             msgs(|b| {
                 frontend::parse("", "COPY t FROM STDIN", [], b).unwrap();
-                bind(b, "", &[]);
+                support::bind_text(b, "", &[]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),

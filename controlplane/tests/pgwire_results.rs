@@ -9,7 +9,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use common::TestDb;
 use pgline_controlplane::server::Pgline;
 use postgres_protocol::authentication::sasl;
@@ -123,18 +123,7 @@ impl Wire {
     async fn extended(&mut self, sql: &str, params: &[&str], describe: bool) -> Vec<u8> {
         let m = msgs(|b| {
             frontend::parse("", sql, std::iter::empty(), b).unwrap();
-            let mut body = BytesMut::new();
-            body.put_slice(b"\0\0");
-            body.put_i16(0);
-            body.put_i16(params.len() as i16);
-            for p in params {
-                body.put_i32(p.len() as i32);
-                body.put_slice(p.as_bytes());
-            }
-            body.put_i16(0);
-            b.put_u8(b'B');
-            b.put_i32(body.len() as i32 + 4);
-            b.put_slice(&body);
+            support::bind_text(b, "", params);
             if describe {
                 frontend::describe(b'P', "", b).unwrap();
             }

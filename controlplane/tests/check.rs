@@ -37,15 +37,22 @@ fn line<'a>(out: &'a str, name: &str) -> (&'a str, &'a str) {
 async fn passes_against_the_test_origin_and_names_bad_tables() {
     let db = TestDb::create("check").await;
     let c = db.client().await;
+    // Slot names are cluster-wide: named after the database, as a killed run's leftovers
+    // (dropped with their database by the next TestDb) must not collide with this run's.
+    let (pgo, td) = (format!("{}_pgo", db.name), format!("{}_td", db.name));
     // One statement each: a slot cannot be created in a transaction that wrote.
     for sql in [
-        "CREATE TABLE users (id int PRIMARY KEY, name text)",
-        "CREATE TABLE nopk (id int, v text)",
-        "SELECT pg_create_logical_replication_slot('chk_pgo', 'pgoutput')",
-        "SELECT pg_create_logical_replication_slot('chk_td', 'test_decoding')",
+        "CREATE TABLE users (id int PRIMARY KEY, name text)".to_string(),
+        "CREATE TABLE nopk (id int, v text)".to_string(),
+        format!("SELECT pg_create_logical_replication_slot('{pgo}', 'pgoutput')"),
+        format!("SELECT pg_create_logical_replication_slot('{td}', 'test_decoding')"),
     ] {
-        c.batch_execute(sql).await.expect(sql);
+        c.batch_execute(&sql).await.expect(&sql);
     }
+    let (pgo_slot, td_slot) = (
+        format!("replication.slot=\"{pgo}\""),
+        format!("replication.slot=\"{td}\""),
+    );
     let origin = db.conn_string();
     let base = [
         "check",
@@ -58,12 +65,7 @@ async fn passes_against_the_test_origin_and_names_bad_tables() {
     ];
 
     let mut args = base.to_vec();
-    args.extend([
-        "--set",
-        "catalog.tables=[\"users\"]",
-        "--set",
-        "replication.slot=\"chk_pgo\"",
-    ]);
+    args.extend(["--set", "catalog.tables=[\"users\"]", "--set", &pgo_slot]);
     let (code, out, err) = pgline(&args);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(!out.contains("FAIL"), "{out}");
@@ -100,7 +102,7 @@ async fn passes_against_the_test_origin_and_names_bad_tables() {
         "--set",
         "catalog.tables=[\"users\", \"nopk\", \"missing\"]",
         "--set",
-        "replication.slot=\"chk_td\"",
+        &td_slot,
     ]);
     let (code, out, _) = pgline(&args);
     assert_eq!(code, 1, "{out}");
@@ -127,7 +129,10 @@ async fn passes_against_the_test_origin_and_names_bad_tables() {
         l.starts_with("FAIL") && l.contains("test_decoding"),
         "{out}"
     );
-    assert!(fix.contains("pg_drop_replication_slot('chk_td')"), "{out}");
+    assert!(
+        fix.contains(&format!("pg_drop_replication_slot('{td}')")),
+        "{out}"
+    );
     assert!(line(&out, "table users").0.starts_with("PASS"), "{out}");
 }
 

@@ -7,6 +7,7 @@ mod support;
 use common::TestDb;
 use pgline_controlplane::metrics::{render, MetricsSnapshot};
 use pgline_dataplane::store::StoreStats;
+use std::time::Duration;
 
 /// The value of sample `series` (exact name and labels) in `text`.
 fn sample(text: &str, series: &str) -> f64 {
@@ -59,12 +60,24 @@ async fn counters_and_latency_follow_real_traffic() {
             assert!(v.is_some(), "round {round} id {id}");
         }
     }
-    let after = scrape(&p);
-    let sum = |name: &str| -> f64 {
+    let core_sum = |text: &str, name: &str| -> f64 {
         (0..2)
-            .map(|c| sample(&after, &format!("{name}{{core=\"{c}\"}}")))
+            .map(|c| sample(text, &format!("{name}{{core=\"{c}\"}}")))
             .sum()
     };
+    // A turn's service time is recorded after its replies are written: the last GET's may land
+    // just after the client has its answer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let text = scrape(&p);
+        if core_sum(&text, "pgline_core_service_seconds_count") >= 150.0
+            || std::time::Instant::now() > deadline
+        {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let sum = |name: &str| core_sum(&after, name);
     assert_eq!(
         sum("pgline_core_keys_miss_total"),
         50.0,

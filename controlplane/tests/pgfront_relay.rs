@@ -817,17 +817,29 @@ async fn a_slow_reader_holds_the_relay_back() {
             frontend::query("SELECT repeat('x', 1048576) FROM generate_series(1, 24)", b).unwrap()
         }),
     );
+    // Until the relay has stopped: past the window, everything it sent popped, and no more
+    // for 300 ms (without the window it would go on to all 24 MiB).
     let mut popped = 0u64;
-    let until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < until {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut still_since = (0u64, Instant::now());
+    let sent = loop {
         while let Some(x) = d.shared.queues[0].pg_replies.pop() {
             d.applied(&x);
             popped += x.bytes.len() as u64;
             d.stash.lock().unwrap().push(x);
         }
+        let sent = flow.sent.load(Ordering::Relaxed);
+        if sent != still_since.0 || popped + startup_bytes != sent {
+            still_since = (sent, Instant::now());
+        } else if sent >= PG_FLOW_WINDOW && still_since.1.elapsed() > Duration::from_millis(300) {
+            break sent;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay never settled: sent {sent}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let sent = flow.sent.load(Ordering::Relaxed);
+    };
     assert!(
         sent >= PG_FLOW_WINDOW,
         "sent {sent}: the window was not used"

@@ -6,7 +6,6 @@ mod support;
 
 use std::io::Write;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use pgline_dataplane::plane::PgRequestKind;
@@ -129,7 +128,8 @@ fn cached_point_lookups_are_byte_identical_to_the_origin() {
     let ours = simple(&mut c, &sql);
     assert_eq!(ours, simple(&mut lab.origin, &sql));
     assert_eq!(batches(&lab), 2);
-    std::thread::sleep(Duration::from_millis(50));
+    lab.relay
+        .until_seen("the fill", |seen| !seen.misses.is_empty());
     let seen = lab.relay.seen.lock().expect("seen");
     assert_eq!(seen.misses.len(), 1);
     assert_eq!(&*seen.misses[0].keys[0].pk, b"2");
@@ -167,12 +167,11 @@ fn writes_are_forwarded_and_a_bad_message_closes_only_its_connection() {
     let sql = format!("SELECT * FROM {t} WHERE id = 1");
     assert_eq!(simple(&mut good, &sql), simple(&mut lab.origin, &sql));
     // The bad connection's session was closed at the relay.
-    std::thread::sleep(Duration::from_millis(50));
-    let seen = lab.relay.seen.lock().expect("seen");
-    assert!(seen
-        .requests
-        .iter()
-        .any(|(k, _)| *k == PgRequestKind::Close));
+    lab.relay.until_seen("the session's Close", |seen| {
+        seen.requests
+            .iter()
+            .any(|(k, _)| *k == PgRequestKind::Close)
+    });
 }
 
 #[test]

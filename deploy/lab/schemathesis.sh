@@ -46,11 +46,13 @@ psql -q -d postgres -c "CREATE DATABASE $DB"
 PGOPTIONS="--client-min-messages=warning" psql -q -d "$DB" -f deploy/lab/demo.sql >/dev/null
 psql -q -d "$DB" -c "CREATE TABLE extra (id int4 PRIMARY KEY, v text); CREATE TABLE nokey (v text);"
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-RESP_PORT=$(free_port)
-API_PORT=$(free_port)
+# Three distinct free ports, asked for while all three are held (so none is handed out twice).
+read -r RESP_PORT API_PORT PG_PORT < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
 API="http://127.0.0.1:$API_PORT"
 
 PID=
@@ -69,6 +71,7 @@ PGLINE_API_TOKEN="$TOKEN" "$BIN" serve --config deploy/lab/demo.toml \
     --listen "127.0.0.1:$RESP_PORT" \
     --memory 64MiB \
     --set "api.listen=\"127.0.0.1:$API_PORT\"" \
+    --set "pgwire.listen=\"127.0.0.1:$PG_PORT\"" \
     --set "store.max_page=\"4KiB\"" \
     --set "replication.slot=\"$SLOT\"" \
     --set "replication.publication=\"$SLOT\"" \

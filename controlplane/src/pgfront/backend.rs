@@ -8,6 +8,8 @@
 
 use std::collections::HashSet;
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -34,6 +36,59 @@ pub struct Backend {
     pub secret: i32,
     /// Backend statement names this connection has prepared.
     pub prepared: HashSet<String>,
+    /// Cancels sent at this connection that may not have reached it yet.
+    pub cancels: Arc<CancelGate>,
+}
+
+/// The cancels sent at one origin connection that may not have landed yet.
+///
+/// A CancelRequest travels on a connection of its own and takes effect whenever the origin
+/// gets to it: one that lands after the connection has moved on to another session's statement
+/// cancels that statement instead. So a connection goes back to its pool only once every cancel
+/// sent at it has landed (the origin closes the cancel connection after it has signalled the
+/// backend, and a signal that finds the backend idle is ignored), and one whose cancel may
+/// still be on its way is closed instead of pooled.
+#[derive(Debug, Default)]
+pub struct CancelGate {
+    in_flight: AtomicUsize,
+    /// A cancel's fate is unknown (it failed or timed out): it may still land at any time.
+    unknown: AtomicBool,
+    landed: tokio::sync::Notify,
+}
+
+impl CancelGate {
+    /// A cancel is on its way.
+    pub fn sent(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A cancel has landed (`known`), or its fate is unknown.
+    pub fn done(&self, known: bool) {
+        if !known {
+            self.unknown.store(true, Ordering::Release);
+        }
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.landed.notify_waiters();
+    }
+
+    /// Whether no cancel is on its way and none ever went astray.
+    pub fn clear(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0 && !self.unknown.load(Ordering::Acquire)
+    }
+
+    /// Waits until no cancel is on its way (each is bounded by the connect timeout); whether
+    /// the connection may be reused.
+    pub async fn settled(&self) -> bool {
+        loop {
+            let landed = self.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                return !self.unknown.load(Ordering::Acquire);
+            }
+            landed.await;
+        }
+    }
 }
 
 impl Backend {
@@ -46,6 +101,7 @@ impl Backend {
             pid: 0,
             secret: 0,
             prepared: HashSet::new(),
+            cancels: Arc::default(),
         })
     }
 
@@ -199,7 +255,8 @@ async fn open(addr: &OriginAddr, timeout: Duration) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-/// Sends a CancelRequest for the origin backend `(pid, secret)` on a new connection.
+/// Sends a CancelRequest for the origin backend `(pid, secret)` on a new connection; `Ok` once
+/// the origin has acted on it (it closes the connection after signalling the backend).
 pub async fn send_cancel(
     addr: &OriginAddr,
     timeout: Duration,
@@ -210,10 +267,13 @@ pub async fn send_cancel(
     let mut buf = BytesMut::new();
     frontend::cancel_request(pid, secret, &mut buf);
     stream.write_all(&buf).await?;
-    // The origin closes the connection once it has read the request.
     let mut sink = [0u8; 16];
-    let _ = tokio::time::timeout(timeout, stream.read(&mut sink)).await;
-    Ok(())
+    match tokio::time::timeout(timeout, stream.read(&mut sink)).await {
+        Ok(Ok(0)) => Ok(()),
+        Ok(Ok(_)) => Err(io::Error::other("the origin answered a CancelRequest")),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+    }
 }
 
 /// A complete backend message: `tag`, length word, body.
@@ -245,4 +305,34 @@ pub fn compose_error(severity: &str, code: &str, message: &str) -> Vec<u8> {
 /// ReadyForQuery with `status`.
 pub fn compose_ready(status: u8) -> Vec<u8> {
     compose_message(b'Z', &[status])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_is_reusable_only_once_its_cancels_landed() {
+        let gate = Arc::new(CancelGate::default());
+        assert!(gate.clear());
+        gate.sent();
+        gate.sent();
+        assert!(!gate.clear());
+        let waiter = tokio::spawn({
+            let gate = Arc::clone(&gate);
+            async move { gate.settled().await }
+        });
+        gate.done(true);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one cancel is still on its way");
+        gate.done(true);
+        assert!(waiter.await.unwrap());
+        assert!(gate.clear());
+
+        // A cancel whose fate is unknown may land at any time: never reusable again.
+        gate.sent();
+        gate.done(false);
+        assert!(!gate.clear());
+        assert!(!gate.settled().await);
+    }
 }

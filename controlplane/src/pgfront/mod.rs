@@ -48,6 +48,7 @@ use pgline_dataplane::plane::{PgReply, PgRequest, PgRequestKind, Shared};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_postgres::config::Host;
 
+use backend::CancelGate;
 pub use backend::OriginAddr;
 pub use plan::{backend_name, leaves_session_state, PlanError, FENCE_SQL};
 pub use pool::PoolError;
@@ -105,7 +106,7 @@ impl RelayConfig {
 }
 
 /// Where a session's cancel goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum CancelState {
     Idle,
     /// A batch is on its way to a backend; `pending`: a cancel arrived meanwhile.
@@ -116,6 +117,7 @@ enum CancelState {
     Running {
         pid: i32,
         secret: i32,
+        gate: Arc<CancelGate>,
     },
 }
 
@@ -219,20 +221,26 @@ impl RelayState {
             None => return,
         };
         let mut state = lock(&slot);
-        match *state {
-            CancelState::Running { pid, secret } => self.spawn_cancel(pid, secret),
+        match &*state {
+            CancelState::Running { pid, secret, gate } => self.spawn_cancel(*pid, *secret, gate),
             CancelState::Queued { .. } => *state = CancelState::Queued { pending: true },
             CancelState::Idle => {}
         }
     }
 
-    fn spawn_cancel(&self, pid: i32, secret: i32) {
+    /// Sends a cancel at an origin backend; its connection is not pooled again until the
+    /// cancel has landed (`gate`).
+    fn spawn_cancel(&self, pid: i32, secret: i32, gate: &Arc<CancelGate>) {
         let origin = self.cfg.origin.clone();
         let timeout = self.cfg.connect_timeout;
+        let gate = Arc::clone(gate);
+        gate.sent();
         tokio::spawn(async move {
-            if let Err(e) = backend::send_cancel(&origin, timeout, pid, secret).await {
+            let sent = backend::send_cancel(&origin, timeout, pid, secret).await;
+            if let Err(e) = &sent {
                 tracing::warn!(error = %e, "pgwire: cancel to the origin failed");
             }
+            gate.done(sent.is_ok());
         });
     }
 
@@ -258,9 +266,8 @@ impl RelayState {
                         }
                         if kind == PgRequestKind::Close {
                             // Whatever still runs for a client that left is cancelled.
-                            let running = *lock(&h.cancel);
-                            if let CancelState::Running { pid, secret } = running {
-                                self.spawn_cancel(pid, secret);
+                            if let CancelState::Running { pid, secret, gate } = &*lock(&h.cancel) {
+                                self.spawn_cancel(*pid, *secret, gate);
                             }
                         }
                         let _ = h.tx.send(req);

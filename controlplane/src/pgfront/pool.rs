@@ -12,7 +12,7 @@
 //! Thread model: shared by the sessions of that (user, database); a std mutex guards the idle
 //! list (held for a push or pop, never across an await), a `Notify` wakes waiters.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -129,10 +129,26 @@ impl Pool {
         }
     }
 
-    /// Returns a taken connection.
-    pub fn put(&self, b: Backend) {
-        self.lock().idle.push(b);
-        self.notify.notify_one();
+    /// Returns a taken connection: at once, or once the cancels sent at it have landed (see
+    /// [`CancelGate`](super::backend::CancelGate)); closed when one's fate is unknown.
+    pub fn put(self: &Arc<Self>, b: Backend) {
+        if b.cancels.clear() {
+            self.lock().idle.push(b);
+            self.notify.notify_one();
+            return;
+        }
+        let pool = Arc::clone(self);
+        tokio::spawn(async move {
+            let gate = Arc::clone(&b.cancels);
+            if gate.settled().await {
+                pool.lock().idle.push(b);
+                pool.notify.notify_one();
+            } else {
+                tracing::debug!("pgwire: an origin connection with a cancel astray is closed");
+                pool.discard();
+                b.terminate().await;
+            }
+        });
     }
 
     /// A taken connection is gone (broken or closed).

@@ -624,12 +624,13 @@ impl Session {
     /// Marks the batch as running on `b`; sends a cancel that arrived while it was queued.
     fn set_running(&self, b: &Backend) {
         let mut state = lock(&self.cancel);
-        if *state == (CancelState::Queued { pending: true }) {
-            self.relay.spawn_cancel(b.pid, b.secret);
+        if matches!(*state, CancelState::Queued { pending: true }) {
+            self.relay.spawn_cancel(b.pid, b.secret, &b.cancels);
         }
         *state = CancelState::Running {
             pid: b.pid,
             secret: b.secret,
+            gate: Arc::clone(&b.cancels),
         };
     }
 

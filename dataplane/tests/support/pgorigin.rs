@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use pgline_dataplane::pgwire::compose_auth_ok;
@@ -114,6 +114,16 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// Waits (up to 10 s) until what the relay saw satisfies `done`: it runs on its own thread,
+    /// and a core's request may reach it after the client already has its answer.
+    pub fn until_seen(&self, what: &str, done: impl Fn(&Seen) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done(&self.seen.lock().expect("seen")) {
+            assert!(Instant::now() < deadline, "the relay never saw {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Every session gets its own origin connection to `database`.
     pub fn start(shared: Arc<Shared>, database: &str) -> Relay {
         let stop = Arc::new(AtomicBool::new(false));

@@ -255,24 +255,39 @@ async fn open(addr: &OriginAddr, timeout: Duration) -> io::Result<TcpStream> {
     Ok(stream)
 }
 
-/// Sends a CancelRequest for the origin backend `(pid, secret)` on a new connection; `Ok` once
-/// the origin has acted on it (it closes the connection after signalling the backend).
+/// What became of a CancelRequest.
+#[derive(Debug)]
+pub enum CancelSent {
+    /// The origin acted on it (it closes the connection after signalling the backend).
+    Landed,
+    /// It never left: no connection to the origin.
+    NotSent(io::Error),
+    /// It was written, but whether and when it lands is not known.
+    Unknown(io::Error),
+}
+
+/// Sends a CancelRequest for the origin backend `(pid, secret)` on a new connection.
 pub async fn send_cancel(
     addr: &OriginAddr,
     timeout: Duration,
     pid: i32,
     secret: i32,
-) -> io::Result<()> {
-    let mut stream = open(addr, timeout).await?;
+) -> CancelSent {
+    let mut stream = match open(addr, timeout).await {
+        Ok(s) => s,
+        Err(e) => return CancelSent::NotSent(e),
+    };
     let mut buf = BytesMut::new();
     frontend::cancel_request(pid, secret, &mut buf);
-    stream.write_all(&buf).await?;
+    if let Err(e) = stream.write_all(&buf).await {
+        return CancelSent::Unknown(e);
+    }
     let mut sink = [0u8; 16];
     match tokio::time::timeout(timeout, stream.read(&mut sink)).await {
-        Ok(Ok(0)) => Ok(()),
-        Ok(Ok(_)) => Err(io::Error::other("the origin answered a CancelRequest")),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        Ok(Ok(0)) => CancelSent::Landed,
+        Ok(Ok(_)) => CancelSent::Unknown(io::Error::other("the origin answered a CancelRequest")),
+        Ok(Err(e)) => CancelSent::Unknown(e),
+        Err(_) => CancelSent::Unknown(io::ErrorKind::TimedOut.into()),
     }
 }
 

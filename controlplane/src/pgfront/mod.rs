@@ -48,8 +48,8 @@ use pgline_dataplane::plane::{PgReply, PgRequest, PgRequestKind, Shared};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_postgres::config::Host;
 
-use backend::CancelGate;
 pub use backend::OriginAddr;
+use backend::{CancelGate, CancelSent};
 pub use plan::{backend_name, leaves_session_state, PlanError, FENCE_SQL};
 pub use pool::PoolError;
 pub use stats::{normalize, StatementStats};
@@ -236,11 +236,18 @@ impl RelayState {
         let gate = Arc::clone(gate);
         gate.sent();
         tokio::spawn(async move {
-            let sent = backend::send_cancel(&origin, timeout, pid, secret).await;
-            if let Err(e) = &sent {
-                tracing::warn!(error = %e, "pgwire: cancel to the origin failed");
-            }
-            gate.done(sent.is_ok());
+            let known = match backend::send_cancel(&origin, timeout, pid, secret).await {
+                CancelSent::Landed => true,
+                CancelSent::NotSent(e) => {
+                    tracing::warn!(error = %e, "pgwire: cannot send a cancel to the origin");
+                    true
+                }
+                CancelSent::Unknown(e) => {
+                    tracing::warn!(error = %e, "pgwire: a cancel to the origin went astray");
+                    false
+                }
+            };
+            gate.done(known);
         });
     }
 

@@ -505,11 +505,11 @@ impl Session {
             }
         } else {
             if status == b'I' && fence.is_none() {
-                match b.simple(plan::FENCE_SQL).await {
-                    Ok(v) => fence = v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)),
+                match ask_fence(&mut b).await {
+                    Ok(lsn) => fence = Some(lsn),
                     Err(_) => {
-                        // The connection died after the reply: drop it, and ask another one
-                        // (the batch may have written).
+                        // The connection died after the reply, or a cancel sent at it went
+                        // astray: drop it, and ask another one (the batch may have written).
                         self.discard();
                         self.sticky = false;
                         return Some(self.fence_elsewhere().await);
@@ -545,11 +545,9 @@ impl Session {
     /// from then on, never older data than its last write.
     async fn fence_elsewhere(&mut self) -> u64 {
         if let Ok(mut b) = self.backend().await {
-            if let Ok(v) = b.simple(plan::FENCE_SQL).await {
-                if let Some(lsn) = v.flatten().and_then(|t| crate::wal::conn::parse_lsn(&t)) {
-                    self.put_back(b);
-                    return lsn;
-                }
+            if let Ok(lsn) = ask_fence(&mut b).await {
+                self.put_back(b);
+                return lsn;
             }
             self.discard();
             tokio::spawn(b.terminate());
@@ -655,8 +653,10 @@ impl Session {
         let Some(mut b) = self.pinned.take() else {
             return;
         };
-        let mut clean = true;
-        if self.status != b'I' {
+        // A cancel still on its way (the client left while its batch ran) would land on the
+        // clean-up; one gone astray could land on the next session's statement.
+        let mut clean = b.cancels.settled().await;
+        if clean && self.status != b'I' {
             clean &= matches!(b.simple("ROLLBACK").await, Ok(Some(_)));
         }
         if clean && self.sticky {
@@ -670,6 +670,29 @@ impl Session {
             tokio::spawn(b.terminate());
         }
     }
+}
+
+/// The origin's WAL position, asked over `b` once every cancel sent at it has landed (one
+/// landing on the query would lose the fence). An error answer is asked again once; a second
+/// one, a connection error or a cancel gone astray is an error: `b` is not to be reused.
+async fn ask_fence(b: &mut Backend) -> std::io::Result<u64> {
+    if !b.cancels.settled().await {
+        return Err(std::io::Error::other(
+            "a cancel sent at the connection went astray",
+        ));
+    }
+    for _ in 0..2 {
+        let answer = b.simple(plan::FENCE_SQL).await?;
+        if let Some(lsn) = answer
+            .flatten()
+            .and_then(|t| crate::wal::conn::parse_lsn(&t))
+        {
+            return Ok(lsn);
+        }
+    }
+    Err(std::io::Error::other(
+        "the origin refused pg_current_wal_lsn()",
+    ))
 }
 
 /// What a StartupMessage says about the session's pool.

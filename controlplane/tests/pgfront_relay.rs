@@ -580,8 +580,9 @@ async fn cancel_reaches_the_running_query() {
         msgs(|b| frontend::cancel_request(pid, secret, b)),
     );
     let r = d.reply(1, seq).await;
+    // Well before the 10 s sleep would have ended by itself.
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(9),
         "{:?}",
         started.elapsed()
     );

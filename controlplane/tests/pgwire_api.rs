@@ -181,7 +181,7 @@ async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(5), gone)
+    tokio::time::timeout(Duration::from_secs(15), gone)
         .await
         .expect("the session ends when the client leaves");
     p.shutdown().await;

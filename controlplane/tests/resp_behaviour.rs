@@ -158,7 +158,7 @@ async fn connections_past_the_limit_are_refused_and_closed() {
 
     drop(a);
     // The core notices the close on its next turn; a new client then gets the freed place.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(15);
     let mut d = loop {
         let mut d = Raw::connect(&p).await;
         d.send(&encode(&["PING"])).await;
@@ -487,7 +487,7 @@ async fn a_dropped_slot_is_recreated_and_the_cache_flushed() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(p.wait_serving(Duration::from_secs(8)).await);
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while dbsize(&mut r).await != 0 {
         assert!(
             Instant::now() < deadline,
@@ -640,7 +640,7 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
         role.terminate_backends().await >= 1,
         "pgline's backends run as the role"
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(15);
     while p.repl.streaming.load(Ordering::Acquire) {
         assert!(
             Instant::now() < deadline,

@@ -13,7 +13,7 @@ use redis::AsyncCommands;
 /// Sends `bytes`, then reads until the server closes; returns what it answered.
 fn send_and_drain(addr: std::net::SocketAddr, bytes: &[u8], half_close: bool) -> (Vec<u8>, bool) {
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
     let _ = s.write_all(bytes);
     if half_close {
         let _ = s.shutdown(std::net::Shutdown::Write);

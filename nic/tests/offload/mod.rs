@@ -114,7 +114,7 @@ pub fn udp_and_tcp_checksums_offloaded<Q: Queue>(mut q: Q, t: &TapAddr, kernel_m
     let ips = (t.app_ip, t.kernel_ip);
 
     let sock = UdpSocket::bind(SocketAddrV4::new(t.kernel_ip, 0)).expect("udp bind");
-    sock.set_read_timeout(Some(Duration::from_secs(2)))
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
     let port = sock.local_addr().expect("addr").port();
     let payload = b"pgline checksum offload";
@@ -141,7 +141,7 @@ pub fn udp_and_tcp_checksums_offloaded<Q: Queue>(mut q: Q, t: &TapAddr, kernel_m
     syn.extend_from_slice(&[0, 0, 0, 0, 0x50, 0x02]); // ack 0, 20-byte header, SYN
     syn.extend_from_slice(&[0xff, 0xff, 0, 0, 0, 0]); // window, checksum, urgent
     send_with_offload(&mut q, &compose_ipv4(macs, ips, IPPROTO_TCP, syn, 16));
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let mut rx = Vec::new();
     let mut syn_ack = false;
     while !syn_ack && Instant::now() < deadline {

@@ -207,14 +207,14 @@ fn transmit<Q: Queue>(q: &mut Q, bytes: &[u8]) {
 pub fn arp_and_ping_exchange<Q: Queue>(mut q: Q, net: &Veth) {
     let mac = q.mac();
     let mut ping = Command::new("ip")
-        .args(["netns", "exec", &net.ns, "ping", "-c1", "-W2"])
+        .args(["netns", "exec", &net.ns, "ping", "-c1", "-W8"])
         .arg(net.app_ip.to_string())
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn ping");
     let (mut arp_from, mut echoed) = (None, false);
     let mut rx = Vec::with_capacity(32);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(15);
     let status = loop {
         q.rx_burst(&mut rx, 32);
         for m in rx.drain(..) {

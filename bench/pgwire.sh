@@ -74,7 +74,7 @@ stop_pgline() {
     wait "$PGLINE_PID" 2>/dev/null || true
     PGLINE_PID=""
 }
-trap stop_pgline EXIT
+trap 'stop_pgline; deploy/lab/pg.sh drop-slot pgline_pgwire_bench || true' EXIT
 taskset -c "$SERVER_CPUS" "$PGLINE_BIN" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" \
     --cores 1 --memory 1GiB \
     --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \

@@ -57,7 +57,11 @@ VALUE_BYTES=$(psql -q -d $DB -tA -c "SELECT round(avg(octet_length(row_to_json(k
 
 cargo build --release -q -p pgline-controlplane
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    deploy/lab/pg.sh drop-slot pgline_bench || true
+}
 trap cleanup EXIT
 
 taskset -c "$SERVER_CPU" target/release/pgline serve \

@@ -133,7 +133,11 @@ stop_valkey() {
     VALKEY_PID=""
 }
 
-servers_stop() { stop_pgline; stop_valkey; }
+servers_stop() {
+    stop_pgline
+    stop_valkey
+    [ "$DRY" = 1 ] || deploy/lab/pg.sh drop-slot pgline_scenarios || true
+}
 
 # The application's cache-aside state at the start: every row SET, as the reads would leave it.
 valkey_prefill() {

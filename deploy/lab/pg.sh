@@ -4,6 +4,7 @@
 #   deploy/lab/pg.sh start    # initdb if needed, start on 127.0.0.1:$PGLINE_PG_PORT
 #   deploy/lab/pg.sh stop
 #   deploy/lab/pg.sh env      # print the connection settings as shell exports
+#   deploy/lab/pg.sh drop-slot NAME   # drop a replication slot once its walsender is gone
 #
 # The cluster lives in $PGLINE_PG_DIR (default /var/tmp/pgline-pg), listens only on loopback,
 # has wal_level=logical, and its superuser `postgres` has the password `pgline`.
@@ -61,11 +62,30 @@ stop() {
     as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR" -m fast stop >/dev/null 2>&1 || true
 }
 
+# A benchmark's slot goes with the benchmark: pgline's slots are permanent by design (a
+# restart resumes from them), so one left behind holds the origin's WAL from then on. Waits up
+# to 10 s for the slot's walsender to go after its pgline stopped.
+drop_slot() {
+    [[ "$1" =~ ^[a-z0-9_]+$ ]] || { echo "pg.sh: bad slot name: $1" >&2; return 2; }
+    local sql="SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$1'"
+    for _ in $(seq 1 100); do
+        [ "$(as_postgres psql -h /tmp -p "$PG_PORT" -U postgres -d postgres -qtA -c "$sql")" = 0 ] \
+            && return 0
+        as_postgres psql -h /tmp -p "$PG_PORT" -U postgres -d postgres -qtA -c \
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+             WHERE slot_name = '$1' AND NOT active" >/dev/null 2>&1 || true
+        sleep 0.1
+    done
+    echo "pg.sh: replication slot $1 is still in use; not dropped" >&2
+    return 1
+}
+
 case "${1:-start}" in
     start) start ;;
     stop) stop ;;
+    drop-slot) drop_slot "${2:?usage: $0 drop-slot NAME}" ;;
     env)
         echo "export PGHOST=127.0.0.1 PGPORT=$PG_PORT PGUSER=postgres PGPASSWORD=$PG_PASSWORD"
         ;;
-    *) echo "usage: $0 start|stop|env" >&2; exit 2 ;;
+    *) echo "usage: $0 start|stop|env|drop-slot NAME" >&2; exit 2 ;;
 esac

@@ -246,9 +246,12 @@ async fn check_open_and_auth(api: &Api, token: &str) {
             .contains("invalid_token"));
         api.get(path).await.expect(StatusCode::OK, None);
     }
-    anon.json(Method::POST, "/v1/flush", json!({}))
-        .await
-        .expect(StatusCode::UNAUTHORIZED, Some("unauthorized"));
+    // Refused with its body unread: the connection is not to be reused (a GET's error keeps it).
+    let refused = anon.json(Method::POST, "/v1/flush", json!({})).await;
+    assert_eq!(refused.headers[header::CONNECTION], "close");
+    refused.expect(StatusCode::UNAUTHORIZED, Some("unauthorized"));
+    let no_body = anon.get("/v1/status").await;
+    assert!(!no_body.headers.contains_key(header::CONNECTION));
     wrong
         .json(Method::PATCH, "/v1/config", json!({}))
         .await

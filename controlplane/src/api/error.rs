@@ -9,6 +9,7 @@
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -177,14 +178,24 @@ pub async fn jsonify_errors(resp: Response) -> Response {
     Response::from_parts(parts, Body::from(bytes))
 }
 
-/// Middleware (`axum::middleware::map_response`): a 413 answers `Connection: close`.
+/// Middleware (`axum::middleware::from_fn`): an error answer to a request with a body says
+/// `Connection: close`.
 ///
-/// The refused body is left unread, and hyper drains it only if it has all arrived; otherwise
-/// it closes the connection after the answer without saying so, and a keep-alive client that
-/// sends its next request on that connection gets it cut off. Saying `close` makes hyper end the
-/// connection cleanly and tells the client not to reuse it (RFC 9112, section 9.6).
-pub async fn close_after_refused_body(mut resp: Response) -> Response {
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+/// A refused request's body may be left unread (too large, no token, wrong content type), and
+/// hyper drains it only if it has all arrived; otherwise it closes the connection after the
+/// answer without saying so, and a keep-alive client that sends its next request on that
+/// connection gets it cut off. Saying `close` makes hyper end the connection cleanly and tells
+/// the client not to reuse it (RFC 9112, section 9.6). The cost is one new connection after an
+/// error, never after a success.
+pub async fn close_after_refused_body(req: Request, next: Next) -> Response {
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let mut resp = next.run(req).await;
+    let status = resp.status();
+    if has_body && (status.is_client_error() || status.is_server_error()) {
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }

@@ -7,9 +7,10 @@
 //! the same annotated handlers (`utoipa_axum::routes!`), so a route cannot exist without being in
 //! the document or the other way round.
 //!
-//! Request path, outermost first: [`error::close_after_refused_body`] (a 413 says
-//! `Connection: close`) → [`error::jsonify_errors`] (any non-JSON error response gets the
-//! `{error, detail}` body) → timeout → body size limit (`api.max_body_bytes`, 413) →
+//! Request path, outermost first (after the debug log): [`error::close_after_refused_body`] (an
+//! error answer to a request with a body says `Connection: close`) → [`error::jsonify_errors`]
+//! (any non-JSON error response gets the `{error, detail}` body) → timeout → body size limit
+//! (`api.max_body_bytes`, 413) →
 //! [`auth::require_token`] → the route's handler, or [`error::no_route`] (404).
 //!
 //! Thread model: the server runs as one task on the control-plane tokio runtime; handlers run
@@ -163,7 +164,7 @@ pub fn router(state: ApiState, cfg: &ApiConfig) -> Router {
             REQUEST_TIMEOUT,
         ))
         .layer(middleware::map_response(error::jsonify_errors))
-        .layer(middleware::map_response(error::close_after_refused_body))
+        .layer(middleware::from_fn(error::close_after_refused_body))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
 }

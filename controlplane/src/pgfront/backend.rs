@@ -131,7 +131,16 @@ impl Backend {
 
     /// Runs pgline's own simple query; `Ok(Some(first column of the first row))` on success,
     /// `Ok(None)` when the origin answered with an error (the connection is still usable).
+    ///
+    /// First waits for the cancels sent at the connection to land, so that none lands on
+    /// pgline's own query (the fence, the clean-up); a cancel gone astray is an error, the
+    /// connection is not to be reused.
     pub async fn simple(&mut self, sql: &str) -> io::Result<Option<Option<String>>> {
+        if !self.cancels.settled().await {
+            return Err(io::Error::other(
+                "a cancel sent at the connection went astray",
+            ));
+        }
         let mut buf = BytesMut::new();
         frontend::query(sql, &mut buf)?;
         self.write(&buf).await?;

@@ -133,22 +133,25 @@ impl Pool {
     /// [`CancelGate`](super::backend::CancelGate)); closed when one's fate is unknown.
     pub fn put(self: &Arc<Self>, b: Backend) {
         if b.cancels.clear() {
-            self.lock().idle.push(b);
-            self.notify.notify_one();
+            self.push_idle(b);
             return;
         }
         let pool = Arc::clone(self);
         tokio::spawn(async move {
             let gate = Arc::clone(&b.cancels);
             if gate.settled().await {
-                pool.lock().idle.push(b);
-                pool.notify.notify_one();
+                pool.push_idle(b);
             } else {
                 tracing::debug!("pgwire: an origin connection with a cancel astray is closed");
                 pool.discard();
                 b.terminate().await;
             }
         });
+    }
+
+    fn push_idle(&self, b: Backend) {
+        self.lock().idle.push(b);
+        self.notify.notify_one();
     }
 
     /// A taken connection is gone (broken or closed).

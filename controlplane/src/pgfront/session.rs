@@ -653,10 +653,8 @@ impl Session {
         let Some(mut b) = self.pinned.take() else {
             return;
         };
-        // A cancel still on its way (the client left while its batch ran) would land on the
-        // clean-up; one gone astray could land on the next session's statement.
-        let mut clean = b.cancels.settled().await;
-        if clean && self.status != b'I' {
+        let mut clean = true;
+        if self.status != b'I' {
             clean &= matches!(b.simple("ROLLBACK").await, Ok(Some(_)));
         }
         if clean && self.sticky {
@@ -672,15 +670,11 @@ impl Session {
     }
 }
 
-/// The origin's WAL position, asked over `b` once every cancel sent at it has landed (one
-/// landing on the query would lose the fence). An error answer is asked again once; a second
-/// one, a connection error or a cancel gone astray is an error: `b` is not to be reused.
+/// The origin's WAL position, asked over `b` (once its cancels have landed, see
+/// [`Backend::simple`]: one landing on the query would lose the fence). An error answer is asked
+/// again once; a second one, a connection error or a cancel gone astray is an error: `b` is
+/// not to be reused.
 async fn ask_fence(b: &mut Backend) -> std::io::Result<u64> {
-    if !b.cancels.settled().await {
-        return Err(std::io::Error::other(
-            "a cancel sent at the connection went astray",
-        ));
-    }
     for _ in 0..2 {
         let answer = b.simple(plan::FENCE_SQL).await?;
         if let Some(lsn) = answer

@@ -136,9 +136,10 @@ pub struct PgFlow {
 impl PgFlow {
     /// Bytes sent to the client's core that the client has not read yet.
     pub fn outstanding(&self) -> u64 {
+        // Counters only, no data published through them: Relaxed.
         let sent = self.sent.load(Ordering::Relaxed);
-        let applied = self.applied.load(Ordering::Acquire);
-        sent.saturating_sub(applied) + self.backlog.load(Ordering::Acquire)
+        let applied = self.applied.load(Ordering::Relaxed);
+        sent.saturating_sub(applied) + self.backlog.load(Ordering::Relaxed)
     }
 }
 

@@ -143,9 +143,12 @@ impl Worker {
     pub fn next_step(&self, conn: &Conn, more_input: bool, readable: bool) -> Next {
         if let Some(pg) = &conn.pg {
             // After egress: what the client has not read yet, for the relay's flow control.
-            pg.flow
-                .backlog
-                .store(conn.backlog() as u64, Ordering::Release);
+            // Stored only when it changed, so that a connection the relay is not sending to
+            // leaves the shared line alone; no other data is handed over through it.
+            let backlog = conn.backlog() as u64;
+            if pg.flow.backlog.load(Ordering::Relaxed) != backlog {
+                pg.flow.backlog.store(backlog, Ordering::Relaxed);
+            }
         }
         if (conn.closing || (conn.eof && !more_input))
             && conn.output_done()

@@ -263,20 +263,7 @@ impl Worker {
         cache: Option<Box<ResultKey>>,
     ) -> bool {
         let seq = conn.next_seq;
-        let flow = match (kind, conn.pg.as_ref()) {
-            (PgRequestKind::Startup, Some(pg)) => Some(pg.flow.clone()),
-            _ => None,
-        };
-        let request = PgRequest {
-            core: self.id,
-            conn: token,
-            seq,
-            session: conn.session.client_id,
-            kind,
-            messages,
-            cache,
-            flow,
-        };
+        let request = self.pg_request(conn, token, kind, messages, cache);
         if self.shared.queues[self.id]
             .pg_requests
             .push(request)
@@ -295,21 +282,38 @@ impl Worker {
         true
     }
 
+    /// The request of kind `kind` for `conn`, numbered with its next sequence number (the
+    /// session's flow-control counters go with its Startup).
+    fn pg_request(
+        &self,
+        conn: &Conn,
+        token: u64,
+        kind: PgRequestKind,
+        messages: Vec<u8>,
+        cache: Option<Box<ResultKey>>,
+    ) -> PgRequest {
+        let flow = match (kind, conn.pg.as_ref()) {
+            (PgRequestKind::Startup, Some(pg)) => Some(pg.flow.clone()),
+            _ => None,
+        };
+        PgRequest {
+            core: self.id,
+            conn: token,
+            seq: conn.next_seq,
+            session: conn.session.client_id,
+            kind,
+            messages,
+            cache,
+            flow,
+        }
+    }
+
     /// The connection is going away: tell the control plane if it knows the session.
     pub(crate) fn conn_closed(&mut self, conn: &mut Conn, token: u64) {
         if !conn.pg.as_ref().is_some_and(|pg| pg.opened) {
             return;
         }
-        let close = PgRequest {
-            core: self.id,
-            conn: token,
-            seq: conn.next_seq,
-            session: conn.session.client_id,
-            kind: PgRequestKind::Close,
-            messages: Vec::new(),
-            cache: None,
-            flow: None,
-        };
+        let close = self.pg_request(conn, token, PgRequestKind::Close, Vec::new(), None);
         conn.next_seq += 1;
         match self.shared.queues[self.id].pg_requests.push(close) {
             Ok(()) => self.pg_pushed = true,
@@ -341,10 +345,10 @@ impl Worker {
     /// Appends the control plane's reply (or chunk) and moves the session on.
     pub(crate) fn apply_pg_reply(&self, conn: &mut Conn, reply: PgReply) {
         let Some(pg) = conn.pg.as_mut() else { return };
-        // Counted whether kept or not: the control plane counted it as sent.
-        pg.flow
-            .applied
-            .fetch_add(reply.bytes.len() as u64, Ordering::Release);
+        // Counted whether kept or not: the control plane counted it as sent. This core is the
+        // only writer, so no locked add.
+        let applied = pg.flow.applied.load(Ordering::Relaxed) + reply.bytes.len() as u64;
+        pg.flow.applied.store(applied, Ordering::Relaxed);
         if pg.waiting != Some(reply.seq) {
             return;
         }

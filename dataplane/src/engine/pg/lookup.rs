@@ -115,7 +115,7 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
             return Class::Other;
         };
         let ty = column.type_oid;
-        if !matches!(ty, INT2 | INT4 | INT8 | TEXT | VARCHAR | UUID) {
+        if !canonical_key_type(ty) {
             return Class::Other;
         }
         let value = match source {
@@ -176,7 +176,6 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
     }))
 }
 
-/// The canonical pk text of a literal as the classifier wrote it, for a key of type `ty`.
 /// Key types whose canonical text ([`canonical_literal`], [`canonical_param`]) is the text the
 /// origin prints, and so what a WAL tuple carries. Other types (bool, numeric, date, bpchar,
 /// ...) print a value differently from how a client may spell it (`true` vs `t`).
@@ -184,6 +183,7 @@ pub(crate) fn canonical_key_type(ty: u32) -> bool {
     matches!(ty, INT2 | INT4 | INT8 | TEXT | VARCHAR | UUID)
 }
 
+/// The canonical pk text of a literal as the classifier wrote it, for a key of type `ty`.
 pub(crate) fn canonical_literal(lit: &[u8], ty: u32) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     match ty {
@@ -308,10 +308,11 @@ pub(crate) fn canonical_param(
             match ty {
                 INT2 | INT4 | INT8 => canonical_int(value, ty, out),
                 UUID => canonical_uuid_text(value, out),
-                _ => {
+                TEXT | VARCHAR => {
                     out.extend_from_slice(value);
                     Some(())
                 }
+                _ => None,
             }
         }
         Format::Binary => {

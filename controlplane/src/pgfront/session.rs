@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use pgline_dataplane::pgwire;
 use pgline_dataplane::plane::{
     PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultFill, PG_FLOW_WINDOW,
     RESULT_MAX_BYTES,
@@ -704,34 +705,39 @@ struct Startup {
     settings: String,
 }
 
-/// Reads a StartupMessage (protocol 3.0). Parameters are read as bytes (values other than user
-/// and database may be in any encoding); a parameter named twice or a user/database that is
-/// not UTF-8 gives `None`, as the core refuses such packets too: PostgreSQL takes the last of
-/// two values, and reading another one here would put one role's connection into another
-/// role's pool.
+/// Reads a StartupMessage (protocol 3.0) with the core's own parser, so that both read the
+/// same packet the same way: a parameter named twice or a user/database that is not UTF-8 gives
+/// `None`, as the core refuses such packets too (PostgreSQL takes the last of two values, and
+/// reading another one here would put one role's connection into another role's pool). Other
+/// values may be in any encoding.
 fn parse_startup(m: &[u8]) -> Option<Startup> {
-    if m.len() < 8 || m[4..8] != 196_608i32.to_be_bytes() {
+    // The core has applied its own size limit already.
+    let limits = pgwire::Limits {
+        max_startup_bytes: usize::MAX,
+        ..Default::default()
+    };
+    let Ok((pgwire::Startup::Startup(msg), _)) = pgwire::parse_startup(m, &limits) else {
+        return None;
+    };
+    if msg.minor != 0 {
         return None;
     }
-    let mut rest = &m[8..];
-    let mut names: Vec<&[u8]> = Vec::new();
+    let text = |v: &[u8]| {
+        std::str::from_utf8(v)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+    };
+    let user = text(msg.user())?;
+    let database = msg
+        .get(b"database")
+        .and_then(text)
+        .unwrap_or_else(|| user.clone());
     let mut settings: Vec<String> = Vec::new();
-    let (mut user, mut database) = (None, None);
-    loop {
-        let (k, tail) = raw_cstr(rest)?;
-        if k.is_empty() {
-            break;
-        }
-        let (v, tail) = raw_cstr(tail)?;
-        if names.contains(&k) {
-            return None;
-        }
-        names.push(k);
+    for (k, v) in msg.params() {
         match k {
-            b"user" => user = Some(std::str::from_utf8(v).ok()?.to_owned()),
-            b"database" => database = Some(std::str::from_utf8(v).ok()?.to_owned()),
+            b"user" | b"database" | b"application_name" | b"fallback_application_name" => {}
             b"replication" => return None,
-            b"application_name" | b"fallback_application_name" => {}
             b"client_encoding"
                 if [&b"UTF8"[..], b"UTF-8", b"UNICODE"]
                     .iter()
@@ -742,24 +748,13 @@ fn parse_startup(m: &[u8]) -> Option<Startup> {
                 String::from_utf8_lossy(v)
             )),
         }
-        rest = tail;
     }
-    let user = user.filter(|u| !u.is_empty())?;
-    let database = database
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| user.clone());
     settings.sort();
     Some(Startup {
         user,
         database,
         settings: settings.join("\0"),
     })
-}
-
-/// A NUL-terminated byte string at the start of `b`, and the rest after the NUL.
-fn raw_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    let end = b.iter().position(|&c| c == 0)?;
-    Some((&b[..end], &b[end + 1..]))
 }
 
 #[cfg(test)]

@@ -117,7 +117,6 @@ impl Invalid {
 }
 
 /// A checked cursor over one complete message body.
-#[derive(Clone)]
 pub(crate) struct Body<'a> {
     buf: &'a [u8],
     pos: usize,

@@ -74,7 +74,6 @@ impl<'a> StartupMessage<'a> {
 }
 
 /// Iterator over a validated StartupMessage's parameters.
-#[derive(Clone)]
 pub struct StartupParams<'a> {
     body: Body<'a>,
 }
@@ -149,10 +148,10 @@ fn parse_params<'a>(body: &mut Body<'a>, minor: u16) -> Result<StartupMessage<'a
         }
         // Quadratic in the parameter count, which max_startup_bytes bounds (a handful in
         // practice).
-        let earlier = StartupParams {
+        let mut earlier = StartupParams {
             body: Body::new(&params[..consumed]),
         };
-        if earlier.clone().any(|(n, _)| n == name) {
+        if earlier.any(|(n, _)| n == name) {
             return Err(Invalid::AmbiguousStartup);
         }
         consumed = params.len() - check.remaining();

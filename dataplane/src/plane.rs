@@ -169,6 +169,12 @@ pub struct PgReply {
     /// (taken after a write committed, or after a read the origin served). The session may be
     /// served from cache again only once the applied LSN has reached it.
     pub fence_lsn: u64,
+    /// On a reply that ends [`PgReplyEnd::Ready`]: the origin session state this session now
+    /// has was read from the origin after the request (identity: session user and current
+    /// role; name resolution: the resolved search path and temporary objects; unreported
+    /// output settings) and is the one cached answers were made under. False whenever that is
+    /// not known, so the session is not served from cache until a later reply says so.
+    pub serve_cached: bool,
 }
 
 /// Wakes a sleeping party (a core's poll loop, or the control plane's miss dispatcher).

@@ -218,13 +218,8 @@ fn settings_that_change_text_output_turn_hits_off() {
     );
     assert!(!same_simple(&mut lab, &mut c, "RESET DateStyle"));
     assert!(same_simple(&mut lab, &mut c, &ts), "server defaults again");
-    assert!(!same_simple(&mut lab, &mut c, "set EXTRA_float_digits = 0"));
-    assert!(
-        !same_simple(&mut lab, &mut c, &f8),
-        "float text may differ now"
-    );
-    assert!(
-        !same_simple(&mut lab, &mut c, &ts),
-        "the session is tainted"
-    );
+    // Unreported settings (extra_float_digits, bytea_output, search_path, the role...) are
+    // read from the origin by the product relay after each batch; this stand-in relay vouches
+    // for every state, so they are tested through the real relay
+    // (controlplane/tests/adversarial_identity.rs).
 }

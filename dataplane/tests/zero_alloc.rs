@@ -254,6 +254,7 @@ fn answer_startup(shared: &Shared) {
             bytes,
             end: PgReplyEnd::Ready(b'I'),
             fence_lsn: 0,
+            serve_cached: true,
         };
         shared.queues[0].pg_replies.push(reply).expect("reply");
         shared.wake_core(0);

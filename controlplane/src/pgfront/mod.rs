@@ -36,6 +36,7 @@ mod plan;
 mod pool;
 mod results;
 mod session;
+mod state;
 mod stats;
 
 use std::collections::HashMap;
@@ -70,6 +71,9 @@ pub struct RelayConfig {
     pub max_sessions: usize,
     /// User and password of `origin.url`: pools of that user open connections on demand.
     pub credentials: Option<(String, Vec<u8>)>,
+    /// pgline's own origin session settings (`origin.url` with its session options): the
+    /// output settings cached answers were made under are read over it (see `state`).
+    pub own_session: Option<tokio_postgres::Config>,
 }
 
 impl RelayConfig {
@@ -101,6 +105,7 @@ impl RelayConfig {
                 .get_user()
                 .zip(pg.get_password())
                 .map(|(u, p)| (u.to_owned(), p.to_vec())),
+            own_session: Some(pg),
         })
     }
 }
@@ -141,6 +146,9 @@ pub struct RelayState {
     stats: stats::Stats,
     /// The relay is shutting down: nothing waits for slow clients any more.
     stopping: AtomicBool,
+    /// The unreported output settings of pgline's own origin sessions ([`state::UNREPORTED`]),
+    /// read once.
+    baseline: tokio::sync::OnceCell<[String; 4]>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -158,6 +166,7 @@ impl RelayState {
             next_pid: AtomicI32::new(1_000_000),
             stats: stats::Stats::default(),
             stopping: AtomicBool::new(false),
+            baseline: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -166,6 +175,34 @@ impl RelayState {
             .entry((user.to_owned(), database.to_owned(), settings.to_owned()))
             .or_insert_with(|| Arc::new(pool::Pool::new(self.cfg.pool_size)))
             .clone()
+    }
+
+    /// The output settings cached answers were made under: read once over a session of
+    /// pgline's own (as fills and the replication stream run); `None` while the origin cannot
+    /// tell (no session is then served from cache).
+    async fn baseline(&self) -> Option<&[String; 4]> {
+        let cfg = self.cfg.own_session.as_ref()?;
+        self.baseline
+            .get_or_try_init(|| async {
+                let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+                let task = tokio::spawn(conn);
+                let sql = format!(
+                    "SELECT {}",
+                    state::UNREPORTED
+                        .map(|n| format!("current_setting('{n}')"))
+                        .join(", ")
+                );
+                let row = client.query_one(&sql, &[]).await;
+                drop(client);
+                let _ = task.await;
+                let row = row?;
+                Ok::<_, tokio_postgres::Error>([0, 1, 2, 3].map(|i| row.get::<_, String>(i)))
+            })
+            .await
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "pgwire: cannot read pgline's own session settings");
+            })
+            .ok()
     }
 
     /// (idle, total) origin connections of the (user, database) pools, all startup settings.

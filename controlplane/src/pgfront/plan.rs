@@ -328,7 +328,7 @@ pub fn add_fence(plan: &mut Plan) {
     plan.acts.push(Act::Query { hidden: true });
 }
 
-pub const FENCE_SQL: &str = "SELECT pg_current_wal_lsn()";
+pub use super::state::FENCE_SQL;
 
 /// The query pipelined before a cacheable statement: under READ COMMITTED the statement's own
 /// snapshot is taken later, so it sees everything this one sees.
@@ -379,6 +379,8 @@ pub struct Tracker {
     last_client: usize,
     /// The LSN the fence query returned.
     pub fence: Option<u64>,
+    /// The session state the fence query returned with it (`state::OriginState`).
+    pub fence_state: Option<super::state::OriginState>,
     /// The text the snapshot query returned.
     pub snapshot: Option<String>,
     /// The RowDescription of a hidden Describe.
@@ -401,6 +403,7 @@ impl Tracker {
             error: false,
             last_client,
             fence: None,
+            fence_state: None,
             snapshot: None,
             described: None,
             failed: false,
@@ -482,6 +485,8 @@ impl Tracker {
                     out.extend_from_slice(frame);
                 } else if tag == b'D' {
                     self.fence = parse_fence_row(frame);
+                    self.fence_state = super::state::row_columns(frame)
+                        .and_then(|c| super::state::OriginState::from_columns(c.get(1..)?));
                 }
                 match tag {
                     b'Z' => return self.ready(frame),

@@ -34,6 +34,7 @@ use super::backend::{compose_error, compose_message, compose_ready, Backend, Ope
 use super::plan::{self, Plan, Step, Stmt, Tracker};
 use super::pool::{Pool, PoolError};
 use super::results;
+use super::state::{self, OriginState};
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
 
 /// How a batch went on its backend.
@@ -41,8 +42,8 @@ use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
 struct Outcome {
     /// The status of the client's last ReadyForQuery, once it went out.
     status: Option<u8>,
-    /// The pipelined fence's LSN (only when the batch ended idle).
-    fence: Option<u64>,
+    /// The pipelined fence's LSN and the state read with it (only when the batch ended idle).
+    fence: Option<(u64, Option<OriginState>)>,
     /// An ErrorResponse went to the client.
     failed: bool,
     /// The connection failed; it must be dropped.
@@ -68,6 +69,9 @@ struct Out<'a> {
     capture: Option<Vec<u8>>,
     /// The session's flow control (none for a session the relay does not know).
     flow: Option<Arc<PgFlow>>,
+    /// Goes with the last reply: the session's origin state serves cached answers
+    /// ([`PgReply::serve_cached`]).
+    serve_cached: bool,
 }
 
 impl Out<'_> {
@@ -119,6 +123,7 @@ impl Out<'_> {
             bytes,
             end,
             fence_lsn,
+            serve_cached: self.serve_cached && matches!(end, PgReplyEnd::Ready(_)),
         };
         self.relay.push_reply(self.core, reply).await;
     }
@@ -137,6 +142,7 @@ fn out_for<'a>(relay: &'a RelayState, req: &PgRequest, flow: Option<&Arc<PgFlow>
         sent: 0,
         capture: None,
         flow: flow.cloned(),
+        serve_cached: false,
     }
 }
 
@@ -160,11 +166,20 @@ pub(super) struct Session {
     key: (i32, i32),
     cancel: Arc<Mutex<CancelState>>,
     pool: Option<Arc<Pool>>,
+    /// The pool key's startup settings, until login completes (the key also holds the login
+    /// state, known only then).
+    startup_settings: String,
+    /// The origin state right after login ([`OriginState::fingerprint`]): a backend of this
+    /// session's pool in another state holds session state.
+    login_state: String,
+    /// The origin state after the session's last batch serves cached answers.
+    serve_cached: bool,
     /// The origin connection being authenticated.
     auth: Option<Backend>,
     /// The client's StartupMessage.
     startup: Vec<u8>,
     user: String,
+    database: String,
     stmts: HashMap<String, Stmt>,
     pinned: Option<Backend>,
     /// Left session state behind: keeps its backend until the end.
@@ -193,9 +208,13 @@ impl Session {
             key,
             cancel,
             pool: None,
+            startup_settings: String::new(),
+            login_state: String::new(),
+            serve_cached: false,
             auth: None,
             startup: Vec::new(),
             user: String::new(),
+            database: String::new(),
             stmts: HashMap::new(),
             pinned: None,
             sticky: false,
@@ -243,8 +262,9 @@ impl Session {
         else {
             return self.fatal(&req, "08P01", "invalid startup packet").await;
         };
-        self.pool = Some(self.relay.pool(&user, &database, &settings));
+        self.database = database;
         self.plain_startup = settings.is_empty();
+        self.startup_settings = settings;
         self.startup.clone_from(&req.messages);
         self.user = user;
         let cfg = &self.relay.cfg;
@@ -319,7 +339,28 @@ impl Session {
                 }
                 b'Z' => {
                     out.buf.extend_from_slice(&frame);
-                    let pool = self.pool.as_ref().expect("set at startup");
+                    let login = match state::ask_state(&mut b).await {
+                        Ok(Some(s)) => s,
+                        Ok(None) => {
+                            tokio::spawn(b.terminate());
+                            out.buf = compose_error(
+                                "FATAL",
+                                "08006",
+                                "pgline: the origin did not tell the session's state",
+                            );
+                            self.closed = true;
+                            return out.finish(PgReplyEnd::Close, 0).await;
+                        }
+                        Err(e) => return self.origin_gone(&req, &e).await,
+                    };
+                    self.login_state = login.fingerprint();
+                    self.serve_cached = self.serves_cache(&login).await;
+                    out.serve_cached = self.serve_cached;
+                    // Sessions share connections only with sessions that logged in to the
+                    // same state (a role or database default changed since is another pool).
+                    let key = format!("{}\0{}", self.startup_settings, self.login_state);
+                    let pool = self.relay.pool(&self.user, &self.database, &key);
+                    self.pool = Some(pool.clone());
                     if let Some(extra) = pool.join(b) {
                         tokio::spawn(extra.terminate());
                     }
@@ -339,6 +380,14 @@ impl Session {
                 }
                 _ => out.buf.extend_from_slice(&frame),
             }
+        }
+    }
+
+    /// Whether `s` is a state cached answers were made under, for this session's login user.
+    async fn serves_cache(&self, s: &OriginState) -> bool {
+        match self.relay.baseline().await {
+            Some(baseline) => s.serves_cache(&self.user, baseline),
+            None => false,
         }
     }
 
@@ -463,7 +512,19 @@ impl Session {
             out.buf.extend_from_slice(&compose_ready(b'I'));
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         };
-        if let (Some((key, lease)), b'I', false, None) = (cache, status, o.failed, &o.broken) {
+        // An answer is kept only if the session's origin state was the cache's before the
+        // statement (so its pooled backend's too) and still is after it.
+        let served_before = self.serve_cached;
+        let broken = o.broken.is_some();
+        let fence = self.settle(b, &o, status, &sql).await;
+        if let (Some((key, lease)), b'I', false, false, true, true) = (
+            cache,
+            status,
+            o.failed,
+            broken,
+            served_before,
+            self.serve_cached,
+        ) {
             let answer = out
                 .capture
                 .take()
@@ -478,7 +539,7 @@ impl Session {
                 relay.shared.control_waker.wake();
             }
         }
-        let fence = self.settle(b, &o, status, &sql).await;
+        out.serve_cached = self.serve_cached;
         out.finish(PgReplyEnd::Ready(status), fence.unwrap_or(0))
             .await;
     }
@@ -492,7 +553,10 @@ impl Session {
         sql: &[String],
     ) -> Option<u64> {
         self.status = status;
-        let mut fence = o.fence;
+        // Known again only from a state read after this batch.
+        self.serve_cached = false;
+        let mut fence = o.fence.as_ref().map(|(lsn, _)| *lsn);
+        let mut after = o.fence.as_ref().and_then(|(_, s)| s.clone());
         if o.broken.is_some() {
             // Only the hidden fence was lost: the client's reply is whole.
             self.discard();
@@ -507,7 +571,10 @@ impl Session {
         } else {
             if status == b'I' && fence.is_none() {
                 match ask_fence(&mut b).await {
-                    Ok(lsn) => fence = Some(lsn),
+                    Ok((lsn, s)) => {
+                        fence = Some(lsn);
+                        after = s;
+                    }
                     Err(_) => {
                         // The connection died after the reply, or a cancel sent at it went
                         // astray: drop it, and ask another one (the batch may have written).
@@ -522,6 +589,18 @@ impl Session {
                 b.prepared.clear();
             }
             self.sticky |= sql.iter().any(|s| plan::leaves_session_state(s));
+            if status == b'I' {
+                // However the batch changed the backend's session (SET, set_config under any
+                // spelling, a function), the origin's own answer shows it: a backend no longer
+                // in its login state stays with this session and is reset at its end.
+                match &after {
+                    Some(s) => {
+                        self.sticky |= s.fingerprint() != self.login_state;
+                        self.serve_cached = self.serves_cache(s).await;
+                    }
+                    None => self.sticky = true,
+                }
+            }
             if status == b'I' && !self.sticky {
                 if clears && o.failed {
                     // Whether the DISCARD/DEALLOCATE ran is not known: the connection's
@@ -546,7 +625,7 @@ impl Session {
     /// from then on, never older data than its last write.
     async fn fence_elsewhere(&mut self) -> u64 {
         if let Ok(mut b) = self.backend().await {
-            if let Ok(lsn) = ask_fence(&mut b).await {
+            if let Ok((lsn, _)) = ask_fence(&mut b).await {
                 self.put_back(b);
                 return lsn;
             }
@@ -600,7 +679,10 @@ impl Session {
                     }
                 }
                 Step::HiddenDone => {
-                    o.fence = tracker.fence.filter(|_| o.status == Some(b'I'));
+                    o.fence = tracker
+                        .fence
+                        .map(|lsn| (lsn, tracker.fence_state.take()))
+                        .filter(|_| o.status == Some(b'I'));
                     break;
                 }
             }
@@ -662,6 +744,13 @@ impl Session {
             clean &= matches!(b.simple("DISCARD ALL").await, Ok(Some(_)));
             b.prepared.clear();
         }
+        // Pooled again only in the state its pool's sessions logged in to: DISCARD ALL resets
+        // what SET, SET ROLE and set_config did, but not, say, a temporary schema's objects
+        // whose dropping failed, or a state the login itself did not have.
+        if clean {
+            clean &= matches!(state::ask_state(&mut b).await,
+                Ok(Some(s)) if s.fingerprint() == self.login_state);
+        }
         if clean {
             self.put_back(b);
         } else {
@@ -675,14 +764,18 @@ impl Session {
 /// [`Backend::simple`]: one landing on the query would lose the fence). An error answer is asked
 /// again once; a second one, a connection error or a cancel gone astray is an error: `b` is
 /// not to be reused.
-async fn ask_fence(b: &mut Backend) -> std::io::Result<u64> {
+async fn ask_fence(b: &mut Backend) -> std::io::Result<(u64, Option<OriginState>)> {
     for _ in 0..2 {
-        let answer = b.simple(plan::FENCE_SQL).await?;
-        if let Some(lsn) = answer
+        let Some(cols) = state::query_row(b, plan::FENCE_SQL).await? else {
+            continue;
+        };
+        if let Some(lsn) = cols
+            .first()
+            .cloned()
             .flatten()
             .and_then(|t| crate::wal::conn::parse_lsn(&t))
         {
-            return Ok(lsn);
+            return Ok((lsn, OriginState::from_columns(&cols[1..])));
         }
     }
     Err(std::io::Error::other(

@@ -171,6 +171,9 @@ impl Relay {
                     bytes,
                     end,
                     fence_lsn: 0,
+                    // The product relay reads the session's state from the origin after each
+                    // batch; this stand-in's sessions never change theirs unless a test does.
+                    serve_cached: true,
                 };
                 shared.queues[0]
                     .pg_replies

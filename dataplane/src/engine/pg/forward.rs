@@ -66,11 +66,7 @@ impl Worker {
                     name,
                     query,
                     param_types,
-                } => {
-                    pg.settings.note_statement(query);
-                    remember_parse(pg, name, query, param_types, raw, true)
-                }
-                Frontend::Query(query) => pg.settings.note_statement(query),
+                } => remember_parse(pg, name, query, param_types, raw, true),
                 Frontend::Bind(b) => {
                     if let Some(s) = pg.statements.get_mut(b.statement) {
                         s.relay_knows = true;

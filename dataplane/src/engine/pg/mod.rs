@@ -179,9 +179,6 @@ impl Worker {
             Startup::Cancel { .. } => PgRequestKind::Cancel,
             Startup::Startup(m) => {
                 if let Some(pg) = conn.pg.as_mut() {
-                    for (name, value) in m.params() {
-                        pg.settings.note_startup_param(name, value);
-                    }
                     pg.settings.note_identity(
                         m.user(),
                         m.database(),
@@ -365,6 +362,7 @@ impl Worker {
             PgReplyEnd::Auth => pg.waiting = None,
             PgReplyEnd::Ready(status) => {
                 pg.waiting = None;
+                pg.settings.note_origin_state(reply.serve_cached);
                 pg.tx_status = status;
                 pg.phase = Phase::Ready;
             }

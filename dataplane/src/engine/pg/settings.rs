@@ -1,36 +1,35 @@
 //! The session settings guard: cached answers hold the text output pgline's own origin
-//! sessions produced (server defaults), so a client session whose settings change the text of
-//! a returned column must not get them.
+//! sessions produced, as pgline's role reads the rows, so a session gets them only while the
+//! origin, in that session's exact state, would send the same bytes.
 //!
 //! The rule:
-//! - no hits at all unless the session's user is one the operator lets read the cache
+//! - no hits at all unless the session's login user is one the operator lets read the cache
 //!   (`EngineConfig::pg_cache_users`: `origin.url`'s user and `pgwire.cache_users`) and its
-//!   database is the one pgline caches (`origin.url`'s): the store holds one database's rows
-//!   as pgline's own role reads them, so another database's same-named table, or a role
-//!   without the privilege (or under row-level security), must go to the origin;
+//!   database is the one pgline caches (`origin.url`'s);
+//! - no hits at all unless the relay's last reply said the session's origin state is the
+//!   cache's ([`PgReply::serve_cached`](crate::plane::PgReply)): the relay reads it from the
+//!   origin after every batch that ends idle (and at login) with one hidden query: session user
+//!   and current role equal to the login user (no `SET ROLE`, no `SET SESSION
+//!   AUTHORIZATION`), the resolved search path exactly `pg_catalog, public` with no temporary
+//!   relation or type, and `extra_float_digits`, `bytea_output`, `lc_monetary`,
+//!   `transform_null_equals` as pgline's own sessions have them. However the state changed
+//!   (`SET`, `set_config` under any spelling, a function, a role or database default, startup
+//!   `options`), the origin says so; nothing here reads statement text;
 //! - no hits at all unless the session's `client_encoding` is `UTF8` (text is stored in the
 //!   server's encoding, assumed UTF-8) and `standard_conforming_strings` is on (literal keys
 //!   are read with standard quoting);
-//! - no hits at all once the session may have changed a setting that is not reported but
-//!   changes output: any forwarded simple Query or Parse whose text mentions
-//!   `extra_float_digits` (floats), `bytea_output` (bytea) or `lc_monetary` (money), in any
-//!   case (SET, RESET, `set_config`, ...), or `search_path` or the word `temp`, `temporary` or
-//!   `pg_temp` (a temporary table may hide a cached one), or a StartupMessage carrying one of
-//!   those or `options`;
 //! - a lookup returning a column of a date/time type (date, time, timetz, timestamp,
 //!   timestamptz, interval, or an array of one) is served only while the session's `DateStyle`
 //!   is `ISO, MDY`, its `IntervalStyle` is `postgres`, and its `TimeZone` is UTC (`UTC`,
 //!   `Etc/UTC`, `GMT`, `Etc/GMT`): pgline's own origin sessions run with `TimeZone=UTC`, so
 //!   on a server whose default zone is another one, date/time columns always go to the origin.
 //!
-//! The session's values come from the ParameterStatus messages of every reply the control
-//! plane sends (the startup reply, and e.g. the one `SET TimeZone` produces), scanned by
-//! [`ReplyScan`] across chunk boundaries.
+//! The reported settings come from the ParameterStatus messages of every reply the control
+//! plane sends (the startup reply, and e.g. the one `SET TimeZone` or a function's
+//! `set_config('TimeZone', ...)` produces), scanned by [`ReplyScan`] across chunk boundaries.
 //!
-//! Invariants: flags only; the hit path reads two booleans. Thread model: the owning core.
-//! Limitations: a taint is for the session's life (a later `RESET` does not clear it);
-//! settings changed by a function or a role/database default are not seen (the origin
-//! sessions of pgline see the same role/database defaults only if they use the same role).
+//! Invariants: flags only; the hit path reads two booleans. A session starts refused and is
+//! served only once a reply vouched for its state. Thread model: the owning core.
 
 /// Type OIDs whose text output depends on DateStyle, IntervalStyle or TimeZone (and arrays).
 const DATETIME: [u32; 12] = [
@@ -40,15 +39,6 @@ const DATETIME: [u32; 12] = [
 /// Zone names whose timestamptz output is pgline's own (its origin sessions run
 /// `TimeZone=UTC`, `crate`-external: `SESSION_OPTIONS` in the control plane's config).
 const UTC_NAMES: [&[u8]; 4] = [b"UTC", b"Etc/UTC", b"GMT", b"Etc/GMT"];
-
-/// Words whose mention in a statement taints the session (`search_path`: unqualified table
-/// names are resolved in `public`).
-const TAINT: [&[u8]; 4] = [
-    b"extra_float_digits",
-    b"bytea_output",
-    b"lc_monetary",
-    b"search_path",
-];
 
 /// Whether a column of type `oid` prints differently under other DateStyle/IntervalStyle/
 /// TimeZone.
@@ -63,7 +53,8 @@ pub(crate) struct Settings {
     interval_style_ok: bool,
     tz_ok: bool,
     encoding_ok: bool,
-    tainted: bool,
+    /// The relay's last word on the session's origin state (see the module doc).
+    origin_state_ok: bool,
     /// `standard_conforming_strings` is off: `'a\\b'` means `a\b` at the origin, not the
     /// text pgline's literal reader sees.
     escapes_in_strings: bool,
@@ -74,7 +65,7 @@ pub(crate) struct Settings {
 impl Settings {
     /// Any hit at all.
     pub(crate) fn plain(&self) -> bool {
-        self.identity_ok && self.encoding_ok && !self.tainted && !self.escapes_in_strings
+        self.identity_ok && self.encoding_ok && self.origin_state_ok && !self.escapes_in_strings
     }
 
     /// The StartupMessage's user and database (after its defaults), against the identities
@@ -95,23 +86,9 @@ impl Settings {
         self.date_style_ok && self.interval_style_ok && self.tz_ok
     }
 
-    /// A StartupMessage parameter.
-    pub(crate) fn note_startup_param(&mut self, name: &[u8], _value: &[u8]) {
-        if name == b"options" || TAINT.iter().any(|w| name.eq_ignore_ascii_case(w)) {
-            self.tainted = true;
-        }
-    }
-
-    /// A forwarded statement text.
-    pub(crate) fn note_statement(&mut self, text: &[u8]) {
-        if !self.tainted
-            && (TAINT.iter().any(|w| contains_ignore_case(text, w))
-                || TEMP_WORDS
-                    .iter()
-                    .any(|w| contains_word_ignore_case(text, w)))
-        {
-            self.tainted = true;
-        }
+    /// The relay's verdict on the session's origin state, from a reply that ended Ready.
+    pub(crate) fn note_origin_state(&mut self, serve_cached: bool) {
+        self.origin_state_ok = serve_cached;
     }
 
     /// A ParameterStatus; `startup`: part of the startup reply.
@@ -125,27 +102,6 @@ impl Settings {
             _ => {}
         }
     }
-}
-
-/// Words (whole, any case) of statements that may create a temporary object: a temp table
-/// named like a cached one hides it for the rest of the session (`pg_temp` is first on the
-/// search path), so the session's lookups must go to the origin. A column named `temp` taints
-/// too: the safe side.
-const TEMP_WORDS: [&[u8]; 3] = [b"temp", b"temporary", b"pg_temp"];
-
-/// `word` in `text` with no identifier character on either side.
-fn contains_word_ignore_case(text: &[u8], word: &[u8]) -> bool {
-    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
-    text.windows(word.len()).enumerate().any(|(i, w)| {
-        w.eq_ignore_ascii_case(word)
-            && (i == 0 || !ident(text[i - 1]))
-            && text.get(i + word.len()).is_none_or(|&c| !ident(c))
-    })
-}
-
-fn contains_ignore_case(text: &[u8], word: &[u8]) -> bool {
-    text.windows(word.len())
-        .any(|w| w.eq_ignore_ascii_case(word))
 }
 
 /// Finds the ParameterStatus messages in a stream of backend messages delivered in chunks.
@@ -246,55 +202,25 @@ mod tests {
         ] {
             s.note_status(n, v, true);
         }
+        // Not before the relay vouched for the session's origin state.
+        assert!(!s.plain());
+        s.note_origin_state(true);
         assert!(s.plain() && s.datetime_ok());
         s.note_status(b"TimeZone", b"Asia/Tokyo", false);
         assert!(!s.datetime_ok());
         s.note_status(b"TimeZone", b"Etc/UTC", false);
         assert!(s.datetime_ok());
-        s.note_statement(b"set Extra_Float_Digits = 3");
+        // A later reply that finds another role, search path or setting turns hits off, and
+        // one that finds the clean state again turns them back on.
+        s.note_origin_state(false);
         assert!(!s.plain());
-        let mut s = Settings::default();
-        s.note_identity(b"app", b"appdb", &users, Some("appdb"));
-        s.note_status(b"client_encoding", b"UTF8", true);
+        s.note_origin_state(true);
         assert!(s.plain());
-        s.note_statement(b"SET search_path = tenant_7");
-        assert!(!s.plain());
-        let mut s = Settings::default();
-        s.note_identity(b"app", b"appdb", &users, Some("appdb"));
-        s.note_status(b"client_encoding", b"UTF8", true);
         s.note_status(b"standard_conforming_strings", b"off", false);
         assert!(!s.plain());
         s.note_status(b"standard_conforming_strings", b"on", false);
         assert!(s.plain());
-    }
-
-    #[test]
-    fn temporary_objects_taint() {
-        let users = vec!["app".to_string()];
-        let fresh = || {
-            let mut s = Settings::default();
-            s.note_identity(b"app", b"appdb", &users, Some("appdb"));
-            s.note_status(b"client_encoding", b"UTF8", true);
-            s
-        };
-        for text in [
-            &b"CREATE TEMP TABLE users (id int)"[..],
-            b"create temporary view v as select 1",
-            b"SELECT * INTO\nTemp t FROM users",
-            b"CREATE TABLE pg_temp.users (id int)",
-        ] {
-            let mut s = fresh();
-            s.note_statement(text);
-            assert!(!s.plain(), "{text:?}");
-        }
-        for text in [
-            &b"SELECT temperature FROM readings"[..],
-            b"SELECT * FROM templates WHERE id = 1",
-            b"UPDATE t SET attempts = 2",
-        ] {
-            let mut s = fresh();
-            s.note_statement(text);
-            assert!(s.plain(), "{text:?}");
-        }
+        s.note_status(b"client_encoding", b"LATIN1", false);
+        assert!(!s.plain());
     }
 }

@@ -1,0 +1,296 @@
+//! A backend's session state as the origin reports it, and whether cached answers fit it.
+//!
+//! Cached answers (point lookups from the store, stored query results) are the bytes the
+//! origin sends pgline's own sessions: pgline's role reading the rows, names resolved in
+//! `public`, pgline's output settings. A client session may get them only while the origin,
+//! in that session's exact state, would send the same bytes. Rather than guess that state from
+//! statement text (which `set_config('search'||'_path', ...)`, a function, a role default or a
+//! startup `options` evade), the relay asks the origin: the fence query that follows every
+//! batch ending idle (and a query at login) returns, beside the WAL position, these columns:
+//!
+//! - `session_user` and `current_user`: `SET ROLE`, `SET SESSION AUTHORIZATION` and
+//!   `set_config('role', ...)` show here (a `SECURITY DEFINER` function's role lasts only
+//!   while it runs);
+//! - the resolved search path (`current_schemas(true)`, so `"$user"`, role and database
+//!   defaults, startup options and `pg_temp` are all resolved) and whether the session has
+//!   temporary relations or types (an empty temporary schema stays on the path after `DISCARD
+//!   ALL` and hides nothing);
+//! - the output settings the origin does not report with ParameterStatus
+//!   ([`UNREPORTED`]); the reported ones (`DateStyle`, `IntervalStyle`, `TimeZone`,
+//!   `client_encoding`, `standard_conforming_strings`) the core follows itself.
+//!
+//! Every name in the query is schema-qualified: a session with `pg_catalog` late on its path
+//! cannot substitute its own `current_setting`.
+//!
+//! Two uses:
+//! - [`OriginState::serves_cache`]: the verdict the core gets with each reply
+//!   ([`pgline_dataplane::plane::PgReply::serve_cached`]);
+//! - [`OriginState::fingerprint`]: a session's state right after login (part of its pool's
+//!   key) against the backend's state after a batch. A backend whose state moved away from
+//!   its login state holds session state: its session keeps it (pinned), and at the session's
+//!   end it goes back to the pool only if `DISCARD ALL` brought the fingerprint back.
+
+use std::io;
+
+use bytes::BytesMut;
+use postgres_protocol::message::frontend;
+
+use super::backend::Backend;
+
+/// Output settings the origin does not report, whose values must equal pgline's own sessions'
+/// for a cached answer to be the origin's: floats, bytea, money, and `x = NULL` read as
+/// `x IS NULL`.
+pub const UNREPORTED: [&str; 4] = [
+    "extra_float_digits",
+    "bytea_output",
+    "lc_monetary",
+    "transform_null_equals",
+];
+
+/// The state columns of the fence query (after the LSN) and of [`STATE_SQL`], in
+/// [`OriginState`]'s order. The temporary-object check runs only when the session has a
+/// temporary schema (a CASE evaluates its sub-selects lazily).
+macro_rules! state_columns {
+    () => {
+        "pg_catalog.\"session_user\"()::pg_catalog.text, \
+         pg_catalog.\"current_user\"()::pg_catalog.text, \
+         pg_catalog.array_to_string(pg_catalog.current_schemas(true), ','), \
+         CASE WHEN pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.=) 0 THEN 'false' \
+         ELSE (EXISTS (SELECT FROM pg_catalog.pg_class WHERE relnamespace \
+         OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+         OR EXISTS (SELECT FROM pg_catalog.pg_type WHERE typnamespace \
+         OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()))::pg_catalog.text END, \
+         pg_catalog.current_setting('extra_float_digits'), \
+         pg_catalog.current_setting('bytea_output'), \
+         pg_catalog.current_setting('lc_monetary'), \
+         pg_catalog.current_setting('transform_null_equals')"
+    };
+}
+
+/// The fence query: the WAL position, then the state (its reply is hidden from the client).
+pub const FENCE_SQL: &str = concat!(
+    "SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text, ",
+    state_columns!()
+);
+
+/// The state alone (at login, and after `DISCARD ALL`).
+pub const STATE_SQL: &str = concat!("SELECT ", state_columns!());
+
+/// The one search path whose name resolution the store follows: unqualified names are read as
+/// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.
+pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
+
+/// One backend's session state (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginState {
+    pub session_user: String,
+    pub current_user: String,
+    /// `current_schemas(true)` joined by `,`, without an empty temporary schema.
+    pub search_path: String,
+    pub temp_objects: bool,
+    /// [`UNREPORTED`]'s values, in order.
+    pub settings: [String; 4],
+}
+
+impl OriginState {
+    /// From the text columns of the state query (`None` when any is missing or NULL).
+    pub fn from_columns(cols: &[Option<String>]) -> Option<OriginState> {
+        let text = |i: usize| cols.get(i).cloned().flatten();
+        let temp_objects = text(3)? == "true";
+        let mut search_path = text(2)?;
+        if !temp_objects {
+            // An empty temporary schema stays on the path (after DISCARD ALL) and hides nothing.
+            if let Some(rest) = search_path
+                .strip_prefix("pg_temp_")
+                .and_then(|r| r.split_once(','))
+                .filter(|(n, _)| n.bytes().all(|b| b.is_ascii_digit()))
+                .map(|(_, rest)| rest.to_owned())
+            {
+                search_path = rest;
+            }
+        }
+        Some(OriginState {
+            session_user: text(0)?,
+            current_user: text(1)?,
+            search_path,
+            temp_objects,
+            settings: [text(4)?, text(5)?, text(6)?, text(7)?],
+        })
+    }
+
+    /// Whether cached answers are the origin's for a session in this state that logged in as
+    /// `login_user`, given the output settings of pgline's own sessions (`baseline`).
+    pub fn serves_cache(&self, login_user: &str, baseline: &[String; 4]) -> bool {
+        self.session_user == login_user
+            && self.current_user == login_user
+            && self.search_path == CACHE_SEARCH_PATH
+            && !self.temp_objects
+            && &self.settings == baseline
+    }
+
+    /// The whole state as one comparable text.
+    pub fn fingerprint(&self) -> String {
+        let mut f = format!(
+            "{}\u{1f}{}\u{1f}{}\u{1f}{}",
+            self.session_user, self.current_user, self.search_path, self.temp_objects
+        );
+        for s in &self.settings {
+            f.push('\u{1f}');
+            f.push_str(s);
+        }
+        f
+    }
+}
+
+/// The text columns of a DataRow message (whole frame, tag included); `None` if malformed.
+pub fn row_columns(frame: &[u8]) -> Option<Vec<Option<String>>> {
+    let body = frame.get(5..)?;
+    let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
+    let mut at = 2;
+    let mut cols = Vec::with_capacity(usize::try_from(count).ok()?);
+    for _ in 0..count {
+        let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
+        at += 4;
+        if len < 0 {
+            cols.push(None);
+            continue;
+        }
+        let text = body.get(at..at + usize::try_from(len).ok()?)?;
+        at += text.len();
+        cols.push(Some(String::from_utf8_lossy(text).into_owned()));
+    }
+    Some(cols)
+}
+
+/// Runs `sql` (one simple query returning one row) on `b` once its cancels have landed, and
+/// returns the row's columns; `Ok(None)` when the origin answered with an error or no row.
+pub async fn query_row(b: &mut Backend, sql: &str) -> io::Result<Option<Vec<Option<String>>>> {
+    if !b.cancels.settled().await {
+        return Err(io::Error::other(
+            "a cancel sent at the connection went astray",
+        ));
+    }
+    let mut buf = BytesMut::new();
+    frontend::query(sql, &mut buf)?;
+    b.write(&buf).await?;
+    let mut row = None;
+    let mut failed = false;
+    loop {
+        let f = b.read_frame().await?;
+        match f[0] {
+            b'D' if row.is_none() => row = row_columns(&f),
+            b'E' => failed = true,
+            b'G' => {
+                let mut buf = BytesMut::new();
+                frontend::copy_fail("pgline: no COPY data", &mut buf)?;
+                b.write(&buf).await?;
+            }
+            b'Z' => return Ok(row.filter(|_| !failed)),
+            _ => {}
+        }
+    }
+}
+
+/// The backend's state, read with [`STATE_SQL`].
+pub async fn ask_state(b: &mut Backend) -> io::Result<Option<OriginState>> {
+    Ok(query_row(b, STATE_SQL)
+        .await?
+        .as_deref()
+        .and_then(OriginState::from_columns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cols(v: &[&str]) -> Vec<Option<String>> {
+        v.iter().map(|s| Some((*s).to_owned())).collect()
+    }
+
+    fn baseline() -> [String; 4] {
+        ["1", "hex", "C.UTF-8", "off"].map(String::from)
+    }
+
+    fn clean() -> Vec<Option<String>> {
+        cols(&[
+            "app",
+            "app",
+            "pg_catalog,public",
+            "false",
+            "1",
+            "hex",
+            "C.UTF-8",
+            "off",
+        ])
+    }
+
+    #[test]
+    fn the_clean_state_serves_the_cache() {
+        let s = OriginState::from_columns(&clean()).unwrap();
+        assert!(s.serves_cache("app", &baseline()));
+        assert!(!s.serves_cache("other", &baseline()));
+    }
+
+    #[test]
+    fn each_difference_refuses() {
+        for (i, v) in [
+            (0, "bob"),
+            (1, "bob"),
+            (2, "shadow,pg_catalog,public"),
+            (2, "pg_catalog,app,public"),
+            (2, "pg_temp_3,pg_catalog,public"),
+            (4, "3"),
+            (5, "escape"),
+            (6, "de_DE.UTF-8"),
+            (7, "on"),
+        ] {
+            let mut c = clean();
+            c[i] = Some(v.to_owned());
+            let s = OriginState::from_columns(&c).unwrap();
+            assert!(!s.serves_cache("app", &baseline()), "column {i} = {v}");
+            assert_ne!(
+                s.fingerprint(),
+                OriginState::from_columns(&clean()).unwrap().fingerprint()
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_temporary_schema_hides_nothing() {
+        let mut c = clean();
+        c[2] = Some("pg_temp_12,pg_catalog,public".into());
+        let s = OriginState::from_columns(&c).unwrap();
+        assert!(s.serves_cache("app", &baseline()));
+        c[3] = Some("true".into());
+        let s = OriginState::from_columns(&c).unwrap();
+        assert!(!s.serves_cache("app", &baseline()));
+    }
+
+    #[test]
+    fn missing_or_null_columns_are_no_state() {
+        assert!(OriginState::from_columns(&clean()[..7]).is_none());
+        let mut c = clean();
+        c[1] = None;
+        assert!(OriginState::from_columns(&c).is_none());
+    }
+
+    #[test]
+    fn data_rows_are_read_column_by_column() {
+        let mut buf = BytesMut::new();
+        let body: Vec<u8> = [
+            &2i16.to_be_bytes()[..],
+            &3i32.to_be_bytes(),
+            b"0/1",
+            &(-1i32).to_be_bytes(),
+        ]
+        .concat();
+        buf.extend_from_slice(b"D");
+        buf.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        buf.extend_from_slice(&body);
+        assert_eq!(
+            row_columns(&buf).unwrap(),
+            vec![Some("0/1".to_owned()), None]
+        );
+        assert!(row_columns(&buf[..buf.len() - 1]).is_none());
+    }
+}

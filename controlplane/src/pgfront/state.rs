@@ -63,7 +63,12 @@ macro_rules! state_columns {
          pg_catalog.current_setting('extra_float_digits'), \
          pg_catalog.current_setting('bytea_output'), \
          pg_catalog.current_setting('lc_monetary'), \
-         pg_catalog.current_setting('transform_null_equals')"
+         pg_catalog.current_setting('transform_null_equals'), \
+         pg_catalog.current_setting('DateStyle'), \
+         pg_catalog.current_setting('IntervalStyle'), \
+         pg_catalog.current_setting('TimeZone'), \
+         pg_catalog.current_setting('client_encoding'), \
+         pg_catalog.current_setting('standard_conforming_strings')"
     };
 }
 
@@ -90,6 +95,11 @@ pub struct OriginState {
     pub temp_objects: bool,
     /// [`UNREPORTED`]'s values, in order.
     pub settings: [String; 4],
+    /// The reported output settings (`DateStyle`, `IntervalStyle`, `TimeZone`,
+    /// `client_encoding`, `standard_conforming_strings`): the core follows them from
+    /// ParameterStatus, which a batch on another backend of the pool does not repeat, so they
+    /// are part of the fingerprint (a pool's backends all have its sessions' values).
+    pub reported: [String; 5],
 }
 
 impl OriginState {
@@ -115,6 +125,7 @@ impl OriginState {
             search_path,
             temp_objects,
             settings: [text(4)?, text(5)?, text(6)?, text(7)?],
+            reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
         })
     }
 
@@ -134,7 +145,7 @@ impl OriginState {
             "{}\u{1f}{}\u{1f}{}\u{1f}{}",
             self.session_user, self.current_user, self.search_path, self.temp_objects
         );
-        for s in &self.settings {
+        for s in self.settings.iter().chain(&self.reported) {
             f.push('\u{1f}');
             f.push_str(s);
         }
@@ -221,6 +232,11 @@ mod tests {
             "hex",
             "C.UTF-8",
             "off",
+            "ISO, MDY",
+            "postgres",
+            "UTC",
+            "UTF8",
+            "on",
         ])
     }
 
@@ -243,11 +259,17 @@ mod tests {
             (5, "escape"),
             (6, "de_DE.UTF-8"),
             (7, "on"),
+            (10, "Asia/Tokyo"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
             let s = OriginState::from_columns(&c).unwrap();
-            assert!(!s.serves_cache("app", &baseline()), "column {i} = {v}");
+            // The reported settings are the core's to judge (ParameterStatus).
+            assert_eq!(
+                s.serves_cache("app", &baseline()),
+                i >= 8,
+                "column {i} = {v}"
+            );
             assert_ne!(
                 s.fingerprint(),
                 OriginState::from_columns(&clean()).unwrap().fingerprint()
@@ -268,7 +290,7 @@ mod tests {
 
     #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..7]).is_none());
+        assert!(OriginState::from_columns(&clean()[..12]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

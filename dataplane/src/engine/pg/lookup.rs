@@ -92,7 +92,11 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
         }
         Classification::PassThrough(_) => return Class::Other,
     };
-    let Some(table) = keyspace.pg_table_named(p.table.schema.as_deref(), &p.table.name) else {
+    // A table under row-level security answers each role differently: always the origin's.
+    let Some(table) = keyspace
+        .pg_table_named(p.table.schema.as_deref(), &p.table.name)
+        .filter(|t| !t.row_security)
+    else {
         return Class::Other;
     };
     let columns: Option<Vec<usize>> = match &p.columns {

@@ -60,7 +60,11 @@ pub(crate) struct ResultQuery {
 pub(crate) fn result_query(q: CacheableQuery, keyspace: &KeySpace) -> Option<Arc<ResultQuery>> {
     let mut tables = Vec::with_capacity(q.tables.len());
     for t in &q.tables {
-        tables.push(keyspace.pg_table_named(t.schema.as_deref(), &t.name)?.id);
+        // A table under row-level security answers each role differently: never cached.
+        let table = keyspace
+            .pg_table_named(t.schema.as_deref(), &t.name)
+            .filter(|t| !t.row_security)?;
+        tables.push(table.id);
     }
     tables.sort_unstable();
     tables.dedup();

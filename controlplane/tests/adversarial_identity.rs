@@ -1,0 +1,465 @@
+//! Issue 11, F1-F3: the cache never answers what the origin, in the session's exact state,
+//! would answer otherwise. Each test changes a session's state the way an attacker or a
+//! careless client would (SET ROLE, SET SESSION AUTHORIZATION, set_config under any spelling,
+//! a function, a role default, startup options, a temporary table made by a function) and
+//! asserts that every answer through pgline equals the origin's own in the same state, after
+//! the cache was warmed by a clean session (so the old text-matching guard fails these).
+
+mod common;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use common::TestDb;
+use pgline_controlplane::server::Pgline;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// Rows as text, or the SQLSTATE of the error.
+type Answer = Result<Vec<Vec<Option<String>>>, String>;
+
+async fn answer(c: &Client, sql: &str) -> Answer {
+    match c.simple_query(sql).await {
+        Ok(msgs) => Ok(msgs
+            .into_iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => {
+                    Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+                }
+                _ => None,
+            })
+            .collect()),
+        Err(e) => Err(e
+            .code()
+            .map_or_else(|| format!("{e}"), |c| c.code().to_owned())),
+    }
+}
+
+fn hits(p: &Pgline) -> u64 {
+    p.shared.total(|s| &s.keys_hit)
+}
+
+/// A client through pgline's PostgreSQL port as `user`, with extra connection settings.
+async fn via_pgline(p: &Pgline, db: &str, user: &str, password: &str, extra: &str) -> Client {
+    let addr = p.pg_addr().expect("pg port");
+    let conn = format!(
+        "host={} port={} user={user} password={password} dbname={db} {extra}",
+        addr.ip(),
+        addr.port()
+    );
+    common::connect(&conn).await
+}
+
+/// A client straight at the origin.
+async fn at_origin(db: &str, user: &str, password: &str, extra: &str) -> Client {
+    let (host, port, _, _) = common::origin_base();
+    common::connect(&format!(
+        "host={host} port={port} user={user} password={password} dbname={db} {extra}"
+    ))
+    .await
+}
+
+/// Runs `sql` through `c` until the answer comes from cache; every answer must be `expected`.
+async fn warm(p: &Pgline, c: &Client, sql: &str, expected: &Answer) {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let before = hits(p);
+        assert_eq!(&answer(c, sql).await, expected, "warming {sql}");
+        if hits(p) > before {
+            return;
+        }
+        assert!(Instant::now() < until, "{sql} never served from cache");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+const SCHEMA: &str = "
+CREATE TABLE secrets (id int PRIMARY KEY, v text NOT NULL);
+INSERT INTO secrets VALUES (1, 'one'), (2, 'two'), (3, 'the secret');
+CREATE TABLE public_info (id int PRIMARY KEY, v text NOT NULL, f float8, b bytea);
+INSERT INTO public_info VALUES (1, 'public row', 0.1, '\\x00ff'), (2, 'public two', 1.5, '\\x41');
+CREATE SCHEMA shadow;
+CREATE TABLE shadow.public_info (id int PRIMARY KEY, v text NOT NULL, f float8, b bytea);
+INSERT INTO shadow.public_info VALUES (1, 'SHADOW row', 9.9, '\\x01'), (2, 'a', 1, '\\x02'),
+  (3, 'b', 2, '\\x03');
+GRANT USAGE ON SCHEMA shadow TO PUBLIC;
+GRANT SELECT ON public_info, shadow.public_info TO PUBLIC;
+";
+
+const LOOKUP: &str = "SELECT * FROM public_info WHERE id = 1";
+const COUNT: &str = "SELECT count(*) AS n, max(v) AS m FROM public_info";
+
+struct Lab {
+    db: TestDb,
+    p: std::sync::Arc<Pgline>,
+    user: String,
+    password: String,
+    /// A role without any privilege on `secrets`.
+    bob: String,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let bob = self.bob.clone();
+        common::run_cleanup(async move {
+            let admin = common::admin_client().await;
+            let _ = admin
+                .batch_execute(&format!("DROP ROLE IF EXISTS {bob}"))
+                .await;
+        });
+    }
+}
+
+async fn lab(tag: &str) -> Lab {
+    let db = TestDb::create(tag).await;
+    let origin = db.client().await;
+    origin.batch_execute(SCHEMA).await.unwrap();
+    let bob = format!("bob_{}", db.name);
+    origin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {bob}; CREATE ROLE {bob} LOGIN PASSWORD 'bobpw'; \
+             GRANT CONNECT ON DATABASE {} TO {bob}",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let p = support::start(support::config(&db, 1)).await;
+    let (_, _, user, password) = common::origin_base();
+    Lab {
+        db,
+        p,
+        user,
+        password,
+        bob,
+    }
+}
+
+impl Lab {
+    async fn pgline(&self, extra: &str) -> Client {
+        via_pgline(&self.p, &self.db.name, &self.user, &self.password, extra).await
+    }
+
+    async fn origin(&self, extra: &str) -> Client {
+        at_origin(&self.db.name, &self.user, &self.password, extra).await
+    }
+
+    /// Warms `sql` through a clean session through pgline; returns the clean answer.
+    async fn warm(&self, sql: &str) -> Answer {
+        let expected = answer(&self.origin("").await, sql).await;
+        warm(&self.p, &self.pgline("").await, sql, &expected).await;
+        expected
+    }
+}
+
+/// F1: after `SET ROLE`, `SET SESSION AUTHORIZATION` or `set_config('role', ...)` (also from a
+/// function) a superuser's session gets what the role gets: permission denied, every time,
+/// from both the store and the result cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_role_never_gets_cached_rows() {
+    let lab = lab("adv_role").await;
+    let bob = lab.bob.clone();
+    let lookup = "SELECT * FROM secrets WHERE id = 3";
+    let agg = "SELECT count(*), max(v) FROM secrets";
+    let clean = lab.warm(lookup).await;
+    assert!(clean.is_ok());
+    lab.warm(agg).await;
+    lab.origin("")
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION become(r text) RETURNS text LANGUAGE sql \
+             AS $$ SELECT set_config('ro'||'le', r, false) $$; \
+             GRANT EXECUTE ON FUNCTION become(text) TO PUBLIC; -- {bob}"
+        ))
+        .await
+        .unwrap();
+    for switch in [
+        format!("SET ROLE {bob}"),
+        format!("SET SESSION AUTHORIZATION {bob}"),
+        format!("SELECT set_config('role', '{bob}', false)"),
+        format!("SELECT become('{bob}')"),
+    ] {
+        let origin = lab.origin("").await;
+        let c = lab.pgline("").await;
+        answer(&origin, &switch).await.expect("origin switches");
+        answer(&c, &switch).await.expect("pgline switches");
+        for sql in [lookup, agg, lookup, agg] {
+            let want = answer(&origin, sql).await;
+            assert_eq!(
+                want,
+                Err("42501".to_string()),
+                "{switch}: {sql} at the origin"
+            );
+            assert_eq!(
+                answer(&c, sql).await,
+                want,
+                "{switch}: {sql} through pgline"
+            );
+        }
+        // Back to the login role: the cache may serve again, and answers are right.
+        answer(&c, "RESET ROLE").await.unwrap();
+        answer(&c, "RESET SESSION AUTHORIZATION").await.unwrap();
+        assert_eq!(answer(&c, lookup).await, clean, "{switch}: after RESET");
+    }
+    // Logged in as the role itself (not a cache user): never from cache either.
+    let c = via_pgline(&lab.p, &lab.db.name, &bob, "bobpw", "").await;
+    for sql in [lookup, agg] {
+        assert_eq!(
+            answer(&c, sql).await,
+            Err("42501".to_string()),
+            "{sql} as {bob}"
+        );
+    }
+}
+
+/// F2: a search path the session did not SET is seen: a role default set after pgline
+/// started, `set_config` under another spelling, startup options.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_path_from_any_source_is_followed() {
+    let lab = lab("adv_path").await;
+    let public = lab.warm(LOOKUP).await;
+    let public_count = lab.warm(COUNT).await;
+    let shadowed = answer(
+        &lab.origin("options='-c search_path=shadow,public'").await,
+        LOOKUP,
+    )
+    .await;
+    assert_ne!(public, shadowed);
+
+    // Startup options.
+    let c = lab.pgline("options='-c search_path=shadow,public'").await;
+    assert_eq!(answer(&c, LOOKUP).await, shadowed, "startup options");
+
+    // set_config with a computed name, in a plain pooled session.
+    let c = lab.pgline("").await;
+    answer(
+        &c,
+        "SELECT set_config('search'||'_path', 'shadow,public', false)",
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            answer(&c, LOOKUP).await,
+            shadowed,
+            "set_config spelled apart"
+        );
+        let origin_count = answer(
+            &lab.origin("options='-c search_path=shadow,public'").await,
+            COUNT,
+        )
+        .await;
+        assert_eq!(
+            answer(&c, COUNT).await,
+            origin_count,
+            "aggregate under shadow"
+        );
+    }
+    drop(c);
+
+    // A role default set while pgline runs: new sessions log in with it.
+    lab.origin("")
+        .await
+        .batch_execute(&format!(
+            "ALTER ROLE {} IN DATABASE {} SET search_path = shadow, public",
+            lab.user, lab.db.name
+        ))
+        .await
+        .unwrap();
+    let origin = lab.origin("").await;
+    assert_eq!(answer(&origin, LOOKUP).await, shadowed);
+    for _ in 0..3 {
+        let c = lab.pgline("").await;
+        assert_eq!(answer(&c, LOOKUP).await, shadowed, "role default");
+        assert_eq!(
+            answer(&c, COUNT).await,
+            answer(&origin, COUNT).await,
+            "role default, aggregate"
+        );
+    }
+    lab.origin("")
+        .await
+        .batch_execute(&format!(
+            "ALTER ROLE {} IN DATABASE {} RESET search_path",
+            lab.user, lab.db.name
+        ))
+        .await
+        .unwrap();
+    let c = lab.pgline("").await;
+    assert_eq!(answer(&c, LOOKUP).await, public);
+    assert_eq!(answer(&c, COUNT).await, public_count);
+}
+
+/// F3: a function that changes the pooled backend's session (search path, float and bytea
+/// output, a temporary table hiding a cached one) affects only its own session: the state
+/// does not spread through the pool or the result cache to later sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_cannot_poison_the_pool_or_the_result_cache() {
+    let lab = lab("adv_poison").await;
+    let public = lab.warm(LOOKUP).await;
+    let public_count = lab.warm(COUNT).await;
+    lab.origin("")
+        .await
+        .batch_execute(
+            "CREATE FUNCTION poison() RETURNS text LANGUAGE sql AS \
+             $$ SELECT set_config('search'||'_path', 'shadow,public', false) $$; \
+             CREATE FUNCTION floats() RETURNS text LANGUAGE sql AS \
+             $$ SELECT set_config('extra_float'||'_digits', '-3', false) $$; \
+             CREATE FUNCTION bytes() RETURNS text LANGUAGE sql AS \
+             $$ SELECT set_config('bytea'||'_output', 'escape', false) $$; \
+             CREATE FUNCTION hide() RETURNS int LANGUAGE plpgsql AS \
+             $$ BEGIN EXECUTE 'CREATE TEMP' || 'ORARY TABLE public_info AS \
+                SELECT 1 AS id, ''hidden'' AS v'; RETURN 1; END $$;",
+        )
+        .await
+        .unwrap();
+    for (call, setting) in [
+        ("SELECT poison()", "search_path=shadow,public"),
+        ("SELECT floats()", "extra_float_digits=-3"),
+        ("SELECT bytes()", "bytea_output=escape"),
+        ("SELECT hide()", ""),
+    ] {
+        let origin = lab.origin("").await;
+        answer(&origin, call).await.unwrap();
+        let c = lab.pgline("").await;
+        answer(&c, call).await.unwrap();
+        for sql in [LOOKUP, COUNT, LOOKUP, COUNT] {
+            assert_eq!(
+                answer(&c, sql).await,
+                answer(&origin, sql).await,
+                "{call}: {sql} in the poisoned session ({setting})"
+            );
+        }
+        // Meanwhile and afterwards, other sessions get the clean answers.
+        for _ in 0..6 {
+            let other = lab.pgline("").await;
+            assert_eq!(
+                answer(&other, LOOKUP).await,
+                public,
+                "{call}: another session"
+            );
+            assert_eq!(
+                answer(&other, COUNT).await,
+                public_count,
+                "{call}: another count"
+            );
+        }
+        drop(c);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..6 {
+            let other = lab.pgline("").await;
+            assert_eq!(
+                answer(&other, LOOKUP).await,
+                public,
+                "{call}: after it left"
+            );
+            assert_eq!(
+                answer(&other, COUNT).await,
+                public_count,
+                "{call}: after it left"
+            );
+        }
+    }
+}
+
+/// F1, row-level security: a cache user that RLS applies to never gets the rows pgline's own
+/// role filled (the store's and the result cache's), neither on a table that had RLS from the
+/// start nor on one whose RLS was enabled while pgline ran (once the catalog check saw it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_level_security_is_never_served_from_cache() {
+    let db = TestDb::create("adv_rls").await;
+    let origin = db.client().await;
+    let alice = format!("alice_{}", db.name);
+    origin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {alice}; CREATE ROLE {alice} LOGIN PASSWORD 'alicepw';
+             CREATE TABLE docs (id int PRIMARY KEY, owner text NOT NULL, body text);
+             INSERT INTO docs VALUES (1, 'nobody', 'hidden'), (2, '{alice}', 'mine');
+             ALTER TABLE docs ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY own ON docs USING (owner = current_user);
+             CREATE TABLE notes (id int PRIMARY KEY, owner text NOT NULL, body text);
+             INSERT INTO notes VALUES (1, 'nobody', 'hidden later'), (2, '{alice}', 'mine');
+             GRANT SELECT ON docs, notes TO {alice};"
+        ))
+        .await
+        .unwrap();
+    let cleanup = alice.clone();
+    struct DropRole(String);
+    impl Drop for DropRole {
+        fn drop(&mut self) {
+            let role = self.0.clone();
+            common::run_cleanup(async move {
+                let admin = common::admin_client().await;
+                let _ = admin
+                    .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+                    .await;
+            });
+        }
+    }
+    let mut cfg = support::config(&db, 1);
+    cfg.pgwire.cache_users = vec![alice.clone()];
+    cfg.catalog.check_interval_ms = 100;
+    let p = support::start(cfg).await;
+    let (_, _, user, password) = common::origin_base();
+    let su = via_pgline(&p, &db.name, &user, &password, "").await;
+    let as_alice = via_pgline(&p, &db.name, &alice, "alicepw", "").await;
+    let alice_origin = at_origin(&db.name, &alice, "alicepw", "").await;
+
+    // `notes` has no RLS yet: warm to a hit for the superuser, and alice gets it too.
+    let note = "SELECT * FROM notes WHERE id = 1";
+    let expected = answer(&origin, note).await;
+    warm(&p, &su, note, &expected).await;
+    assert_eq!(answer(&as_alice, note).await, expected);
+
+    let sqls = [
+        "SELECT * FROM docs WHERE id = 1",
+        "SELECT * FROM docs WHERE id = 2",
+        "SELECT count(*), max(body) FROM docs",
+    ];
+    for _ in 0..5 {
+        for sql in sqls {
+            answer(&su, sql).await.unwrap();
+        }
+    }
+    for sql in sqls {
+        for _ in 0..3 {
+            assert_eq!(
+                answer(&as_alice, sql).await,
+                answer(&alice_origin, sql).await,
+                "{sql} as {alice}"
+            );
+        }
+    }
+
+    // RLS enabled while pgline runs: once the catalog check has seen it (the window is
+    // `catalog.check_interval_ms`), alice gets the origin's answer.
+    origin
+        .batch_execute(
+            "ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY own ON notes USING (owner = current_user);",
+        )
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while !p
+        .shared
+        .keyspace
+        .snapshot()
+        .pg_table_named(None, "notes")
+        .is_some_and(|t| t.row_security)
+    {
+        assert!(
+            Instant::now() < until,
+            "the catalog check never saw RLS on notes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for sql in [note, "SELECT count(*), max(body) FROM notes"] {
+        for _ in 0..3 {
+            assert_eq!(
+                answer(&as_alice, sql).await,
+                answer(&alice_origin, sql).await,
+                "{sql} as {alice} after ENABLE ROW LEVEL SECURITY"
+            );
+        }
+    }
+    drop(DropRole(cleanup));
+}

@@ -88,8 +88,43 @@ GRANT SELECT ON public_info, shadow.public_info TO PUBLIC;
 const LOOKUP: &str = "SELECT * FROM public_info WHERE id = 1";
 const COUNT: &str = "SELECT count(*) AS n, max(v) AS m FROM public_info";
 
+/// A test database and the roles a test made: roles are cluster-wide and hold privileges in
+/// the database, so they are dropped once the database is gone.
+struct Scope {
+    db: Option<TestDb>,
+    roles: Vec<String>,
+}
+
+impl Scope {
+    fn new(db: TestDb) -> Scope {
+        Scope {
+            db: Some(db),
+            roles: Vec::new(),
+        }
+    }
+
+    fn db(&self) -> &TestDb {
+        self.db.as_ref().expect("dropped only at the end")
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        drop(self.db.take());
+        let roles = std::mem::take(&mut self.roles);
+        common::run_cleanup(async move {
+            let admin = common::admin_client().await;
+            for r in roles {
+                let _ = admin
+                    .batch_execute(&format!("DROP ROLE IF EXISTS {r}"))
+                    .await;
+            }
+        });
+    }
+}
+
 struct Lab {
-    db: TestDb,
+    scope: Scope,
     p: std::sync::Arc<Pgline>,
     user: String,
     password: String,
@@ -97,20 +132,9 @@ struct Lab {
     bob: String,
 }
 
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let bob = self.bob.clone();
-        common::run_cleanup(async move {
-            let admin = common::admin_client().await;
-            let _ = admin
-                .batch_execute(&format!("DROP ROLE IF EXISTS {bob}"))
-                .await;
-        });
-    }
-}
-
 async fn lab(tag: &str) -> Lab {
-    let db = TestDb::create(tag).await;
+    let mut scope = Scope::new(TestDb::create(tag).await);
+    let db = scope.db();
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
     let bob = format!("bob_{}", db.name);
@@ -122,10 +146,11 @@ async fn lab(tag: &str) -> Lab {
         ))
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 1)).await;
+    let p = support::start(support::config(db, 1)).await;
     let (_, _, user, password) = common::origin_base();
+    scope.roles.push(bob.clone());
     Lab {
-        db,
+        scope,
         p,
         user,
         password,
@@ -135,11 +160,18 @@ async fn lab(tag: &str) -> Lab {
 
 impl Lab {
     async fn pgline(&self, extra: &str) -> Client {
-        via_pgline(&self.p, &self.db.name, &self.user, &self.password, extra).await
+        via_pgline(
+            &self.p,
+            &self.scope.db().name,
+            &self.user,
+            &self.password,
+            extra,
+        )
+        .await
     }
 
     async fn origin(&self, extra: &str) -> Client {
-        at_origin(&self.db.name, &self.user, &self.password, extra).await
+        at_origin(&self.scope.db().name, &self.user, &self.password, extra).await
     }
 
     /// Warms `sql` through a clean session through pgline; returns the clean answer.
@@ -200,7 +232,7 @@ async fn a_changed_role_never_gets_cached_rows() {
         assert_eq!(answer(&c, lookup).await, clean, "{switch}: after RESET");
     }
     // Logged in as the role itself (not a cache user): never from cache either.
-    let c = via_pgline(&lab.p, &lab.db.name, &bob, "bobpw", "").await;
+    let c = via_pgline(&lab.p, &lab.scope.db().name, &bob, "bobpw", "").await;
     for sql in [lookup, agg] {
         assert_eq!(
             answer(&c, sql).await,
@@ -260,7 +292,8 @@ async fn a_search_path_from_any_source_is_followed() {
         .await
         .batch_execute(&format!(
             "ALTER ROLE {} IN DATABASE {} SET search_path = shadow, public",
-            lab.user, lab.db.name
+            lab.user,
+            lab.scope.db().name
         ))
         .await
         .unwrap();
@@ -279,7 +312,8 @@ async fn a_search_path_from_any_source_is_followed() {
         .await
         .batch_execute(&format!(
             "ALTER ROLE {} IN DATABASE {} RESET search_path",
-            lab.user, lab.db.name
+            lab.user,
+            lab.scope.db().name
         ))
         .await
         .unwrap();
@@ -365,9 +399,11 @@ async fn a_function_cannot_poison_the_pool_or_the_result_cache() {
 /// start nor on one whose RLS was enabled while pgline ran (once the catalog check saw it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_level_security_is_never_served_from_cache() {
-    let db = TestDb::create("adv_rls").await;
+    let mut scope = Scope::new(TestDb::create("adv_rls").await);
+    let alice = format!("alice_{}", scope.db().name);
+    scope.roles.push(alice.clone());
+    let db = scope.db();
     let origin = db.client().await;
-    let alice = format!("alice_{}", db.name);
     origin
         .batch_execute(&format!(
             "DROP ROLE IF EXISTS {alice}; CREATE ROLE {alice} LOGIN PASSWORD 'alicepw';
@@ -381,20 +417,7 @@ async fn row_level_security_is_never_served_from_cache() {
         ))
         .await
         .unwrap();
-    let cleanup = alice.clone();
-    struct DropRole(String);
-    impl Drop for DropRole {
-        fn drop(&mut self) {
-            let role = self.0.clone();
-            common::run_cleanup(async move {
-                let admin = common::admin_client().await;
-                let _ = admin
-                    .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
-                    .await;
-            });
-        }
-    }
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = support::config(db, 1);
     cfg.pgwire.cache_users = vec![alice.clone()];
     cfg.catalog.check_interval_ms = 100;
     let p = support::start(cfg).await;
@@ -461,5 +484,4 @@ async fn row_level_security_is_never_served_from_cache() {
             );
         }
     }
-    drop(DropRole(cleanup));
 }

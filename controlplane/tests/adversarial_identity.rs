@@ -442,6 +442,21 @@ async fn row_level_security_is_never_served_from_cache() {
             answer(&su, sql).await.unwrap();
         }
     }
+    // The store holds both rows (RESP reads as pgline's role, which RLS does not filter).
+    let mut r = support::redis(&p).await;
+    let until = Instant::now() + Duration::from_secs(20);
+    for key in ["docs:1", "docs:2"] {
+        while redis::cmd("GET")
+            .arg(key)
+            .query_async::<Option<String>>(&mut r)
+            .await
+            .unwrap()
+            .is_none()
+        {
+            assert!(Instant::now() < until, "{key} never filled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     for sql in sqls {
         for _ in 0..3 {
             assert_eq!(

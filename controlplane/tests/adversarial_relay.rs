@@ -164,7 +164,11 @@ impl Raw {
         loop {
             let (tag, body) = r.message(PATIENCE).await.expect("login reply");
             let mut out = BytesMut::new();
-            match (tag, body.get(..4).map(|c| i32::from_be_bytes(c.try_into().unwrap()))) {
+            match (
+                tag,
+                body.get(..4)
+                    .map(|c| i32::from_be_bytes(c.try_into().unwrap())),
+            ) {
                 (b'R', Some(10)) => {
                     let s = sasl::ScramSha256::new(
                         password.as_bytes(),
@@ -195,7 +199,10 @@ impl Raw {
         self.s.write_all(m).await.unwrap();
         let mut got = Vec::new();
         loop {
-            let msg = self.message(PATIENCE).await.expect("reply up to ReadyForQuery");
+            let msg = self
+                .message(PATIENCE)
+                .await
+                .expect("reply up to ReadyForQuery");
             let done = msg.0 == b'Z';
             got.push(msg);
             if done {
@@ -256,7 +263,10 @@ async fn startups_that_never_log_in_cost_the_origin_a_bounded_number_of_backends
         "{SOCKETS} startups without a password: {admitted_n} admitted, {refused} refused \
          (53300), origin processes in authentication at most {peak} (cap {CAP})"
     );
-    assert!(peak <= CAP, "{peak} origin processes in authentication, cap {CAP}");
+    assert!(
+        peak <= CAP,
+        "{peak} origin processes in authentication, cap {CAP}"
+    );
     assert!(admitted_n <= CAP && admitted_n + refused == SOCKETS);
     assert!(refused >= SOCKETS - 2 * CAP, "refused {refused}");
 
@@ -331,10 +341,9 @@ async fn idle_pools_are_trimmed_and_their_number_is_bounded() {
         held.push(c);
     }
     // A fourth, while the three are in use, is refused cleanly.
-    let e = try_connect(&variant(4))
-        .await
-        .err()
-        .expect("a fourth variant is refused while max_pools are in use");
+    let Err(e) = try_connect(&variant(4)).await else {
+        panic!("a fourth variant is refused while max_pools are in use");
+    };
     let (code, msg) = db_error(&e);
     assert_eq!(code, "53300", "{msg}");
     assert!(msg.contains("max_pools"), "{msg}");
@@ -360,7 +369,10 @@ async fn idle_pools_are_trimmed_and_their_number_is_bounded() {
     }
     let stats = relay.origin_stats();
     eprintln!("after the idle timeout: {stats:?}");
-    assert!(stats.backend_idle_closed >= 1 && stats.pool_forgotten >= 3, "{stats:?}");
+    assert!(
+        stats.backend_idle_closed >= 1 && stats.pool_forgotten >= 3,
+        "{stats:?}"
+    );
     // A pool forgotten is made again on the next login.
     let c = try_connect(&variant(1)).await.expect("logs in again");
     assert_eq!(answer(&c).await, Ok("42".into()));
@@ -416,9 +428,14 @@ async fn terminated_backends_are_never_handed_to_clients() {
         assert_eq!(answer(c).await, Ok("42".into()), "origin.url's user");
     }
     for c in &others {
-        let (code, msg) = answer(c).await.expect_err("no connection left for this user");
+        let (code, msg) = answer(c)
+            .await
+            .expect_err("no connection left for this user");
         assert_eq!(code, "08006", "{msg}");
-        assert!(msg.starts_with("pgline: "), "a clean pgline error, got {msg:?}");
+        assert!(
+            msg.starts_with("pgline: "),
+            "a clean pgline error, got {msg:?}"
+        );
     }
     let login = Some((role.as_str(), "rpw"));
     let again = try_connect(&via_pgline(&p, &db, login, app))
@@ -435,7 +452,9 @@ async fn terminated_backends_are_never_handed_to_clients() {
     assert!(stats.backend_dead >= 9, "{stats:?}");
     drop((owners, others, again));
     p.shutdown().await;
-    let _ = admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}")).await;
+    let _ = admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+        .await;
 }
 
 /// Minor: a Bind with the wrong parameter count gets the origin's own error, naming the
@@ -457,7 +476,10 @@ async fn a_bind_error_names_the_clients_statement() {
         let mut r = Raw::login(addr, &user, &password, &db.name).await;
         let got = r.exchange(&m).await;
         let tags: Vec<u8> = got.iter().map(|(t, _)| *t).collect();
-        assert_eq!(tags, b"1EZ", "ParseComplete, the Bind's error, ReadyForQuery");
+        assert_eq!(
+            tags, b"1EZ",
+            "ParseComplete, the Bind's error, ReadyForQuery"
+        );
         errors.push(got[1].1.clone());
     }
     let msg = field(&errors[0], b'M');

@@ -463,7 +463,12 @@ impl Tracker {
         };
         let renamed;
         let frame = match (&act, tag) {
-            (Act::Bind { renamed: Some((ours, theirs)) }, b'E') => {
+            (
+                Act::Bind {
+                    renamed: Some((ours, theirs)),
+                },
+                b'E',
+            ) => {
                 renamed = rename_statement(frame, ours, theirs);
                 &renamed[..]
             }

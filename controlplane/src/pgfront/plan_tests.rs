@@ -283,5 +283,8 @@ fn a_bind_error_names_the_clients_statement() {
     let want = [frame(b'1', b""), origin("mine"), frame(b'Z', b"I")].concat();
     assert_eq!(out, want);
     // Not an ErrorResponse that parses: passed as it is.
-    assert_eq!(rename_statement(b"E\0\0\0\x06M", &ours, "x"), b"E\0\0\0\x06M");
+    assert_eq!(
+        rename_statement(b"E\0\0\0\x06M", &ours, "x"),
+        b"E\0\0\0\x06M"
+    );
 }

@@ -132,7 +132,7 @@ impl Pool {
                         inner.last_used = Instant::now();
                         return Ok(b);
                     }
-                    inner.total -= 1;
+                    inner.total = inner.total.saturating_sub(1);
                     OriginCounters::add(&self.counters.backend_dead, 1);
                     tracing::debug!("pgwire: an idle origin connection was closed by the origin");
                 }
@@ -209,7 +209,7 @@ impl Pool {
             }
         }
         inner.idle = kept;
-        inner.total -= swept.dead + swept.expired.len();
+        inner.total = inner.total.saturating_sub(swept.dead + swept.expired.len());
         swept
     }
 
@@ -220,7 +220,7 @@ impl Pool {
             .into_iter()
             .map(|(b, _)| b)
             .collect();
-        inner.total -= idle.len();
+        inner.total = inner.total.saturating_sub(idle.len());
         idle
     }
 

@@ -239,7 +239,11 @@ impl Session {
             Ok(req) => req,
             Err(_) => {
                 let expired = self.auth.take().map(|b| b.expire_auth());
-                tracing::debug!(session = self.id, ?expired, "pgwire: authentication timed out");
+                tracing::debug!(
+                    session = self.id,
+                    ?expired,
+                    "pgwire: authentication timed out"
+                );
                 None
             }
         }

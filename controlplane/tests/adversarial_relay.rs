@@ -241,7 +241,7 @@ async fn startups_that_never_log_in_cost_the_origin_a_bounded_number_of_backends
     let mut cfg = support::config(&db, 1);
     cfg.pgwire.max_pending_startups = cap;
     cfg.pgwire.startup_wait_ms = env("PGLINE_ADV_WAIT_MS", 300);
-    cfg.pgwire.auth_timeout_ms = env("PGLINE_ADV_AUTH_MS", 1_500);
+    cfg.pgwire.auth_timeout_ms = env("PGLINE_ADV_AUTH_MS", 3_000);
     let p = support::start(cfg).await;
     let relay = Arc::clone(p.pg_relay().expect("relay"));
     let (_, _, user, _) = common::origin_base();
@@ -305,6 +305,13 @@ async fn startups_that_never_log_in_cost_the_origin_a_bounded_number_of_backends
         assert_eq!((tag, field(&body, b'S').as_str()), (b'E', "FATAL"));
         assert_eq!(raws[i].message(PATIENCE).await, None, "closed");
     }
+    // A login the origin refuses gives its slot back too.
+    let e = try_connect(&via_pgline(&p, &db, Some((&user, "wrong")), "")).await;
+    assert_eq!(e.err().map(|e| db_error(&e).0).as_deref(), Some("28P01"));
+    eventually("a refused login's slot given back", || {
+        relay.origin_stats().startup_pending == 0
+    })
+    .await;
     // A real client logs in.
     let c = try_connect(&via_pgline(&p, &db, None, ""))
         .await
@@ -362,12 +369,28 @@ async fn idle_pools_are_trimmed_and_their_number_is_bounded() {
     assert_eq!(code, "53300", "{msg}");
     assert!(msg.contains("max_pools"), "{msg}");
     assert_eq!(relay.origin_stats().pool_refused, 1);
-    // Once their sessions are gone, unused pools make room.
+    // Once their sessions are gone, unused pools make room: a stream of variants keeps at most
+    // three pools, and the origin at most three of their backends (each pool's idle one).
     drop(held);
-    let c = try_connect(&variant(5)).await.expect("room once unused");
-    assert_eq!(answer(&c).await, Ok("42".into()));
-    drop(c);
-    assert!(relay.origin_stats().pools <= 3);
+    for n in 5..=24 {
+        eventually("the sessions ended", || relay.sessions() == 0).await;
+        let c = try_connect(&variant(n)).await.expect("room once unused");
+        assert_eq!(answer(&c).await, Ok("42".into()));
+        drop(c);
+        assert!(
+            relay.origin_stats().pools <= 3,
+            "{:?}",
+            relay.origin_stats()
+        );
+    }
+    let until = Instant::now() + PATIENCE;
+    while origin_backends().await > 3 {
+        assert!(
+            Instant::now() < until,
+            "evicted pools' connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(origin_backends().await >= 1);
 
     // Idle past the timeout: the connections close at the origin, the pools are forgotten.

@@ -62,6 +62,8 @@ pub struct PgwireSnapshot {
     pub batch_errors: u64,
     pub reply_bytes: u64,
     pub origin_us: u64,
+    /// The relay's origin protection (startups in authentication, pool trimming).
+    pub origin: crate::pgfront::OriginStats,
 }
 
 /// One backend pool: origin connections of a (user, database).
@@ -547,6 +549,20 @@ impl Sample {
         ];
         for (name, help, kind, v) in rows {
             scalar(enc, name, help, kind, v)?;
+        }
+        let o = &p.origin;
+        let origin: [(&str, &str, MetricType, u64); 8] = [
+            ("pgline_pgwire_startup_pending", "Origin connections in authentication now (at most pgwire.max_pending_startups).", Gauge, o.startup_pending),
+            ("pgline_pgwire_startup_refused", "Startups refused (53300) because pgwire.max_pending_startups were in authentication for pgwire.startup_wait_ms.", Counter, o.startup_refused),
+            ("pgline_pgwire_auth_timeout", "Relayed authentications ended by pgwire.auth_timeout_ms.", Counter, o.auth_timeout),
+            ("pgline_pgwire_backend_idle_closed", "Pooled origin connections closed after pgwire.pool_idle_timeout_ms idle.", Counter, o.backend_idle_closed),
+            ("pgline_pgwire_backend_dead", "Pooled origin connections found closed by the origin (or with unsolicited input) and dropped before use.", Counter, o.backend_dead),
+            ("pgline_pgwire_pools", "Backend pools (user, database, startup settings) the relay holds.", Gauge, o.pools),
+            ("pgline_pgwire_pool_forgotten", "Backend pools forgotten: no connection and no session left, or evicted for room.", Counter, o.pool_forgotten),
+            ("pgline_pgwire_pool_refused", "Startups refused (53300) because pgwire.max_pools pools were in use.", Counter, o.pool_refused),
+        ];
+        for (name, help, kind, v) in origin {
+            scalar(enc, name, help, kind, v as f64)?;
         }
         let mut m = enc.encode_descriptor(
             "pgline_pgwire_pool_connections",

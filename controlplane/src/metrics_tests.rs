@@ -208,6 +208,16 @@ fn pgwire() -> PgwireSnapshot {
         batch_errors: 1,
         reply_bytes: 4096,
         origin_us: 1_500_000,
+        origin: crate::pgfront::OriginStats {
+            startup_pending: 4,
+            startup_refused: 36,
+            auth_timeout: 4,
+            backend_idle_closed: 7,
+            backend_dead: 9,
+            pools: 2,
+            pool_forgotten: 5,
+            pool_refused: 1,
+        },
     }
 }
 
@@ -223,6 +233,18 @@ fn pgwire_families_carry_the_relay_figures() {
     assert_eq!(get("pgline_pgwire_batch_errors_total"), 1.0);
     assert_eq!(get("pgline_pgwire_reply_bytes_total"), 4096.0);
     assert_eq!(get("pgline_pgwire_origin_seconds_total"), 1.5);
+    for (name, v) in [
+        ("pgline_pgwire_startup_pending", 4.0),
+        ("pgline_pgwire_startup_refused_total", 36.0),
+        ("pgline_pgwire_auth_timeout_total", 4.0),
+        ("pgline_pgwire_backend_idle_closed_total", 7.0),
+        ("pgline_pgwire_backend_dead_total", 9.0),
+        ("pgline_pgwire_pools", 2.0),
+        ("pgline_pgwire_pool_forgotten_total", 5.0),
+        ("pgline_pgwire_pool_refused_total", 1.0),
+    ] {
+        assert_eq!(get(name), v, "{name}");
+    }
     let pool = |state: &str| {
         get(&format!(
             r#"pgline_pgwire_pool_connections{{user="app",database="shop",state="{state}"}}"#

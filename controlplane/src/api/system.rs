@@ -204,6 +204,7 @@ fn pgwire_snapshot(node: &Pgline) -> PgwireSnapshot {
     };
     let mut pg = PgwireSnapshot {
         sessions: relay.sessions() as u64,
+        origin: relay.origin_stats(),
         ..PgwireSnapshot::default()
     };
     for (_, s) in relay.statement_stats() {

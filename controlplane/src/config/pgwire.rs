@@ -12,6 +12,11 @@ pub const DEFAULT_PG_LISTEN: &str = "127.0.0.1:6432";
 pub const DEFAULT_PG_POOL_SIZE: usize = 20;
 pub const DEFAULT_PG_CONNECT_TIMEOUT_MS: u64 = 3_000;
 pub const DEFAULT_PG_MAX_SESSIONS: usize = 10_000;
+pub const DEFAULT_PG_MAX_PENDING_STARTUPS: usize = 32;
+pub const DEFAULT_PG_STARTUP_WAIT_MS: u64 = 3_000;
+pub const DEFAULT_PG_AUTH_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_PG_POOL_IDLE_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_PG_MAX_POOLS: usize = 256;
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -29,6 +34,23 @@ pub struct PgwireConfig {
     /// rows as `origin.url`'s role reads them: list only roles that may read every cached table
     /// whole (no missing privilege, no row-level security). Others always go to the origin.
     pub cache_users: Vec<String>,
+    /// Origin connections in authentication at once (client startups relayed to the origin and
+    /// not yet logged in); a startup past it waits up to `startup_wait_ms` for a slot, then is
+    /// refused with SQLSTATE 53300.
+    pub max_pending_startups: usize,
+    /// How long a startup waits for one of the `max_pending_startups` slots.
+    pub startup_wait_ms: u64,
+    /// A relayed authentication (startup to ReadyForQuery, the client's password messages
+    /// included) not finished in this time is ended: its origin connection is closed and the
+    /// client gets FATAL 08006.
+    pub auth_timeout_ms: u64,
+    /// An origin connection idle in its pool for longer than this is closed; a pool left with
+    /// no connection and no session is forgotten.
+    pub pool_idle_timeout_ms: u64,
+    /// Backend pools (one per user, database and startup settings) at once; past it, pools
+    /// no session uses are forgotten (their idle connections closed), and a startup that
+    /// would need one more is refused with SQLSTATE 53300.
+    pub max_pools: usize,
 }
 
 impl Default for PgwireConfig {
@@ -40,6 +62,11 @@ impl Default for PgwireConfig {
             connect_timeout_ms: DEFAULT_PG_CONNECT_TIMEOUT_MS,
             max_sessions: DEFAULT_PG_MAX_SESSIONS,
             cache_users: Vec::new(),
+            max_pending_startups: DEFAULT_PG_MAX_PENDING_STARTUPS,
+            startup_wait_ms: DEFAULT_PG_STARTUP_WAIT_MS,
+            auth_timeout_ms: DEFAULT_PG_AUTH_TIMEOUT_MS,
+            pool_idle_timeout_ms: DEFAULT_PG_POOL_IDLE_TIMEOUT_MS,
+            max_pools: DEFAULT_PG_MAX_POOLS,
         }
     }
 }
@@ -75,6 +102,36 @@ impl PgwireConfig {
             self.max_sessions >= 1,
             "pgwire.max_sessions",
             "must be >= 1",
+        )?;
+        self.validate_origin_protection()
+    }
+
+    /// The keys that spare the origin: startups in authentication, idle pools.
+    fn validate_origin_protection(&self) -> Result<(), ConfigError> {
+        check(
+            (1..=100_000).contains(&self.max_pending_startups),
+            "pgwire.max_pending_startups",
+            "must be 1..=100000",
+        )?;
+        check(
+            self.startup_wait_ms <= 600_000,
+            "pgwire.startup_wait_ms",
+            "must be <= 600000",
+        )?;
+        check(
+            (1..=600_000).contains(&self.auth_timeout_ms),
+            "pgwire.auth_timeout_ms",
+            "must be 1..=600000",
+        )?;
+        check(
+            (1..=86_400_000).contains(&self.pool_idle_timeout_ms),
+            "pgwire.pool_idle_timeout_ms",
+            "must be 1..=86400000",
+        )?;
+        check(
+            (1..=100_000).contains(&self.max_pools),
+            "pgwire.max_pools",
+            "must be 1..=100000",
         )
     }
 }
@@ -104,6 +161,41 @@ mod tests {
                 ..
             })
         ));
+        for (bad, key) in [
+            (
+                PgwireConfig {
+                    max_pending_startups: 0,
+                    ..PgwireConfig::default()
+                },
+                "pgwire.max_pending_startups",
+            ),
+            (
+                PgwireConfig {
+                    auth_timeout_ms: 0,
+                    ..PgwireConfig::default()
+                },
+                "pgwire.auth_timeout_ms",
+            ),
+            (
+                PgwireConfig {
+                    pool_idle_timeout_ms: 0,
+                    ..PgwireConfig::default()
+                },
+                "pgwire.pool_idle_timeout_ms",
+            ),
+            (
+                PgwireConfig {
+                    max_pools: 0,
+                    ..PgwireConfig::default()
+                },
+                "pgwire.max_pools",
+            ),
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(ConfigError::Invalid { key: k, .. }) if k == key),
+                "{key}"
+            );
+        }
         let bad = PgwireConfig {
             listen: "nope".into(),
             ..PgwireConfig::default()

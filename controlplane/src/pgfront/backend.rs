@@ -2,7 +2,9 @@
 //! `postgres_protocol`'s backend `Header`.
 //!
 //! Invariants: a frame larger than [`MAX_FRAME`] is a protocol error; `prepared` holds the
-//! statement names (`pgl_...`) this connection has (see `plan`).
+//! statement names (`pgl_...`) this connection has (see `plan`); a connection in
+//! authentication holds a [`StartupSlot`] (see `admit`), and reads from it end at the slot's
+//! deadline.
 //!
 //! Thread model: owned by one session task at a time (or idle in its pool).
 
@@ -18,6 +20,7 @@ use postgres_protocol::message::{backend::Header, frontend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::admit::StartupSlot;
 pub use crate::wal::conn::MAX_FRAME;
 
 /// Where the origin listens.
@@ -38,6 +41,8 @@ pub struct Backend {
     pub prepared: HashSet<String>,
     /// Cancels sent at this connection that may not have reached it yet.
     pub cancels: Arc<CancelGate>,
+    /// Held while the connection is in authentication (see `admit`).
+    slot: Option<StartupSlot>,
 }
 
 /// The cancels sent at one origin connection that may not have landed yet.
@@ -102,15 +107,72 @@ impl Backend {
             secret: 0,
             prepared: HashSet::new(),
             cancels: Arc::default(),
+            slot: None,
         })
+    }
+
+    /// The connection is in authentication under `slot`: reads end at its deadline.
+    pub fn admit(&mut self, slot: StartupSlot) -> &mut Backend {
+        self.slot = Some(slot);
+        self
+    }
+
+    /// The authentication ran out of time while the client had to answer: counted, and the
+    /// connection dropped (closed without a word: the origin waits for a password message).
+    pub fn expire_auth(self) -> io::Error {
+        match &self.slot {
+            Some(s) => s.expired(),
+            None => io::ErrorKind::TimedOut.into(),
+        }
+    }
+
+    /// The connection logged in (or leaves authentication): its slot is given back.
+    pub fn logged_in(&mut self) {
+        self.slot = None;
+    }
+
+    /// When the authentication of this connection must be over (`None`: not in one).
+    pub fn auth_deadline(&self) -> Option<tokio::time::Instant> {
+        self.slot.as_ref().map(|s| s.deadline)
+    }
+
+    /// Whether this idle connection can no longer run a batch: the origin closed it (EOF,
+    /// reset), or sent something nobody asked for (the `FATAL 57P01` of
+    /// `pg_terminate_backend` or of a shutdown, a notice, a notification). A non-blocking
+    /// `MSG_PEEK` on the socket, so that input the runtime has not been told about yet is
+    /// seen too.
+    pub fn unusable(&self) -> bool {
+        if !self.rbuf.is_empty() {
+            return true;
+        }
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        // The socket is non-blocking (tokio's): nothing pending is WouldBlock.
+        match socket2::SockRef::from(&self.stream).peek(&mut probe) {
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+            Ok(_) => true,
+        }
     }
 
     pub async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.stream.write_all(bytes).await
     }
 
-    /// One whole backend message, tag and length word included.
+    /// One whole backend message, tag and length word included; in authentication, an
+    /// error once the slot's deadline passed (see `admit`).
     pub async fn read_frame(&mut self) -> io::Result<Bytes> {
+        let Some(deadline) = self.auth_deadline() else {
+            return self.read_frame_now().await;
+        };
+        match tokio::time::timeout_at(deadline, self.read_frame_now()).await {
+            Ok(r) => r,
+            Err(_) => Err(self
+                .slot
+                .as_ref()
+                .map_or_else(|| io::ErrorKind::TimedOut.into(), StartupSlot::expired)),
+        }
+    }
+
+    async fn read_frame_now(&mut self) -> io::Result<Bytes> {
         loop {
             if let Some(header) = Header::parse(&self.rbuf)? {
                 let total = usize::try_from(header.len())

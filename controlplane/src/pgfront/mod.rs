@@ -24,6 +24,12 @@
 //! - pgline's own (pid, secret) per session is registered for cancel from startup to the end of
 //!   the session; the origin's keys never reach the client.
 //!
+//! Origin protection (`admit`): at most `pgwire.max_pending_startups` origin connections are in
+//! authentication at once, each for at most `pgwire.auth_timeout_ms`; pooled connections idle
+//! past `pgwire.pool_idle_timeout_ms` are closed and ones the origin closed are dropped (a sweep
+//! every second or less, and on take); pools with no connection and no session are forgotten,
+//! and at most `pgwire.max_pools` exist.
+//!
 //! Limitations: a pool grows by the connections its clients authenticate, and on demand only
 //! for `origin.url`'s user (see `pool`);
 //! sessions of one (user, database) share backends whatever their startup parameters
@@ -31,6 +37,7 @@
 //! parameters different from the pool's first client's; COPY FROM STDIN is refused (CopyFail);
 //! NotificationResponses reach a session only with the replies of its own batches.
 
+mod admit;
 mod backend;
 mod plan;
 mod pool;
@@ -49,6 +56,7 @@ use pgline_dataplane::plane::{PgReply, PgRequest, PgRequestKind, Shared};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_postgres::config::Host;
 
+pub use admit::OriginStats;
 pub use backend::OriginAddr;
 use backend::{CancelGate, CancelSent};
 pub use plan::{backend_name, leaves_session_state, PlanError, FENCE_SQL};
@@ -74,6 +82,15 @@ pub struct RelayConfig {
     /// pgline's own origin session settings (`origin.url` with its session options): the
     /// output settings cached answers were made under are read over it (see `state`).
     pub own_session: Option<tokio_postgres::Config>,
+    /// Origin connections in authentication at once, how long a startup waits for a slot,
+    /// and how long an authentication may take (see `admit`).
+    pub max_pending_startups: usize,
+    pub startup_wait: Duration,
+    pub auth_timeout: Duration,
+    /// Pooled connections idle longer are closed.
+    pub pool_idle_timeout: Duration,
+    /// Backend pools at once.
+    pub max_pools: usize,
 }
 
 impl RelayConfig {
@@ -106,6 +123,11 @@ impl RelayConfig {
                 .zip(pg.get_password())
                 .map(|(u, p)| (u.to_owned(), p.to_vec())),
             own_session: Some(pg),
+            max_pending_startups: cfg.pgwire.max_pending_startups,
+            startup_wait: Duration::from_millis(cfg.pgwire.startup_wait_ms),
+            auth_timeout: Duration::from_millis(cfg.pgwire.auth_timeout_ms),
+            pool_idle_timeout: Duration::from_millis(cfg.pgwire.pool_idle_timeout_ms),
+            max_pools: cfg.pgwire.max_pools,
         })
     }
 }
@@ -149,6 +171,8 @@ pub struct RelayState {
     /// The unreported output settings of pgline's own origin sessions ([`state::UNREPORTED`]),
     /// read once.
     baseline: tokio::sync::OnceCell<[String; 4]>,
+    /// The bound on startups in authentication, and the origin-protection counters.
+    admission: admit::Admission,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -157,7 +181,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl RelayState {
     pub fn new(shared: Arc<Shared>, cfg: RelayConfig) -> Arc<RelayState> {
+        let admission =
+            admit::Admission::new(cfg.max_pending_startups, cfg.startup_wait, cfg.auth_timeout);
         Arc::new(RelayState {
+            admission,
             shared,
             cfg,
             pools: Mutex::default(),
@@ -170,11 +197,78 @@ impl RelayState {
         })
     }
 
-    fn pool(&self, user: &str, database: &str, settings: &str) -> Arc<pool::Pool> {
-        lock(&self.pools)
-            .entry((user.to_owned(), database.to_owned(), settings.to_owned()))
-            .or_insert_with(|| Arc::new(pool::Pool::new(self.cfg.pool_size)))
-            .clone()
+    /// The pool of a (user, database, startup settings), made if new; `None` (counted) when
+    /// `max_pools` pools are in use by sessions.
+    fn pool(&self, user: &str, database: &str, settings: &str) -> Option<Arc<pool::Pool>> {
+        let key = (user.to_owned(), database.to_owned(), settings.to_owned());
+        let mut pools = lock(&self.pools);
+        if let Some(p) = pools.get(&key) {
+            return Some(Arc::clone(p));
+        }
+        if pools.len() >= self.cfg.max_pools && !self.evict_one(&mut pools) {
+            admit::OriginCounters::add(&self.admission.counters.pool_refused, 1);
+            return None;
+        }
+        let p = Arc::new(pool::Pool::new(
+            self.cfg.pool_size,
+            Arc::clone(&self.admission.counters),
+        ));
+        pools.insert(key, Arc::clone(&p));
+        Some(p)
+    }
+
+    /// Forgets the least recently used pool no session holds (its idle connections are
+    /// closed); whether there was one.
+    fn evict_one(&self, pools: &mut HashMap<(String, String, String), Arc<pool::Pool>>) -> bool {
+        // Under the map's lock no session can pick a pool up, so a count of one (the map's
+        // own reference) means none holds it, and none will.
+        let victim = pools
+            .iter()
+            .filter(|(_, p)| Arc::strong_count(p) == 1)
+            .min_by_key(|(_, p)| p.last_used())
+            .map(|(k, _)| k.clone());
+        let Some(p) = victim.and_then(|k| pools.remove(&k)) else {
+            return false;
+        };
+        admit::OriginCounters::add(&self.admission.counters.pool_forgotten, 1);
+        for b in p.drain() {
+            tokio::spawn(b.terminate());
+        }
+        true
+    }
+
+    /// One pass of pool trimming: closes connections idle past `pool_idle_timeout`, drops the
+    /// ones the origin closed, and forgets pools left with no connection and no session.
+    fn sweep_pools(&self) {
+        let now = tokio::time::Instant::now();
+        let counters = &self.admission.counters;
+        let mut expired = Vec::new();
+        {
+            let mut pools = lock(&self.pools);
+            pools.retain(|_, p| {
+                let swept = p.sweep(now, self.cfg.pool_idle_timeout);
+                admit::OriginCounters::add(&counters.backend_dead, swept.dead as u64);
+                expired.extend(swept.expired);
+                let forget = Arc::strong_count(p) == 1 && p.counts().1 == 0;
+                if forget {
+                    admit::OriginCounters::add(&counters.pool_forgotten, 1);
+                }
+                !forget
+            });
+        }
+        admit::OriginCounters::add(&counters.backend_idle_closed, expired.len() as u64);
+        for b in expired {
+            tokio::spawn(b.terminate());
+        }
+    }
+
+    /// The origin-protection figures (`admit`): startups in authentication, refusals,
+    /// timeouts, trimmed connections and pools.
+    pub fn origin_stats(&self) -> OriginStats {
+        OriginStats {
+            pools: lock(&self.pools).len() as u64,
+            ..self.admission.stats()
+        }
     }
 
     /// The output settings cached answers were made under: read once over a session of
@@ -368,6 +462,11 @@ impl RelayState {
     }
 }
 
+/// How often the pools are swept: every second, or twice per idle timeout when shorter.
+fn sweep_period(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
 /// (pid, secret) of a 16-byte CancelRequest.
 fn parse_cancel(m: &[u8]) -> Option<(i32, i32)> {
     if m.len() != 16 || m[4..8] != 80_877_102i32.to_be_bytes() {
@@ -398,11 +497,14 @@ fn random_i32() -> i32 {
 pub async fn run(state: Arc<RelayState>, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweep = tokio::time::interval(sweep_period(state.cfg.pool_idle_timeout));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
             _ = wake.notified() => state.drain(),
             _ = tick.tick() => state.drain(),
+            _ = sweep.tick() => state.sweep_pools(),
         }
     }
     state.stopping.store(true, Ordering::Relaxed);

@@ -110,7 +110,11 @@ pub enum Act {
         hidden: bool,
         name: Option<String>,
     },
-    Bind,
+    /// `renamed`: (backend, client) statement names when pgline rewrote the name, so that an
+    /// error about the statement names the client's (see [`rename_statement`]).
+    Bind {
+        renamed: Option<(String, String)>,
+    },
     DescribeStatement,
     DescribePortal,
     Execute,
@@ -181,8 +185,10 @@ fn plan_frame(
         b'B' => {
             let (_portal, rest) = cstr(f.body)?;
             let (name, _) = cstr(rest)?;
+            let mut renamed = None;
             match stmts.get(name).filter(|_| !name.is_empty()) {
                 Some(st) => {
+                    renamed = Some((st.backend_name.clone(), name.to_owned()));
                     ensure_prepared(st, prepared, plan);
                     plan.sql.push(st.text.clone());
                     let portal_len = f.body.len() - rest.len();
@@ -196,7 +202,7 @@ fn plan_frame(
                 }
                 None => put_frame(&mut plan.out, b'B', f.body),
             }
-            plan.acts.push(Act::Bind);
+            plan.acts.push(Act::Bind { renamed });
         }
         b'D' | b'C' => {
             let (&variant, rest) = f.body.split_first().ok_or(PlanError::Malformed)?;
@@ -458,6 +464,19 @@ impl Tracker {
             out.extend_from_slice(frame);
             return Step::Continue;
         };
+        let renamed;
+        let frame = match (&act, tag) {
+            (
+                Act::Bind {
+                    renamed: Some((ours, theirs)),
+                },
+                b'E',
+            ) => {
+                renamed = rename_statement(frame, ours, theirs);
+                &renamed[..]
+            }
+            _ => frame,
+        };
         let done = match (&act, tag) {
             (Act::Snapshot, _) => {
                 match tag {
@@ -517,7 +536,7 @@ impl Tracker {
                 }
                 return self.complete_if(tag == b'1');
             }
-            (Act::Bind, _) => tag == b'2',
+            (Act::Bind { .. }, _) => tag == b'2',
             (Act::Close, _) => tag == b'3',
             (Act::DescribeStatement | Act::DescribePortal | Act::HiddenDescribe, _) => {
                 tag == b'T' || tag == b'n'
@@ -553,6 +572,39 @@ impl Tracker {
     pub fn has_hidden_tail(&self) -> bool {
         self.acts.len() > self.last_client.saturating_add(1)
     }
+}
+
+/// An ErrorResponse with the backend's statement name `ours` (quoted, as PostgreSQL quotes
+/// it: `bind message supplies 1 parameters, but prepared statement "pgl_..." requires 2`)
+/// replaced by the client's `theirs` in its message, detail and hint; every other field as
+/// the origin sent it. Anything that is not a well-formed ErrorResponse is returned as it is.
+pub fn rename_statement(frame: &[u8], ours: &str, theirs: &str) -> Vec<u8> {
+    let (from, to) = (format!("\"{ours}\""), format!("\"{theirs}\""));
+    let Some(fields) = frame.get(5..) else {
+        return frame.to_vec();
+    };
+    let mut body = Vec::with_capacity(fields.len() + to.len());
+    let mut rest = fields;
+    while let Some((&code, tail)) = rest.split_first() {
+        if code == 0 {
+            break;
+        }
+        let Some(end) = tail.iter().position(|&c| c == 0) else {
+            return frame.to_vec();
+        };
+        let value = &tail[..end];
+        body.push(code);
+        match std::str::from_utf8(value) {
+            Ok(text) if matches!(code, b'M' | b'D' | b'H') => {
+                body.extend_from_slice(text.replace(&from, &to).as_bytes());
+            }
+            _ => body.extend_from_slice(value),
+        }
+        body.push(0);
+        rest = &tail[end + 1..];
+    }
+    body.push(0);
+    super::backend::compose_message(frame[0], &body)
 }
 
 /// The LSN in a DataRow with one text column `X/Y`.

@@ -252,3 +252,39 @@ fn snapshot_query_and_added_describe_are_hidden_and_kept() {
     assert_eq!(t.snapshot.as_deref(), Some("10:12:11"));
     assert_eq!(t.described.as_deref(), Some(&replies[6][..]));
 }
+
+/// Issue 11 "Minor": an error about a Bind of a named statement names the client's statement,
+/// not pgline's backend name.
+#[test]
+fn a_bind_error_names_the_clients_statement() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("mine", "SELECT $1::int + $2::int", [], b).unwrap();
+        b.extend_from_slice(&frame(b'B', b"\0mine\0\0\0\0\x01\0\0\0\x011\0\0"));
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let ours = backend_name("SELECT $1::int + $2::int", &[]);
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    let origin = |name: &str| {
+        let text = format!(
+            "SERROR\0VERROR\0C08P01\0Mbind message supplies 1 parameters, but prepared \
+             statement \"{name}\" requires 2\0Fpostgres.c\0L1717\0Rexec_bind_message\0\0"
+        );
+        frame(b'E', text.as_bytes())
+    };
+    t.on_message(&frame(b'1', b""), &mut out, &mut prepared);
+    t.on_message(&origin(&ours), &mut out, &mut prepared);
+    let step = t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    assert_eq!(step, Step::ClientDone(b'I'));
+    let want = [frame(b'1', b""), origin("mine"), frame(b'Z', b"I")].concat();
+    assert_eq!(out, want);
+    // Not an ErrorResponse that parses: passed as it is.
+    assert_eq!(
+        rename_statement(b"E\0\0\0\x06M", &ours, "x"),
+        b"E\0\0\0\x06M"
+    );
+}

@@ -30,6 +30,7 @@ use pgline_dataplane::plane::{
 };
 use tokio::sync::mpsc;
 
+use super::admit;
 use super::backend::{compose_error, compose_message, compose_ready, Backend, Opener};
 use super::plan::{self, Plan, Step, Stmt, Tracker};
 use super::pool::{Pool, PoolError};
@@ -227,7 +228,7 @@ impl Session {
     }
 
     pub(super) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<PgRequest>) {
-        while let Some(req) = rx.recv().await {
+        while let Some(req) = self.next_request(&mut rx).await {
             match req.kind {
                 PgRequestKind::Startup => self.startup(req).await,
                 PgRequestKind::Auth => self.auth(req).await,
@@ -241,6 +242,30 @@ impl Session {
         }
         self.release().await;
         tracing::debug!(session = self.id, "pgwire: session ended");
+    }
+
+    /// The next request; `None` when the client left, or when its authentication ran out of
+    /// time while the relay waited for its password (the origin connection closes with the
+    /// session, and the client's late answer is refused as a closed session's).
+    async fn next_request(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<PgRequest>,
+    ) -> Option<PgRequest> {
+        let Some(deadline) = self.auth.as_ref().and_then(Backend::auth_deadline) else {
+            return rx.recv().await;
+        };
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(req) => req,
+            Err(_) => {
+                let expired = self.auth.take().map(|b| b.expire_auth());
+                tracing::debug!(
+                    session = self.id,
+                    ?expired,
+                    "pgwire: authentication timed out"
+                );
+                None
+            }
+        }
     }
 
     async fn fatal(&mut self, req: &PgRequest, code: &str, message: &str) {
@@ -267,9 +292,13 @@ impl Session {
         self.startup_settings = settings;
         self.startup.clone_from(&req.messages);
         self.user = user;
+        // At most `max_pending_startups` origin connections in authentication (see `admit`).
+        let Some(slot) = self.relay.admission.admit().await else {
+            return self.fatal(&req, "53300", admit::STARTUP_REFUSED).await;
+        };
         let cfg = &self.relay.cfg;
         match Backend::connect(&cfg.origin, cfg.connect_timeout).await {
-            Ok(mut b) => match b.write(&req.messages).await {
+            Ok(mut b) => match b.admit(slot).write(&req.messages).await {
                 Ok(()) => self.relay_auth(req, b).await,
                 Err(e) => self.origin_gone(&req, &e).await,
             },
@@ -278,6 +307,9 @@ impl Session {
     }
 
     async fn origin_gone(&mut self, req: &PgRequest, e: &std::io::Error) {
+        if admit::is_auth_timeout(e) {
+            return self.fatal(req, "08006", admit::AUTH_TIMED_OUT).await;
+        }
         let msg = format!("pgline: cannot reach the origin: {e}");
         self.fatal(req, "08006", &msg).await;
     }
@@ -359,7 +391,12 @@ impl Session {
                     // Sessions share connections only with sessions that logged in to the
                     // same state (a role or database default changed since is another pool).
                     let key = format!("{}\0{}", self.startup_settings, self.login_state);
-                    let pool = self.relay.pool(&self.user, &self.database, &key);
+                    let Some(pool) = self.relay.pool(&self.user, &self.database, &key) else {
+                        tokio::spawn(b.terminate());
+                        out.buf = compose_error("FATAL", "53300", admit::POOLS_FULL);
+                        self.closed = true;
+                        return out.finish(PgReplyEnd::Close, 0).await;
+                    };
                     self.pool = Some(pool.clone());
                     if let Some(extra) = pool.join(b) {
                         tokio::spawn(extra.terminate());

@@ -1,0 +1,531 @@
+//! Issue 11, the PostgreSQL relay as an attacker (or an unlucky operator) finds it: startups
+//! that never log in (C4), pools that are never trimmed and dead origin connections handed to
+//! clients (C5), and an error that names pgline's internal statement (Minor). Each test runs a
+//! real pgline against the lab origin and measures the origin's side (its processes, its
+//! `pg_stat_activity`) or this process's sockets; each fails on the code before the fix.
+
+mod common;
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use common::TestDb;
+use pgline_controlplane::server::Pgline;
+use postgres_protocol::authentication::sasl;
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_postgres::NoTls;
+
+/// How long a poll for an expected state waits before failing (a loaded 2-core machine).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn pg_addr(p: &Pgline) -> SocketAddr {
+    p.pg_addr().expect("the pgwire front is on")
+}
+
+/// A connection string to pgline's PostgreSQL port: `user`/`password` (default: the origin's
+/// superuser), `extra` appended as is.
+fn via_pgline(p: &Pgline, db: &TestDb, login: Option<(&str, &str)>, extra: &str) -> String {
+    let addr = pg_addr(p);
+    let (_, _, user, password) = common::origin_base();
+    let (user, password) = login.unwrap_or((&user, &password));
+    format!(
+        "host={} port={} user={user} password={password} dbname={} {extra}",
+        addr.ip(),
+        addr.port(),
+        db.name
+    )
+}
+
+async fn try_connect(conn: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(conn, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// `SELECT 42` over the simple protocol: the answer, or the error's (SQLSTATE, message).
+async fn answer(c: &tokio_postgres::Client) -> Result<String, (String, String)> {
+    match c.simple_query("SELECT 42::int4").await {
+        Ok(msgs) => Ok(msgs
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .unwrap_or_default()),
+        Err(e) => Err(db_error(&e)),
+    }
+}
+
+fn db_error(e: &tokio_postgres::Error) -> (String, String) {
+    match e.as_db_error() {
+        Some(d) => (d.code().code().to_owned(), d.message().to_owned()),
+        None => ("-".into(), e.to_string()),
+    }
+}
+
+/// Origin processes in authentication for database `db` (PostgreSQL's process title is
+/// `postgres: <user> <db> <host>(<port>) authentication` until the login completes).
+fn origin_processes_authenticating(db: &str) -> usize {
+    let needle = format!(" {db} ");
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+                .map(|c| String::from_utf8_lossy(&c).into_owned())
+                .filter(|c| c.starts_with("postgres:") && c.contains(&needle))
+                .filter(|c| c.trim_end_matches('\0').ends_with("authentication"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Sockets of this process in CLOSE-WAIT (the peer closed, we did not) towards `port`.
+fn close_wait_sockets_to(port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    l.strip_prefix("socket:[")
+                        .and_then(|s| s.strip_suffix(']'))
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|t| t.lines().skip(1).map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // sl local rem st ... inode (field 9); CLOSE_WAIT is state 08.
+            f.len() > 9 && f[2].ends_with(&want) && f[3] == "08" && inodes.contains(f[9])
+        })
+        .count()
+}
+
+/// Polls `f` until it holds, or fails with `what` after [`PATIENCE`].
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + PATIENCE;
+    while !f() {
+        assert!(Instant::now() < until, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A raw protocol-3.0 connection: whole backend messages as (tag, body).
+struct Raw {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    async fn startup(addr: SocketAddr, user: &str, db: &str) -> Raw {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut m = BytesMut::new();
+        frontend::startup_message([("user", user), ("database", db)], &mut m).unwrap();
+        s.write_all(&m).await.unwrap();
+        Raw { s, buf: Vec::new() }
+    }
+
+    /// The next message, `None` on EOF or after `wait`.
+    async fn message(&mut self, wait: Duration) -> Option<(u8, Vec<u8>)> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() > len {
+                    let m: Vec<u8> = self.buf.drain(..1 + len).collect();
+                    return Some((m[0], m[5..].to_vec()));
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            match tokio::time::timeout_at(until, self.s.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => self.buf.extend_from_slice(&chunk[..n]),
+                _ => return None,
+            }
+        }
+    }
+
+    /// Logs in with SCRAM-SHA-256 (or trust), up to ReadyForQuery.
+    async fn login(addr: SocketAddr, user: &str, password: &str, db: &str) -> Raw {
+        let mut r = Raw::startup(addr, user, db).await;
+        let mut scram = None;
+        loop {
+            let (tag, body) = r.message(PATIENCE).await.expect("login reply");
+            let mut out = BytesMut::new();
+            match (
+                tag,
+                body.get(..4)
+                    .map(|c| i32::from_be_bytes(c.try_into().unwrap())),
+            ) {
+                (b'R', Some(10)) => {
+                    let s = sasl::ScramSha256::new(
+                        password.as_bytes(),
+                        sasl::ChannelBinding::unsupported(),
+                    );
+                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut out)
+                        .unwrap();
+                    scram = Some(s);
+                }
+                (b'R', Some(11)) => {
+                    let s = scram.as_mut().expect("SASL started");
+                    s.update(&body[4..]).unwrap();
+                    frontend::sasl_response(s.message(), &mut out).unwrap();
+                }
+                (b'R', Some(12)) => scram.as_mut().expect("SASL").finish(&body[4..]).unwrap(),
+                (b'E', _) => panic!("login refused: {}", String::from_utf8_lossy(&body)),
+                (b'Z', _) => return r,
+                _ => {}
+            }
+            if !out.is_empty() {
+                r.s.write_all(&out).await.unwrap();
+            }
+        }
+    }
+
+    /// Sends `m` and returns every message up to ReadyForQuery.
+    async fn exchange(&mut self, m: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        self.s.write_all(m).await.unwrap();
+        let mut got = Vec::new();
+        loop {
+            let msg = self
+                .message(PATIENCE)
+                .await
+                .expect("reply up to ReadyForQuery");
+            let done = msg.0 == b'Z';
+            got.push(msg);
+            if done {
+                return got;
+            }
+        }
+    }
+}
+
+/// A field of an ErrorResponse body.
+fn field(body: &[u8], code: u8) -> String {
+    body.split(|&b| b == 0)
+        .find(|f| f.first() == Some(&code))
+        .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
+        .unwrap_or_default()
+}
+
+/// C4: clients that send a StartupMessage and nothing more cost the origin at most
+/// `pgwire.max_pending_startups` processes in authentication, each for at most
+/// `pgwire.auth_timeout_ms`; the startups past the cap are refused with 53300, and a real
+/// client logs in once they are gone. Before the fix, every one held an origin process (40 of
+/// them here, for the origin's `authentication_timeout`, a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startups_that_never_log_in_cost_the_origin_a_bounded_number_of_backends() {
+    // Overridable for a measurement with the defaults, e.g. PGLINE_ADV_STARTUPS=100
+    // PGLINE_ADV_CAP=32 PGLINE_ADV_WAIT_MS=3000 PGLINE_ADV_AUTH_MS=10000.
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let cap = env("PGLINE_ADV_CAP", 4) as usize;
+    let sockets = env("PGLINE_ADV_STARTUPS", 40) as usize;
+    let db = TestDb::create("adv_relay_c4").await;
+    let mut cfg = support::config(&db, 1);
+    cfg.pgwire.max_pending_startups = cap;
+    cfg.pgwire.startup_wait_ms = env("PGLINE_ADV_WAIT_MS", 300);
+    cfg.pgwire.auth_timeout_ms = env("PGLINE_ADV_AUTH_MS", 3_000);
+    let p = support::start(cfg).await;
+    let relay = Arc::clone(p.pg_relay().expect("relay"));
+    let (_, _, user, _) = common::origin_base();
+
+    let mut raws = Vec::new();
+    let started = Instant::now();
+    for _ in 0..sockets {
+        raws.push(Raw::startup(pg_addr(&p), &user, &db.name).await);
+    }
+    // Each gets the origin's password request (admitted) or a 53300 refusal (past the cap).
+    let mut peak = 0;
+    let (mut admitted, mut refused) = (Vec::new(), 0);
+    for (i, r) in raws.iter_mut().enumerate() {
+        peak = peak.max(origin_processes_authenticating(&db.name));
+        match r.message(PATIENCE).await {
+            Some((b'R', _)) => admitted.push(i),
+            Some((b'E', body)) => {
+                assert_eq!(field(&body, b'C'), "53300", "{}", field(&body, b'M'));
+                assert!(field(&body, b'M').contains("max_pending_startups"));
+                refused += 1;
+            }
+            other => panic!("unexpected answer to a startup: {other:?}"),
+        }
+    }
+    peak = peak.max(origin_processes_authenticating(&db.name));
+    let admitted_n = admitted.len();
+    eprintln!(
+        "{sockets} startups without a password: {admitted_n} admitted, {refused} refused \
+         (53300) after {:?}, origin processes in authentication at most {peak} (cap {cap})",
+        started.elapsed()
+    );
+    assert!(
+        peak <= cap,
+        "{peak} origin processes in authentication, cap {cap}"
+    );
+    assert!(admitted_n <= cap && admitted_n + refused == sockets);
+    assert!(
+        refused >= sockets.saturating_sub(2 * cap),
+        "refused {refused}"
+    );
+
+    // The deadline ends the admitted ones: the origin's processes go, the slots come back.
+    eventually("origin processes in authentication gone", || {
+        origin_processes_authenticating(&db.name) == 0
+    })
+    .await;
+    eprintln!("none left in authentication after {:?}", started.elapsed());
+    eventually("the startup slots given back", || {
+        relay.origin_stats().startup_pending == 0
+    })
+    .await;
+    let stats = relay.origin_stats();
+    assert!(stats.auth_timeout >= admitted_n as u64, "{stats:?}");
+    assert_eq!(stats.startup_refused, refused as u64, "{stats:?}");
+    // A late password of a timed-out startup is refused, and the connection closed.
+    if let Some(&i) = admitted.first() {
+        let mut m = BytesMut::new();
+        frontend::sasl_initial_response(sasl::SCRAM_SHA_256, b"n,,n=,r=x", &mut m).unwrap();
+        raws[i].s.write_all(&m).await.unwrap();
+        let (tag, body) = raws[i].message(PATIENCE).await.expect("a refusal");
+        assert_eq!((tag, field(&body, b'S').as_str()), (b'E', "FATAL"));
+        assert_eq!(raws[i].message(PATIENCE).await, None, "closed");
+    }
+    // A login the origin refuses gives its slot back too.
+    let e = try_connect(&via_pgline(&p, &db, Some((&user, "wrong")), "")).await;
+    assert_eq!(e.err().map(|e| db_error(&e).0).as_deref(), Some("28P01"));
+    eventually("a refused login's slot given back", || {
+        relay.origin_stats().startup_pending == 0
+    })
+    .await;
+    // A real client logs in.
+    let c = try_connect(&via_pgline(&p, &db, None, ""))
+        .await
+        .expect("a client logs in once the abusers' slots are back");
+    assert_eq!(answer(&c).await, Ok("42".into()));
+    drop(raws);
+    p.shutdown().await;
+}
+
+/// C5 (a): an origin connection idle in its pool past `pgwire.pool_idle_timeout_ms` is
+/// closed, a pool with no connection and no session is forgotten, and at most
+/// `pgwire.max_pools` pools exist: startup-setting variants cannot grow the relay's pools or
+/// the origin's backends without bound. Before the fix, every variant kept its pool and its
+/// connections forever, and a fourth variant was never refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_pools_are_trimmed_and_their_number_is_bounded() {
+    let db = TestDb::create("adv_relay_c5a").await;
+    let mut cfg = support::config(&db, 1);
+    cfg.pgwire.pool_idle_timeout_ms = 1_000;
+    cfg.pgwire.max_pools = 3;
+    let p = support::start(cfg).await;
+    let relay = Arc::clone(p.pg_relay().expect("relay"));
+    let admin = db.client().await;
+    let origin_backends = || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = 'adv_trim'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let variant = |n: u32| {
+        via_pgline(
+            &p,
+            &db,
+            None,
+            &format!("application_name=adv_trim options='-c statement_timeout={n}000'"),
+        )
+    };
+    // Three variants in use at once: three pools, the cap.
+    let mut held = Vec::new();
+    for n in 1..=3 {
+        let c = try_connect(&variant(n)).await.expect("a variant logs in");
+        assert_eq!(answer(&c).await, Ok("42".into()));
+        held.push(c);
+    }
+    // A fourth, while the three are in use, is refused cleanly.
+    let Err(e) = try_connect(&variant(4)).await else {
+        panic!("a fourth variant is refused while max_pools are in use");
+    };
+    let (code, msg) = db_error(&e);
+    assert_eq!(code, "53300", "{msg}");
+    assert!(msg.contains("max_pools"), "{msg}");
+    assert_eq!(relay.origin_stats().pool_refused, 1);
+    // Once their sessions are gone, unused pools make room: a stream of variants keeps at most
+    // three pools, and the origin at most three of their backends (each pool's idle one).
+    drop(held);
+    for n in 5..=24 {
+        eventually("the sessions ended", || relay.sessions() == 0).await;
+        let c = try_connect(&variant(n)).await.expect("room once unused");
+        assert_eq!(answer(&c).await, Ok("42".into()));
+        drop(c);
+        assert!(
+            relay.origin_stats().pools <= 3,
+            "{:?}",
+            relay.origin_stats()
+        );
+    }
+    let until = Instant::now() + PATIENCE;
+    while origin_backends().await > 3 {
+        assert!(
+            Instant::now() < until,
+            "evicted pools' connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(origin_backends().await >= 1);
+
+    // Idle past the timeout: the connections close at the origin, the pools are forgotten.
+    let until = Instant::now() + PATIENCE;
+    while origin_backends().await > 0 || relay.origin_stats().pools > 0 {
+        assert!(
+            Instant::now() < until,
+            "idle pools never trimmed: {} origin backends, {:?}",
+            origin_backends().await,
+            relay.origin_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats = relay.origin_stats();
+    eprintln!("after the idle timeout: {stats:?}");
+    assert!(
+        stats.backend_idle_closed >= 1 && stats.pool_forgotten >= 3,
+        "{stats:?}"
+    );
+    // A pool forgotten is made again on the next login.
+    let c = try_connect(&variant(1)).await.expect("logs in again");
+    assert_eq!(answer(&c).await, Ok("42".into()));
+    drop(c);
+    p.shutdown().await;
+}
+
+/// C5 (b): after the origin terminated every backend of pgline's pools
+/// (`pg_terminate_backend`, as an operator or a failover does), no client gets a dead
+/// connection: sessions of `origin.url`'s user (whose pool reopens) get their answers, other
+/// users a clean pgline error (their pool cannot reopen without their password) and then log
+/// in again, and no socket to the origin stays in CLOSE-WAIT. Before the fix, the next clients
+/// got the origin's `FATAL 57P01 terminating connection due to administrator command`, and
+/// the dead sockets stayed in the pools in CLOSE-WAIT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backends_are_never_handed_to_clients() {
+    let db = TestDb::create("adv_relay_c5b").await;
+    let role = format!("{}_r", db.name);
+    let admin = common::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw'"
+        ))
+        .await
+        .unwrap();
+    let p = support::start(support::config(&db, 1)).await;
+    let relay = Arc::clone(p.pg_relay().expect("relay"));
+    let app = "application_name=adv_dead";
+    let mut owners = Vec::new();
+    for _ in 0..6 {
+        owners.push(try_connect(&via_pgline(&p, &db, None, app)).await.unwrap());
+    }
+    let mut others = Vec::new();
+    for _ in 0..3 {
+        let login = Some((role.as_str(), "rpw"));
+        others.push(try_connect(&via_pgline(&p, &db, login, app)).await.unwrap());
+    }
+    for c in owners.iter().chain(&others) {
+        assert_eq!(answer(c).await, Ok("42".into()));
+    }
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000)) \
+             FROM pg_stat_activity WHERE datname = $1 AND application_name = 'adv_dead'",
+            &[&db.name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed >= 9, "terminated {killed} origin backends");
+
+    for c in &owners {
+        assert_eq!(answer(c).await, Ok("42".into()), "origin.url's user");
+    }
+    for c in &others {
+        let (code, msg) = answer(c)
+            .await
+            .expect_err("no connection left for this user");
+        assert_eq!(code, "08006", "{msg}");
+        assert!(
+            msg.starts_with("pgline: "),
+            "a clean pgline error, got {msg:?}"
+        );
+    }
+    let login = Some((role.as_str(), "rpw"));
+    let again = try_connect(&via_pgline(&p, &db, login, app))
+        .await
+        .expect("the other user logs in again");
+    assert_eq!(answer(&again).await, Ok("42".into()));
+    let (_, port, _, _) = common::origin_base();
+    eventually("no CLOSE-WAIT socket to the origin", || {
+        close_wait_sockets_to(port) == 0
+    })
+    .await;
+    let stats = relay.origin_stats();
+    eprintln!("terminated {killed} origin backends: {stats:?}");
+    assert!(stats.backend_dead >= 9, "{stats:?}");
+    drop((owners, others, again));
+    p.shutdown().await;
+    let _ = admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+        .await;
+}
+
+/// Minor: a Bind with the wrong parameter count gets the origin's own error, naming the
+/// client's statement, not the relay's `pgl_...` name (compared byte for byte with the same
+/// messages sent straight to the origin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_error_names_the_clients_statement() {
+    let db = TestDb::create("adv_relay_bind").await;
+    let p = support::start(support::config(&db, 1)).await;
+    let (host, port, user, password) = common::origin_base();
+    let origin: SocketAddr = format!("{host}:{port}").parse().unwrap();
+    let mut m = BytesMut::new();
+    frontend::parse("mine", "SELECT $1::int + $2::int", [], &mut m).unwrap();
+    support::bind_text(&mut m, "mine", &["1"]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    let mut errors = Vec::new();
+    for addr in [origin, pg_addr(&p)] {
+        let mut r = Raw::login(addr, &user, &password, &db.name).await;
+        let got = r.exchange(&m).await;
+        let tags: Vec<u8> = got.iter().map(|(t, _)| *t).collect();
+        assert_eq!(
+            tags, b"1EZ",
+            "ParseComplete, the Bind's error, ReadyForQuery"
+        );
+        errors.push(got[1].1.clone());
+    }
+    let msg = field(&errors[0], b'M');
+    assert!(msg.contains("\"mine\""), "{msg}");
+    assert_eq!(
+        field(&errors[1], b'M'),
+        msg,
+        "the error names the client's statement"
+    );
+    assert_eq!(errors[1], errors[0], "every field as the origin's");
+    p.shutdown().await;
+}

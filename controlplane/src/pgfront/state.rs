@@ -254,7 +254,6 @@ mod tests {
             (1, "bob"),
             (2, "shadow,pg_catalog,public"),
             (2, "pg_catalog,app,public"),
-            (2, "pg_temp_3,pg_catalog,public"),
             (4, "3"),
             (5, "escape"),
             (6, "de_DE.UTF-8"),

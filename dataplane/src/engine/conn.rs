@@ -74,12 +74,18 @@ pub(crate) struct Conn {
     /// A timeout closed it gracefully (error written, `closing` set); if it is still open at
     /// the next sweep (the peer does not read), it is closed without waiting for its output.
     pub doomed: bool,
+    /// The last parse stopped at an incomplete request: reading more may go past the read-ahead
+    /// bound (up to the request size limit). Cleared by every read.
+    pub incomplete: bool,
 }
 
 /// Initial capacity of a connection's input and output buffers.
 pub(crate) const BASE_BUFFER: usize = 16 * 1024;
 /// A drained buffer larger than this is replaced by a [`BASE_BUFFER`] one.
-pub(crate) const SHRINK_ABOVE: usize = 256 * 1024;
+pub(crate) const SHRINK_ABOVE: usize = 64 * 1024;
+/// Unparsed complete input beyond which a connection is not read (its requests wait in the
+/// socket, not in pgline's memory); an incomplete request may be read up to the size limit.
+pub(crate) const READ_AHEAD: usize = 64 * 1024;
 
 impl Conn {
     pub fn new(client_id: u64, generation: u32, authenticated: bool, now: Instant) -> Conn {
@@ -108,6 +114,7 @@ impl Conn {
             charged: 0,
             source: None,
             doomed: false,
+            incomplete: false,
         }
     }
 

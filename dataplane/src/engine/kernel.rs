@@ -362,6 +362,7 @@ impl Sockets {
                 Ok(n) => {
                     conn.input_buffer().extend_from_slice(&self.read_buf[..n]);
                     conn.last_input = worker.now;
+                    conn.incomplete = false;
                     read += n;
                     // A short read drained the socket: skip the read that would only say
                     // EAGAIN. Data arriving later raises a new edge-triggered event. Not when the

@@ -31,7 +31,7 @@ use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissReply, MissRequest, Shared};
 use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError};
 
-use super::conn::{Conn, Pending};
+use super::conn::{Conn, Pending, READ_AHEAD};
 use super::execute::{Exec, Outcome};
 use super::limits::{CoreLimits, Sources};
 use super::pg::PgSession;
@@ -145,9 +145,14 @@ impl Worker {
     /// Whether the transport should read more for `conn` now (bounded buffers, not closing).
     #[inline]
     pub fn wants_input(&self, conn: &Conn) -> bool {
+        let unparsed = conn.rbuf.len() - conn.rpos;
         !conn.closing
             && !self.output_blocked(conn)
-            && conn.rbuf.len() - conn.rpos < self.request_budget(conn)
+            && unparsed < self.request_budget(conn)
+            && (unparsed < READ_AHEAD || conn.incomplete)
+            // At the reply-memory cap, a connection that holds more than its base buffers
+            // does not grow them.
+            && !(self.limits.full() && conn.charged > 0)
     }
 
     /// What to do with `conn` after ingress, [`Worker::process_requests`] and egress.
@@ -199,8 +204,11 @@ impl Worker {
     /// `token` names the connection in the [`MissRequest`]s it sends (slot and generation).
     pub fn process_requests(&mut self, conn: &mut Conn, token: u64) -> bool {
         if conn.pg.is_some() {
-            return self.process_pg(conn, token);
+            let more = self.process_pg(conn, token);
+            conn.incomplete = !more && !conn.input().is_empty();
+            return more;
         }
+        conn.incomplete = false;
         let serve_hits = self.shared.serve_hits.load(Ordering::Relaxed);
         let mut executed = 0;
         let mut more = false;
@@ -225,6 +233,7 @@ impl Worker {
             let consumed = match parse_request(input, &self.cfg.limits, &mut self.args) {
                 Ok(n) => n,
                 Err(ParseError::Incomplete) => {
+                    conn.incomplete = true;
                     if input.len() >= self.request_budget(conn) {
                         let message: &[u8] = if conn.session.authenticated {
                             b"ERR Protocol error: request exceeds the size limit"

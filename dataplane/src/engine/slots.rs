@@ -228,8 +228,9 @@ impl<T> Slots<T> {
         worker.limits.maybe_trim(now);
     }
 
-    /// Closes the connections holding the most unwritten output (their clients do not read
-    /// it), largest first, until the core is under 3/4 of its reply-memory cap.
+    /// Closes the connections holding the most buffer memory (unwritten output their clients do
+    /// not read, unparsed input), largest first, until the core is under 3/4 of its
+    /// reply-memory cap. Drained buffers were given back before (at the visit or the sweep).
     fn evict<X: Transport<Io = T>>(&mut self, transport: &mut X, worker: &mut Worker) {
         let mut victims: Vec<(usize, usize)> = self
             .entries
@@ -237,7 +238,7 @@ impl<T> Slots<T> {
             .enumerate()
             .filter_map(|(slot, e)| {
                 e.as_ref()
-                    .filter(|e| e.conn.backlog() > 0)
+                    .filter(|e| e.conn.charged > 0)
                     .map(|e| (e.conn.charged, slot))
             })
             .collect();
@@ -343,6 +344,10 @@ impl<T> Slots<T> {
             };
             let token = token(slot, entry.conn.generation);
             let next = transport.process(entry, token, worker);
+            if worker.limits.full() {
+                // At the cap: what this connection has drained goes back now.
+                entry.conn.shrink_drained();
+            }
             worker.recharge(&mut entry.conn);
             match next {
                 Next::Idle => {}

@@ -270,6 +270,7 @@ impl<S: StreamStack> Streams<S> {
                 Ok(0) => io.readable = false,
                 Ok(n) => {
                     conn.last_input = worker.now;
+                    conn.incomplete = false;
                     read += n;
                 }
                 Err(StreamError::Closed) => {

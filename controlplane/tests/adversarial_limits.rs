@@ -90,6 +90,18 @@ async fn ready(p: &Pgline) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
+/// Polls `/v1/ready` until it answers `code` (20 s at most); the last answer.
+async fn ready_becomes(p: &Pgline, code: u16) -> (u16, String) {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = ready(p).await;
+        if got.0 == code || Instant::now() >= until {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Reads until the peer closes (or resets); what arrived.
 async fn read_to_close(s: &mut TcpStream, secs: u64) -> Vec<u8> {
     let mut out = Vec::new();
@@ -231,4 +243,289 @@ async fn c1_clients_that_never_read_are_bounded_by_the_reply_memory_cap() {
         .await
         .unwrap();
     assert_eq!(v, row7);
+}
+
+/// A `key=value` connection string to pgline's PostgreSQL port for the test database.
+fn pgline_conn(p: &Pgline, db: &TestDb) -> String {
+    let addr = p.pg_addr().expect("the pgwire front is on");
+    let (_, _, user, password) = common::origin_base();
+    format!(
+        "host={} port={} user={user} password={password} dbname={} connect_timeout=10",
+        addr.ip(),
+        addr.port(),
+        db.name
+    )
+}
+
+async fn pg_connect(conn: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+fn resp_open(p: &Pgline) -> u64 {
+    total(p, |s| &s.connections_open) - total(p, |s| &s.connections_open_pg)
+}
+
+/// C1 (-NOAUTH flood). A connection that has not authenticated and pipelines GETs without
+/// reading gets a small reply budget: it holds well under 1 MiB of pgline's memory (the old
+/// code let it reach `resp.max_reply_backlog`, 8 MiB, about 8.4 MiB each), and an
+/// unauthenticated request larger than 16 KiB is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1_unauthenticated_connections_get_a_small_budget() {
+    let _serial = SERIAL.lock().await;
+    let (db, _origin) = setup("c1noauth").await;
+    let p = support::start(config(&db, |c| c.resp.password = "s3cret".into())).await;
+    let mut chunk = Vec::new();
+    while chunk.len() < 64 * 1024 {
+        chunk.extend_from_slice(&encode(&["GET", "t:1"]));
+    }
+    let mut writers = Vec::new();
+    for _ in 0..8 {
+        let mut s = TcpStream::connect(p.local_addr()).await.unwrap();
+        let chunk = chunk.clone();
+        writers.push(tokio::spawn(async move {
+            while s.write_all(&chunk).await.is_ok() {}
+        }));
+    }
+    // Until the flood has filled what the kernel buffers: bytes in stop moving.
+    let mut last = 0;
+    let settled = eventually(20, || {
+        let now = total(&p, |s| &s.bytes_in);
+        let done = now > 0 && now == last;
+        last = now;
+        done
+    })
+    .await;
+    assert!(settled, "the -NOAUTH flood never settled");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = total(&p, |s| &s.reply_memory_bytes);
+    eprintln!("C1 -NOAUTH: 8 connections hold {held} bytes of buffers");
+    assert!(
+        held <= 8 * 512 * 1024,
+        "8 unauthenticated connections hold {held} bytes"
+    );
+    for w in writers {
+        w.abort();
+    }
+    // One request over 16 KiB before AUTH: refused, connection closed.
+    let mut c = Raw::connect(&p).await;
+    let big = "x".repeat(20 * 1024);
+    c.send(&encode(&["AUTH", &big])).await;
+    let reply = c.until_closed().await;
+    assert!(
+        reply.starts_with(b"-ERR Protocol error: unauthenticated request too large"),
+        "{}",
+        show(&reply)
+    );
+}
+
+/// C2. RESP sockets at `resp.max_connections` do not lock PostgreSQL clients out (the old code
+/// had one limit for both ports: they got 53300), the next RESP connection is refused, and
+/// `/v1/ready` answers 503 naming the saturated port until the sockets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_resp_flood_at_its_limit_leaves_postgres_clients_in_and_is_not_ready() {
+    let _serial = SERIAL.lock().await;
+    let (db, origin) = setup("c2flood").await;
+    let p = support::start(config(&db, |c| c.resp.max_connections = 300)).await;
+    let (code, body) = ready_becomes(&p, 200).await;
+    assert_eq!(code, 200, "ready before the flood: {body}");
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        idle.push(TcpStream::connect(p.local_addr()).await.unwrap());
+    }
+    assert!(eventually(20, || resp_open(&p) == 300).await);
+    let mut extra = TcpStream::connect(p.local_addr()).await.unwrap();
+    let refused = read_to_close(&mut extra, 10).await;
+    assert_eq!(refused, b"-ERR max number of clients reached\r\n");
+
+    let pg = pg_connect(&pgline_conn(&p, &db))
+        .await
+        .expect("a PostgreSQL client gets in while the RESP port is full");
+    let via: String = pg
+        .query_one("SELECT v FROM t WHERE id = 7", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let direct: String = origin
+        .query_one("SELECT v FROM t WHERE id = 7", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(via, direct);
+
+    let (code, body) = ready(&p).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("\"connections\":false") && body.contains("300 RESP connections open"),
+        "{body}"
+    );
+    drop(idle);
+    assert!(eventually(20, || resp_open(&p) == 0).await);
+    let (code, body) = ready_becomes(&p, 200).await;
+    assert_eq!(code, 200, "{body}");
+}
+
+/// C2. `resp.max_connections_per_source` and `pgwire.max_connections_per_source`: the
+/// (N+1)th connection from one address is refused on each port, and a slot freed by a close is
+/// usable again. The old code had no such limit (the test's config keys did not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_the_per_source_limit_refuses_the_next_connection() {
+    let _serial = SERIAL.lock().await;
+    let (db, _origin) = setup("c2source").await;
+    let p = support::start(config(&db, |c| {
+        c.resp.max_connections_per_source = 5;
+        c.pgwire.max_connections_per_source = 2;
+    }))
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        let mut c = Raw::connect(&p).await;
+        assert_eq!(c.cmd(&["PING"]).await, b"+PONG\r\n");
+        open.push(c);
+    }
+    let mut sixth = TcpStream::connect(p.local_addr()).await.unwrap();
+    let refused = read_to_close(&mut sixth, 10).await;
+    assert_eq!(
+        refused,
+        b"-ERR max number of clients from this address reached\r\n"
+    );
+    drop(open.pop());
+    assert!(eventually(20, || resp_open(&p) == 4).await);
+    let mut again = Raw::connect(&p).await;
+    assert_eq!(again.cmd(&["PING"]).await, b"+PONG\r\n");
+
+    let conn = pgline_conn(&p, &db);
+    let a = pg_connect(&conn).await.unwrap();
+    let b = pg_connect(&conn).await.unwrap();
+    let err = pg_connect(&conn)
+        .await
+        .err()
+        .expect("the third PostgreSQL connection from one address is refused");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS),
+        "{err}"
+    );
+    a.simple_query("SELECT 1").await.unwrap();
+    b.simple_query("SELECT 1").await.unwrap();
+    assert!(total(&p, |s| &s.connections_rejected_source) >= 2);
+}
+
+/// C2. Timeouts: with a password, a RESP socket that does not authenticate within
+/// `resp.auth_timeout_ms` gets an error and is closed, while an authenticated one stays; a
+/// PostgreSQL socket that never completes its startup within `pgwire.startup_timeout_ms` gets
+/// FATAL 57014 and is closed; idle sessions are closed after the idle timeouts (PostgreSQL:
+/// FATAL 57P05, as `idle_session_timeout`). The old code kept all of them open for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_unauthenticated_and_idle_connections_are_closed_after_their_timeouts() {
+    let _serial = SERIAL.lock().await;
+    let (db, _origin) = setup("c2timeout").await;
+    let p = support::start(config(&db, |c| {
+        c.resp.password = "s3cret".into();
+        c.resp.auth_timeout_ms = 1_000;
+        c.pgwire.startup_timeout_ms = 1_000;
+        c.pgwire.idle_timeout_ms = 3_000;
+    }))
+    .await;
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(p.local_addr()).await.unwrap();
+    let mut pg_silent = TcpStream::connect(p.pg_addr().unwrap()).await.unwrap();
+    let mut authed = Raw::connect(&p).await;
+    assert_eq!(authed.cmd(&["AUTH", "s3cret"]).await, b"+OK\r\n");
+    let pg = pg_connect(&pgline_conn(&p, &db)).await.unwrap();
+
+    let got = read_to_close(&mut silent, 15).await;
+    assert_eq!(
+        got,
+        b"-ERR authentication timeout: closing the connection\r\n"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    let got = read_to_close(&mut pg_silent, 15).await;
+    assert_eq!(got[0], b'E', "{}", show(&got));
+    let text = show(&got);
+    assert!(
+        text.contains("C57014") && text.contains("canceling authentication due to timeout"),
+        "{text}"
+    );
+    // Past the auth timeout, the authenticated ones are still served.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(authed.cmd(&["PING"]).await, b"+PONG\r\n");
+    pg.simple_query("SELECT 1").await.unwrap();
+    assert!(total(&p, |s| &s.connections_auth_timeout) >= 2);
+
+    // The PostgreSQL session idles past pgwire.idle_timeout_ms: closed with 57P05.
+    assert!(
+        eventually(20, || total(&p, |s| &s.connections_idle_timeout) >= 1).await,
+        "the idle session was not closed"
+    );
+    let err = pg.simple_query("SELECT 1").await.unwrap_err();
+    assert!(pg.is_closed(), "{err}");
+    // RESP has no idle timeout here (0: off): the authenticated connection is still served.
+    assert_eq!(authed.cmd(&["PING"]).await, b"+PONG\r\n");
+}
+
+/// C3. 100,000 wrong AUTHs pipelined on one connection: after `resp.max_auth_failures` (10)
+/// the connection is answered with an error and closed, and the failures are counted in
+/// `pgline_resp_auth_failures_total`. The old code answered every one and counted none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_wrong_auth_pipelines_are_cut_off_after_n_and_counted() {
+    let _serial = SERIAL.lock().await;
+    let (db, _origin) = setup("c3auth").await;
+    let p = support::start(config(&db, |c| c.resp.password = "s3cret".into())).await;
+    let mut s = TcpStream::connect(p.local_addr()).await.unwrap();
+    let one = encode(&["AUTH", "wrong"]);
+    let flood: Vec<u8> = one.repeat(100_000);
+    let (mut rd, mut wr) = s.split();
+    let (_, got) = tokio::join!(
+        async {
+            let _ = wr.write_all(&flood).await;
+        },
+        async {
+            let mut out = Vec::new();
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                match tokio::time::timeout(Duration::from_secs(15), rd.read(&mut chunk)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => return out,
+                    Ok(Ok(n)) => out.extend_from_slice(&chunk[..n]),
+                    Err(_) => panic!("still open: {}", show(&out[..out.len().min(300)])),
+                }
+            }
+        }
+    );
+    let text = show(&got);
+    assert_eq!(
+        text.matches("-WRONGPASS ").count(),
+        10,
+        "{}",
+        &text[..text.len().min(2000)]
+    );
+    assert!(
+        text.ends_with(
+            "-ERR too many failed authentication attempts on this connection: closing it\r\n"
+        ),
+        "{text}"
+    );
+    assert_eq!(total(&p, |s| &s.auth_failures), 10);
+    let addr = p.api_addr().unwrap();
+    let metrics = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("pgline_resp_auth_failures_total{core=\"0\"} 10"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("auth"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // A fresh connection can still authenticate.
+    let mut c = Raw::connect(&p).await;
+    assert_eq!(c.cmd(&["AUTH", "s3cret"]).await, b"+OK\r\n");
 }

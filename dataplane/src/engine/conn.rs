@@ -236,3 +236,33 @@ impl Conn {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn footprint_counts_capacity_beyond_the_base_and_shrinking_gives_it_back() {
+        let mut c = Conn::new(1, 0, true, Instant::now());
+        assert_eq!(c.footprint(), 0, "a fresh connection charges nothing");
+        c.wbuf.extend_from_slice(&[b'x'; 200 * 1024]);
+        let grown = c.footprint();
+        assert!(grown >= 200 * 1024 - BASE_BUFFER, "{grown}");
+        assert!(!c.shrink_drained(), "unwritten output is kept");
+        c.advance_output(200 * 1024);
+        assert!(c.output_done());
+        assert!(c.shrink_drained(), "drained and large: replaced");
+        assert_eq!(c.footprint(), 0);
+        // Replies held behind a deferred one count too.
+        c.pending
+            .push_back(Pending::Ready(Vec::with_capacity(100 * 1024)));
+        assert!(c.footprint() >= 100 * 1024 - 2 * BASE_BUFFER);
+        // Unparsed input is kept; once parsed, a large input buffer goes.
+        c.input_buffer().extend_from_slice(&[b'y'; 100 * 1024]);
+        assert!(!c.shrink_drained(), "unparsed input is kept");
+        assert_eq!(c.input().len(), 100 * 1024);
+        c.rpos = c.rbuf.len();
+        assert!(c.shrink_drained());
+        assert_eq!(c.rbuf.capacity(), BASE_BUFFER);
+    }
+}

@@ -231,6 +231,10 @@ impl Worker {
             }
             let input = &conn.rbuf[conn.rpos..];
             let consumed = match parse_request(input, &self.cfg.limits, &mut self.args) {
+                Ok(n) if !conn.session.authenticated && n > self.request_budget(conn) => {
+                    protocol_error(conn, UNAUTH_TOO_LARGE, self.stats());
+                    break;
+                }
                 Ok(n) => n,
                 Err(ParseError::Incomplete) => {
                     conn.incomplete = true;
@@ -238,7 +242,7 @@ impl Worker {
                         let message: &[u8] = if conn.session.authenticated {
                             b"ERR Protocol error: request exceeds the size limit"
                         } else {
-                            b"ERR Protocol error: unauthenticated request too large"
+                            UNAUTH_TOO_LARGE
                         };
                         protocol_error(conn, message, self.stats());
                     }
@@ -340,6 +344,8 @@ impl Worker {
         }
     }
 }
+
+const UNAUTH_TOO_LARGE: &[u8] = b"ERR Protocol error: unauthenticated request too large";
 
 /// Answers a request that cannot be parsed, then closes: the rest of the input is dropped.
 fn protocol_error(conn: &mut Conn, message: &[u8], stats: &CoreStats) {

@@ -222,7 +222,7 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
     ),
     (
         "pgline_core_connections_rejected",
-        "Client connections refused over resp.max_connections.",
+        "Client connections refused over a port's limit (resp.max_connections, pgwire.max_sessions) or a source's.",
         |s| &s.connections_rejected,
     ),
     (

@@ -400,10 +400,9 @@ async fn c2_the_per_source_limit_refuses_the_next_connection() {
     let conn = pgline_conn(&p, &db);
     let a = pg_connect(&conn).await.unwrap();
     let b = pg_connect(&conn).await.unwrap();
-    let err = pg_connect(&conn)
-        .await
-        .err()
-        .expect("the third PostgreSQL connection from one address is refused");
+    let Err(err) = pg_connect(&conn).await else {
+        panic!("the third PostgreSQL connection from one address is refused");
+    };
     assert_eq!(
         err.code(),
         Some(&tokio_postgres::error::SqlState::TOO_MANY_CONNECTIONS),

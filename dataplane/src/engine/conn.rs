@@ -63,7 +63,8 @@ pub(crate) struct Conn {
     pub eof: bool,
     /// `Some` for a connection accepted on the PostgreSQL listener: its protocol state.
     pub pg: Option<Box<PgSession>>,
-    /// When it was accepted (authentication and startup timeouts count from here).
+    /// When it was accepted, or when `RESET` made it unauthenticated again (authentication and
+    /// startup timeouts count from here).
     pub opened_at: Instant,
     /// The core's turn clock when bytes last arrived (idle timeout).
     pub last_input: Instant,

@@ -282,6 +282,7 @@ impl Worker {
             session,
             next_seq,
             closing,
+            opened_at,
             ..
         } = conn;
         let frame = &rbuf[*rpos..*rpos + consumed];
@@ -305,7 +306,13 @@ impl Worker {
                     max_connections: self.cfg.max_connections,
                     max_auth_failures: self.cfg.conn_limits.max_auth_failures,
                 };
-                exec.execute(cmd, session, out)
+                let was_authenticated = session.authenticated;
+                let outcome = exec.execute(cmd, session, out);
+                if was_authenticated && !session.authenticated {
+                    // RESET: the authentication timeout runs again from now.
+                    *opened_at = self.now;
+                }
+                outcome
             }
             Err(e) => {
                 e.compose(out);

@@ -866,6 +866,43 @@ mod tests {
     }
 
     #[test]
+    fn connection_bounds_flow_to_the_engine_and_bad_ones_are_named() {
+        let cfg = load(
+            "[resp]\nmax_connections = 50\nmax_connections_per_source = 7\nmax_reply_memory = 33554432\nauth_timeout_ms = 1500\nidle_timeout_ms = 60000\nmax_auth_failures = 3\n[pgwire]\nmax_sessions = 40\nmax_connections_per_source = 4\nstartup_timeout_ms = 2500\nidle_timeout_ms = 0\n",
+            &[],
+            &[],
+        )
+        .unwrap();
+        let e = cfg.engine();
+        assert_eq!(e.max_connections, 50);
+        let want = ConnLimits {
+            max_pg_connections: 40,
+            max_per_source: 7,
+            max_pg_per_source: 4,
+            max_reply_memory: 32 << 20,
+            auth_timeout_ms: 1500,
+            idle_timeout_ms: 60_000,
+            pg_startup_timeout_ms: 2500,
+            pg_idle_timeout_ms: 0,
+            max_auth_failures: 3,
+        };
+        assert_eq!(e.conn_limits, want);
+        assert_eq!(
+            load("", &[], &[]).unwrap().engine().conn_limits,
+            ConnLimits::default()
+        );
+        let err = load("[resp]\nmax_reply_memory = 1000\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("resp.max_reply_memory"), "{err}");
+        let err = load("[resp]\nidle_timeout_ms = 100000000\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("resp.idle_timeout_ms"), "{err}");
+        let err = load("[pgwire]\nstartup_timeout_ms = 100000000\n", &[], &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("pgwire.startup_timeout_ms"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn sizes_parse() {
         assert_eq!(parse_size("1024").unwrap(), 1024);
         assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);

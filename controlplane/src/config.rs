@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use pgline_dataplane::engine::{self, EngineConfig};
+use pgline_dataplane::engine::{self, limits, ConnLimits, EngineConfig};
 use pgline_dataplane::resp::Limits;
 use pgline_dataplane::store::StoreConfig;
 use pgline_hugepages::PageLevel;
@@ -146,17 +146,33 @@ pub const SESSION_OPTIONS: &str =
     "-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1";
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:6380";
+/// Longest connection timeout accepted (a day).
+pub(crate) const MAX_TIMEOUT_MS: u64 = 86_400_000;
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RespConfig {
     pub listen: String,
     pub cores: usize,
+    /// RESP connections open at once (the PostgreSQL port has `pgwire.max_sessions`).
     pub max_connections: usize,
+    /// RESP connections from one source address (0: no limit; kernel transport only).
+    pub max_connections_per_source: usize,
     /// Empty: no AUTH needed.
     pub password: String,
     pub max_request_bytes: usize,
     pub max_reply_backlog: usize,
+    /// Buffer memory of all client connections (RESP and PostgreSQL) beyond their initial
+    /// buffers, in bytes. At the cap, connections with unwritten output are not read, and
+    /// those holding the most are closed.
+    pub max_reply_memory: usize,
+    /// A connection not authenticated this long after it connected is closed (0: never; only
+    /// with a `password`).
+    pub auth_timeout_ms: u64,
+    /// A connection that sent nothing this long, with nothing in flight, is closed (0: never).
+    pub idle_timeout_ms: u64,
+    /// Wrong passwords on one connection before it is closed (0: no limit).
+    pub max_auth_failures: u32,
     pub max_args: usize,
     pub requests_per_turn: usize,
     pub spin_polls: u32,
@@ -169,9 +185,14 @@ impl Default for RespConfig {
             listen: DEFAULT_LISTEN.into(),
             cores: engine::DEFAULT_CORES,
             max_connections: engine::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_source: 0,
             password: String::new(),
             max_request_bytes: engine::DEFAULT_MAX_REQUEST_BYTES,
             max_reply_backlog: engine::DEFAULT_MAX_REPLY_BACKLOG,
+            max_reply_memory: limits::DEFAULT_MAX_REPLY_MEMORY,
+            auth_timeout_ms: limits::DEFAULT_AUTH_TIMEOUT_MS,
+            idle_timeout_ms: 0,
+            max_auth_failures: limits::DEFAULT_MAX_AUTH_FAILURES,
             max_args: Limits::default().max_args,
             requests_per_turn: engine::DEFAULT_REQUESTS_PER_TURN,
             spin_polls: engine::DEFAULT_SPIN_POLLS,
@@ -207,6 +228,21 @@ impl RespConfig {
             self.max_reply_backlog >= 64 * 1024,
             "resp.max_reply_backlog",
             "must be >= 65536",
+        )?;
+        check(
+            self.max_reply_memory >= self.max_reply_backlog.max(1 << 20),
+            "resp.max_reply_memory",
+            "must be >= 1 MiB and >= resp.max_reply_backlog",
+        )?;
+        check(
+            self.auth_timeout_ms <= MAX_TIMEOUT_MS,
+            "resp.auth_timeout_ms",
+            "must be <= 86400000 (0: off)",
+        )?;
+        check(
+            self.idle_timeout_ms <= MAX_TIMEOUT_MS,
+            "resp.idle_timeout_ms",
+            "must be <= 86400000 (0: off)",
         )?;
         check(
             self.max_args >= 2 && self.max_args <= 1_000_000,
@@ -628,6 +664,22 @@ impl Config {
             spin_polls: self.resp.spin_polls,
             password: (!self.resp.password.is_empty()).then(|| self.resp.password.clone()),
             limits,
+            conn_limits: self.conn_limits(),
+        }
+    }
+
+    /// The engine's connection bounds from `[resp]` and `[pgwire]`.
+    pub fn conn_limits(&self) -> ConnLimits {
+        ConnLimits {
+            max_pg_connections: self.pgwire.max_sessions,
+            max_per_source: self.resp.max_connections_per_source,
+            max_pg_per_source: self.pgwire.max_connections_per_source,
+            max_reply_memory: self.resp.max_reply_memory,
+            auth_timeout_ms: self.resp.auth_timeout_ms,
+            idle_timeout_ms: self.resp.idle_timeout_ms,
+            pg_startup_timeout_ms: self.pgwire.startup_timeout_ms,
+            pg_idle_timeout_ms: self.pgwire.idle_timeout_ms,
+            max_auth_failures: self.resp.max_auth_failures,
         }
     }
 }
@@ -811,6 +863,43 @@ mod tests {
         assert!(err.to_string().contains("api.max_body_bytes"), "{err}");
         let empty = load("", &[("PGLINE_API_TOKEN", "")], &[]).unwrap();
         assert_eq!(empty.api.token(), None);
+    }
+
+    #[test]
+    fn connection_bounds_flow_to_the_engine_and_bad_ones_are_named() {
+        let cfg = load(
+            "[resp]\nmax_connections = 50\nmax_connections_per_source = 7\nmax_reply_memory = 33554432\nauth_timeout_ms = 1500\nidle_timeout_ms = 60000\nmax_auth_failures = 3\n[pgwire]\nmax_sessions = 40\nmax_connections_per_source = 4\nstartup_timeout_ms = 2500\nidle_timeout_ms = 0\n",
+            &[],
+            &[],
+        )
+        .unwrap();
+        let e = cfg.engine();
+        assert_eq!(e.max_connections, 50);
+        let want = ConnLimits {
+            max_pg_connections: 40,
+            max_per_source: 7,
+            max_pg_per_source: 4,
+            max_reply_memory: 32 << 20,
+            auth_timeout_ms: 1500,
+            idle_timeout_ms: 60_000,
+            pg_startup_timeout_ms: 2500,
+            pg_idle_timeout_ms: 0,
+            max_auth_failures: 3,
+        };
+        assert_eq!(e.conn_limits, want);
+        assert_eq!(
+            load("", &[], &[]).unwrap().engine().conn_limits,
+            ConnLimits::default()
+        );
+        let err = load("[resp]\nmax_reply_memory = 1000\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("resp.max_reply_memory"), "{err}");
+        let err = load("[resp]\nidle_timeout_ms = 100000000\n", &[], &[]).unwrap_err();
+        assert!(err.to_string().contains("resp.idle_timeout_ms"), "{err}");
+        let err = load("[pgwire]\nstartup_timeout_ms = 100000000\n", &[], &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("pgwire.startup_timeout_ms"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -35,6 +35,43 @@ use prometheus_client::registry::Registry;
 
 use crate::wal::ReplicationState;
 
+/// How often [`run_auth_log`] may write its line.
+pub const AUTH_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Logs wrong RESP passwords at a bounded rate: at most one WARN line per [`AUTH_LOG_EVERY`],
+/// with the count since the last line and the connections closed for them (the cores only
+/// count; they never log). Ends when `shutdown` changes.
+pub async fn run_auth_log(
+    shared: std::sync::Arc<Shared>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(AUTH_LOG_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let totals = |s: &Shared| {
+        (
+            s.total(|c| &c.auth_failures),
+            s.total(|c| &c.connections_auth_failures),
+        )
+    };
+    let mut last = totals(&shared);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let now = totals(&shared);
+        if now.0 != last.0 {
+            tracing::warn!(
+                failures = now.0.wrapping_sub(last.0),
+                connections_closed = now.1.wrapping_sub(last.1),
+                total = now.0,
+                "RESP: wrong passwords since the last report (pgline_resp_auth_failures_total)"
+            );
+        }
+        last = now;
+    }
+}
+
 /// The `Content-Type` of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -187,7 +224,7 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
     ),
     (
         "pgline_core_connections_rejected",
-        "Client connections refused over resp.max_connections.",
+        "Client connections refused over a port's limit (resp.max_connections, pgwire.max_sessions) or a source's.",
         |s| &s.connections_rejected,
     ),
     (
@@ -220,6 +257,36 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         "Turns of the core's poll loop.",
         |s| &s.polls,
     ),
+    (
+        "pgline_core_connections_rejected_source",
+        "Client connections refused because their source address had its limit open (resp/pgwire.max_connections_per_source; also counted in connections_rejected).",
+        |s| &s.connections_rejected_source,
+    ),
+    (
+        "pgline_core_connections_auth_timeout",
+        "Client connections closed because they did not authenticate (RESP) or finish their startup (PostgreSQL) in time.",
+        |s| &s.connections_auth_timeout,
+    ),
+    (
+        "pgline_core_connections_idle_timeout",
+        "Client connections closed after resp/pgwire.idle_timeout_ms without input.",
+        |s| &s.connections_idle_timeout,
+    ),
+    (
+        "pgline_core_connections_evicted",
+        "Client connections closed because the core was at its share of resp.max_reply_memory and they held the most unwritten output.",
+        |s| &s.connections_evicted,
+    ),
+    (
+        "pgline_core_connections_auth_failures",
+        "RESP connections closed after resp.max_auth_failures wrong passwords.",
+        |s| &s.connections_auth_failures,
+    ),
+    (
+        "pgline_resp_auth_failures",
+        "Wrong passwords given over RESP (AUTH, HELLO ... AUTH).",
+        |s| &s.auth_failures,
+    ),
 ];
 
 /// Everything one scrape reports, owned (the registry wants a `'static` collector).
@@ -238,6 +305,8 @@ struct Sample {
 struct CoreSample {
     counters: Vec<u64>,
     connections_open: u64,
+    connections_open_pg: u64,
+    reply_memory_bytes: u64,
     miss_queue_depth: usize,
     reply_queue_depth: usize,
     pg_request_queue_depth: usize,
@@ -278,6 +347,8 @@ impl Sample {
                         .map(|(_, _, f)| f(stats).load(Ordering::Relaxed))
                         .collect(),
                     connections_open: stats.connections_open.load(Ordering::Relaxed),
+                    connections_open_pg: stats.connections_open_pg.load(Ordering::Relaxed),
+                    reply_memory_bytes: stats.reply_memory_bytes.load(Ordering::Relaxed),
                     miss_queue_depth: queues.misses.len(),
                     reply_queue_depth: queues.replies.len(),
                     pg_request_queue_depth: queues.pg_requests.len(),
@@ -364,11 +435,21 @@ impl Sample {
                 self.cores.iter().map(|c| c.counters[i]),
             )?;
         }
-        let gauges: [(&str, &str, CoreGauge); 6] = [
+        let gauges: [(&str, &str, CoreGauge); 8] = [
             (
                 "pgline_core_connections_open",
                 "Client connections open now.",
                 |c| c.connections_open,
+            ),
+            (
+                "pgline_core_connections_open_pgwire",
+                "Of those, connections on the PostgreSQL port.",
+                |c| c.connections_open_pg,
+            ),
+            (
+                "pgline_core_reply_memory_bytes",
+                "Buffer memory the core's client connections hold beyond their initial buffers (capped by resp.max_reply_memory over the cores).",
+                |c| c.reply_memory_bytes,
             ),
             (
                 "pgline_core_miss_queue_depth",

@@ -213,6 +213,10 @@ impl Pgline {
             }
             None => None,
         };
+        tasks.push(tokio::spawn(crate::metrics::run_auth_log(
+            shared.clone(),
+            shutdown_rx.clone(),
+        )));
         tasks.push(tokio::spawn(writer.run(
             wake,
             wal_rx,

@@ -226,7 +226,8 @@ async fn check_open_and_auth(api: &Api, token: &str) {
     assert_eq!(r["ready"], true, "{r}");
     assert_eq!(
         r["checks"],
-        json!({"origin": true, "replication": true, "lag": true, "cores": true})
+        json!({"origin": true, "replication": true, "lag": true, "cores": true,
+               "connections": true, "reply_memory": true})
     );
     anon.get("/v1/openapi.json")
         .await

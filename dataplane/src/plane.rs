@@ -229,6 +229,23 @@ pub struct CoreStats {
     pub net_rx_dropped: AtomicU64,
     pub net_tx_dropped: AtomicU64,
     pub net_tcp_retransmits: AtomicU64,
+    /// Connection bounds (`engine::limits`): PostgreSQL-port connections open (gauge; the
+    /// RESP ones are `connections_open` minus these).
+    pub connections_open_pg: AtomicU64,
+    /// Refused because their source address had its limit open (also in `connections_rejected`).
+    pub connections_rejected_source: AtomicU64,
+    /// Closed: not authenticated (RESP) or startup not done (PostgreSQL) in time.
+    pub connections_auth_timeout: AtomicU64,
+    /// Closed: idle past the idle timeout.
+    pub connections_idle_timeout: AtomicU64,
+    /// Closed: the core was at its reply-memory cap and they held the most unwritten output.
+    pub connections_evicted: AtomicU64,
+    /// Closed: too many wrong passwords.
+    pub connections_auth_failures: AtomicU64,
+    /// Wrong passwords (AUTH, HELLO ... AUTH) over RESP.
+    pub auth_failures: AtomicU64,
+    /// Buffer bytes the core's connections hold beyond their initial buffers (gauge).
+    pub reply_memory_bytes: AtomicU64,
 }
 
 impl CoreStats {

@@ -129,6 +129,7 @@ fn start() -> (Engine, Arc<Shared>) {
             spin_polls: 100,
             password: None,
             limits: Limits::default(),
+            conn_limits: pgline_dataplane::engine::ConnLimits::default(),
         },
         shared.clone(),
     )

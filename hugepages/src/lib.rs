@@ -420,5 +420,29 @@ fn parse_anon_huge_bytes(smaps: &str, start: usize, len: usize) -> Option<usize>
     found.then_some(total)
 }
 
+/// Hands the C heap's free pages back to the kernel (glibc `malloc_trim(0)`): every arena,
+/// including free chunks in the middle of a heap, not only its top. Returns whether memory was
+/// released.
+///
+/// Why here: glibc raises its mmap threshold after a large buffer is freed, so later large
+/// buffers come from the arenas and stay there (resident) after they are freed; after a burst
+/// of connections with big reply buffers the process keeps that memory until trimmed. The
+/// dataplane calls this after it released a lot of connection buffer memory, at most once a
+/// second per core. It walks every arena under its lock: a few milliseconds for a heap of a
+/// few hundred MiB; other threads' allocations wait meanwhile. On other C libraries (musl has
+/// no `malloc_trim`) it does nothing and returns false.
+pub fn release_free_heap() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim has no preconditions; it only takes the allocator's own locks and
+        // releases pages of chunks that are free (no live allocation is touched).
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests;

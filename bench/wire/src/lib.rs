@@ -376,6 +376,7 @@ fn engine_config(conns: usize) -> EngineConfig {
         spin_polls: u32::MAX,
         password: None,
         limits: Limits::default(),
+        conn_limits: pgline_dataplane::engine::ConnLimits::default(),
     }
 }
 

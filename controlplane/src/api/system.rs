@@ -42,6 +42,12 @@ pub struct ReadyChecks {
     pub lag: bool,
     /// Every dataplane core is turning its loop.
     pub cores: bool,
+    /// No core is at its share of a port's connection limit (`resp.max_connections`,
+    /// `pgwire.max_sessions`): new connections are accepted.
+    pub connections: bool,
+    /// No core is at its share of `resp.max_reply_memory` (at the cap, connections with
+    /// unwritten output are not read and the largest are closed).
+    pub reply_memory: bool,
 }
 
 /// `GET /v1/ready`.
@@ -59,7 +65,8 @@ const ORIGIN_PROBE: Duration = Duration::from_secs(1);
 /// How long readiness waits to see every core turn its loop (an idle core turns every 100 ms).
 const CORE_PROBE: Duration = Duration::from_millis(300);
 
-/// Readiness: origin reachable, replication streaming, lag under the bound, cores running.
+/// Readiness: origin reachable, replication streaming, lag under the bound, cores running,
+/// and not saturated (connection slots left on both ports, reply memory under its cap).
 /// 503 with the same body when a check fails. Never needs the token.
 #[utoipa::path(get, path = "/v1/ready", tag = "system", security(()),
     responses(
@@ -68,11 +75,14 @@ const CORE_PROBE: Duration = Duration::from_millis(300);
     ))]
 pub async fn ready(Node(node): Node) -> Response {
     let (origin, cores) = tokio::join!(node.probe_origin(ORIGIN_PROBE), cores_turning(&node));
+    let (connections, reply_memory) = saturation(&node);
     let checks = ReadyChecks {
         origin: origin.is_ok(),
         replication: node.repl.streaming.load(Ordering::Acquire),
         lag: node.shared.serve_hits.load(Ordering::Acquire),
         cores,
+        connections: connections.is_empty(),
+        reply_memory: reply_memory.is_empty(),
     };
     let mut detail = Vec::new();
     if let Err(e) = origin {
@@ -90,6 +100,8 @@ pub async fn ready(Node(node): Node) -> Response {
     if !checks.cores {
         detail.push("cores: a dataplane core has stopped turning its loop".into());
     }
+    detail.extend(connections);
+    detail.extend(reply_memory);
     let body = Ready {
         ready: detail.is_empty(),
         checks,
@@ -101,6 +113,47 @@ pub async fn ready(Node(node): Node) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(body)).into_response()
+}
+
+/// Saturation of the client-facing bounds, one line per core and bound at its limit:
+/// (connection limits, reply memory). Each core has an even share of each bound (as the
+/// engine splits them), so a core at its share refuses or holds back even if others have room.
+fn saturation(node: &Pgline) -> (Vec<String>, Vec<String>) {
+    let (engine, pg_on) = {
+        let cfg = node.cfg.read().unwrap_or_else(|p| p.into_inner());
+        (cfg.engine(), cfg.pgwire.enabled)
+    };
+    let (resp_cap, pg_cap) = (
+        engine.max_connections_per_core() as u64,
+        engine.max_pg_connections_per_core() as u64,
+    );
+    let mem_cap = engine.max_reply_memory_per_core() as u64;
+    let (mut connections, mut memory) = (Vec::new(), Vec::new());
+    for (core, s) in node.shared.stats.iter().enumerate() {
+        let open = s.connections_open.load(Ordering::Relaxed);
+        let pg = s.connections_open_pg.load(Ordering::Relaxed);
+        let resp = open.saturating_sub(pg);
+        if resp >= resp_cap {
+            connections.push(format!(
+                "connections: core {core} has {resp} RESP connections open, its share of resp.max_connections ({}); new ones are refused",
+                engine.max_connections
+            ));
+        }
+        if pg_on && pg >= pg_cap {
+            connections.push(format!(
+                "connections: core {core} has {pg} PostgreSQL connections open, its share of pgwire.max_sessions ({}); new ones are refused with 53300",
+                engine.conn_limits.max_pg_connections
+            ));
+        }
+        let held = s.reply_memory_bytes.load(Ordering::Relaxed);
+        if held >= mem_cap {
+            memory.push(format!(
+                "reply_memory: core {core} holds {held} bytes of client buffers, its share of resp.max_reply_memory ({}); clients that do not read are held back and closed",
+                engine.conn_limits.max_reply_memory
+            ));
+        }
+    }
+    (connections, memory)
 }
 
 /// Whether every core's poll counter moves within [`CORE_PROBE`].

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check, ConfigError};
+use pgline_dataplane::engine::limits::DEFAULT_PG_STARTUP_TIMEOUT_MS;
+
+use super::{check, ConfigError, MAX_TIMEOUT_MS};
 
 pub const DEFAULT_PG_LISTEN: &str = "127.0.0.1:6432";
 pub const DEFAULT_PG_POOL_SIZE: usize = 20;
@@ -28,8 +30,17 @@ pub struct PgwireConfig {
     pub pool_size: usize,
     /// Opening a TCP connection to the origin (authentication itself waits for the client).
     pub connect_timeout_ms: u64,
-    /// Client sessions open at once; more are refused with SQLSTATE 53300.
+    /// Client connections open at once on `listen` (refused by the cores with SQLSTATE 53300
+    /// past each core's share) and sessions the relay holds; apart from `resp.max_connections`.
     pub max_sessions: usize,
+    /// Connections from one source address (0: no limit; kernel transport only).
+    pub max_connections_per_source: usize,
+    /// A connection whose startup and authentication are not done this long after it
+    /// connected is closed with FATAL 57014 (0: never).
+    pub startup_timeout_ms: u64,
+    /// A session that sent nothing this long, with nothing in flight, is closed with FATAL
+    /// 57P05, as PostgreSQL's `idle_session_timeout` (0: never).
+    pub idle_timeout_ms: u64,
     /// Users besides `origin.url`'s whose sessions may be answered from cache. The cache holds
     /// rows as `origin.url`'s role reads them: list only roles that may read every cached table
     /// whole (no missing privilege, no row-level security). Others always go to the origin.
@@ -61,6 +72,9 @@ impl Default for PgwireConfig {
             pool_size: DEFAULT_PG_POOL_SIZE,
             connect_timeout_ms: DEFAULT_PG_CONNECT_TIMEOUT_MS,
             max_sessions: DEFAULT_PG_MAX_SESSIONS,
+            max_connections_per_source: 0,
+            startup_timeout_ms: DEFAULT_PG_STARTUP_TIMEOUT_MS,
+            idle_timeout_ms: 0,
             cache_users: Vec::new(),
             max_pending_startups: DEFAULT_PG_MAX_PENDING_STARTUPS,
             startup_wait_ms: DEFAULT_PG_STARTUP_WAIT_MS,
@@ -102,6 +116,16 @@ impl PgwireConfig {
             self.max_sessions >= 1,
             "pgwire.max_sessions",
             "must be >= 1",
+        )?;
+        check(
+            self.startup_timeout_ms <= MAX_TIMEOUT_MS,
+            "pgwire.startup_timeout_ms",
+            "must be <= 86400000 (0: off)",
+        )?;
+        check(
+            self.idle_timeout_ms <= MAX_TIMEOUT_MS,
+            "pgwire.idle_timeout_ms",
+            "must be <= 86400000 (0: off)",
         )?;
         self.validate_origin_protection()
     }

@@ -11,8 +11,15 @@
 //! [`Pending::Ready`] buffers behind it, and `release_ready` moves them to `wbuf` in order as
 //! the deferred ones complete. That is the whole ordering rule for pipelines that mix hits and
 //! misses.
+//!
+//! Memory: a connection starts with [`BASE_BUFFER`] bytes of input and of output buffer. What
+//! its buffers hold beyond that ([`Conn::footprint`]) is charged to its core's reply memory
+//! (see [`super::limits`]); buffers that grew past [`SHRINK_ABOVE`] are given back once drained
+//! ([`Conn::shrink_drained`]), so a burst does not stay resident for the connection's life.
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::time::Instant;
 
 use super::deferred::Deferred;
 use super::pg::PgSession;
@@ -32,6 +39,8 @@ pub(crate) struct Session {
     pub client_id: u64,
     pub proto: Protocol,
     pub authenticated: bool,
+    /// Wrong passwords given on this connection (AUTH, HELLO ... AUTH).
+    pub auth_failures: u32,
     pub name: Option<Box<[u8]>>,
     pub lib_name: Option<Box<[u8]>>,
     pub lib_ver: Option<Box<[u8]>>,
@@ -54,30 +63,107 @@ pub(crate) struct Conn {
     pub eof: bool,
     /// `Some` for a connection accepted on the PostgreSQL listener: its protocol state.
     pub pg: Option<Box<PgSession>>,
+    /// When it was accepted, or when `RESET` made it unauthenticated again (authentication and
+    /// startup timeouts count from here).
+    pub opened_at: Instant,
+    /// The core's turn clock when bytes last arrived (idle timeout).
+    pub last_input: Instant,
+    /// Buffer bytes this connection charges to its core's reply memory, as of its last visit.
+    pub charged: usize,
+    /// The peer's address, when it is counted in the per-source table (kernel transport).
+    pub source: Option<IpAddr>,
+    /// A timeout closed it gracefully (error written, `closing` set); if it is still open at
+    /// the next sweep (the peer does not read), it is closed without waiting for its output.
+    pub doomed: bool,
+    /// The last parse stopped at an incomplete request: reading more may go past the read-ahead
+    /// bound (up to the request size limit). Cleared by every read.
+    pub incomplete: bool,
 }
 
+/// Initial capacity of a connection's input and output buffers.
+pub(crate) const BASE_BUFFER: usize = 16 * 1024;
+/// A drained buffer larger than this is replaced by a [`BASE_BUFFER`] one.
+pub(crate) const SHRINK_ABOVE: usize = 64 * 1024;
+/// Unparsed complete input beyond which a connection is not read (its requests wait in the
+/// socket, not in pgline's memory); an incomplete request may be read up to the size limit.
+pub(crate) const READ_AHEAD: usize = 64 * 1024;
+
 impl Conn {
-    pub fn new(client_id: u64, generation: u32, authenticated: bool) -> Conn {
+    pub fn new(client_id: u64, generation: u32, authenticated: bool, now: Instant) -> Conn {
         Conn {
             session: Session {
                 client_id,
                 proto: Protocol::Resp2,
                 authenticated,
+                auth_failures: 0,
                 name: None,
                 lib_name: None,
                 lib_ver: None,
             },
             generation,
-            rbuf: Vec::with_capacity(16 * 1024),
+            rbuf: Vec::with_capacity(BASE_BUFFER),
             rpos: 0,
-            wbuf: Vec::with_capacity(16 * 1024),
+            wbuf: Vec::with_capacity(BASE_BUFFER),
             wpos: 0,
             pending: VecDeque::new(),
             next_seq: 0,
             closing: false,
             eof: false,
             pg: None,
+            opened_at: now,
+            last_input: now,
+            charged: 0,
+            source: None,
+            doomed: false,
+            incomplete: false,
         }
+    }
+
+    /// Buffer capacity beyond the two initial buffers: input, output and replies held behind
+    /// a deferred one. What the connection costs its core's reply memory.
+    pub fn footprint(&self) -> usize {
+        let held: usize = self
+            .pending
+            .iter()
+            .map(|p| match p {
+                Pending::Ready(b) => b.capacity(),
+                Pending::Waiting { .. } => 0,
+            })
+            .sum();
+        (self.rbuf.capacity() + self.wbuf.capacity() + held).saturating_sub(2 * BASE_BUFFER)
+    }
+
+    /// Replaces buffers that grew past [`SHRINK_ABOVE`] and are now empty with base-sized ones
+    /// (the old ones are freed). Returns whether anything was given back.
+    pub fn shrink_drained(&mut self) -> bool {
+        let mut shrunk = false;
+        if self.wpos == self.wbuf.len() && self.wbuf.capacity() > SHRINK_ABOVE {
+            self.wbuf = Vec::with_capacity(BASE_BUFFER);
+            self.wpos = 0;
+            shrunk = true;
+        }
+        if self.rpos == self.rbuf.len() && self.rbuf.capacity() > SHRINK_ABOVE {
+            self.rbuf = Vec::with_capacity(BASE_BUFFER);
+            self.rpos = 0;
+            shrunk = true;
+        }
+        shrunk
+    }
+
+    /// Whether the connection has proved who it is: a RESP connection authenticated (or no
+    /// password is set), a PostgreSQL one past its startup.
+    pub fn established(&self) -> bool {
+        match &self.pg {
+            Some(pg) => pg.phase == super::pg::Phase::Ready,
+            None => self.session.authenticated,
+        }
+    }
+
+    /// Nothing is in flight or unwritten: the connection only waits for its client.
+    pub fn quiet(&self) -> bool {
+        self.output_done()
+            && self.pending.is_empty()
+            && self.pg.as_ref().is_none_or(|pg| pg.waiting.is_none())
     }
 
     /// The buffer a transport appends received bytes to (emptied first once all was parsed).
@@ -149,5 +235,35 @@ impl Conn {
                 self.wbuf.extend_from_slice(&bytes);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn footprint_counts_capacity_beyond_the_base_and_shrinking_gives_it_back() {
+        let mut c = Conn::new(1, 0, true, Instant::now());
+        assert_eq!(c.footprint(), 0, "a fresh connection charges nothing");
+        c.wbuf.extend_from_slice(&[b'x'; 200 * 1024]);
+        let grown = c.footprint();
+        assert!(grown >= 200 * 1024 - BASE_BUFFER, "{grown}");
+        assert!(!c.shrink_drained(), "unwritten output is kept");
+        c.advance_output(200 * 1024);
+        assert!(c.output_done());
+        assert!(c.shrink_drained(), "drained and large: replaced");
+        assert_eq!(c.footprint(), 0);
+        // Replies held behind a deferred one count too.
+        c.pending
+            .push_back(Pending::Ready(Vec::with_capacity(100 * 1024)));
+        assert!(c.footprint() >= 100 * 1024 - 2 * BASE_BUFFER);
+        // Unparsed input is kept; once parsed, a large input buffer goes.
+        c.input_buffer().extend_from_slice(&[b'y'; 100 * 1024]);
+        assert!(!c.shrink_drained(), "unparsed input is kept");
+        assert_eq!(c.input().len(), 100 * 1024);
+        c.rpos = c.rbuf.len();
+        assert!(c.shrink_drained());
+        assert_eq!(c.rbuf.capacity(), BASE_BUFFER);
     }
 }

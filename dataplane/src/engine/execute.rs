@@ -32,6 +32,8 @@ pub(crate) struct Exec<'a> {
     pub password: Option<&'a [u8]>,
     /// The connection limit (reported by `CONFIG GET maxclients`).
     pub max_connections: usize,
+    /// Wrong passwords one connection may give before it is closed (0: no limit).
+    pub max_auth_failures: u32,
 }
 
 pub(crate) enum Outcome {
@@ -269,8 +271,7 @@ impl Exec<'_> {
             } => {
                 if let Some((user, pass)) = auth {
                     if !self.check_password(Some(user), pass) {
-                        compose_error(out, WRONGPASS);
-                        return Outcome::Done;
+                        return self.wrong_password(session, out);
                     }
                     session.authenticated = true;
                 }
@@ -297,7 +298,7 @@ impl Exec<'_> {
                     session.authenticated = true;
                     compose_simple(out, b"OK");
                 } else {
-                    compose_error(out, WRONGPASS);
+                    return self.wrong_password(session, out);
                 }
             }
             Command::Select { db: 0 } => compose_simple(out, b"OK"),
@@ -410,6 +411,20 @@ impl Exec<'_> {
         }
     }
 
+    /// Answers a wrong password, counts it, and closes the connection at the limit (so a
+    /// pipeline cannot try passwords by the hundred thousand on one connection).
+    fn wrong_password(&self, session: &mut Session, out: &mut Vec<u8>) -> Outcome {
+        CoreStats::add(&self.stats.auth_failures, 1);
+        session.auth_failures = session.auth_failures.saturating_add(1);
+        compose_error(out, WRONGPASS);
+        if self.max_auth_failures > 0 && session.auth_failures >= self.max_auth_failures {
+            CoreStats::add(&self.stats.connections_auth_failures, 1);
+            compose_error(out, TOO_MANY_FAILURES);
+            return Outcome::Close;
+        }
+        Outcome::Done
+    }
+
     fn check_password(&self, user: Option<&[u8]>, pass: &[u8]) -> bool {
         let Some(expected) = self.password else {
             return false;
@@ -424,6 +439,8 @@ impl Exec<'_> {
 }
 
 const WRONGPASS: &[u8] = b"WRONGPASS invalid username-password pair or user is disabled.";
+const TOO_MANY_FAILURES: &[u8] =
+    b"ERR too many failed authentication attempts on this connection: closing it";
 
 fn deferred(keys: Vec<MissKey>, deferred: Deferred) -> Outcome {
     Outcome::Deferred { keys, deferred }

@@ -7,9 +7,12 @@
 //!    ├─ poll_accept         accept everything queued; over the limit: error reply, close
 //!    ├─ poll_keyspace       one atomic load; a new catalog snapshot only when it moved
 //!    ├─ poll_replies        control-plane answers -> deferred replies composed, released in order
-//!    └─ poll_sessions       per active connection, bounded:
-//!         process_ingress (socket read) → session::Worker::process_requests → dispatch_egress
+//!    ├─ poll_sessions       per active connection, bounded:
+//!    │    process_ingress (socket read) → session::Worker::process_requests → dispatch_egress
+//!    └─ poll_limits         every 100 ms: reply-memory cap, timeouts, buffers (`limits`)
 //! ```
+//! Accepting applies the per-port connection limit (each core's share) and, when set, the
+//! per-source one ([`super::limits::Sources`]).
 //! Everything between the read and the write is the transport-independent session layer
 //! ([`super::session`], [`super::slots`]); this file is only what is particular to sockets.
 //! The loop never blocks while there is work: it spins for `spin_polls` empty turns, then sleeps
@@ -19,7 +22,7 @@
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token};
@@ -27,6 +30,7 @@ use mio::{Events, Interest, Poll, Registry, Token};
 use crate::plane::{CoreStats, Shared, Wake};
 use crate::transport::kernel;
 
+use super::limits::Sources;
 use super::session::{Next, Worker};
 use super::slots::{Entry, Slots, Transport};
 use super::EngineConfig;
@@ -39,6 +43,19 @@ const FIRST_CONN: usize = 3;
 /// PostgreSQL sends such an ErrorResponse too): FATAL 53300, then the socket is closed.
 pub(crate) const PG_REJECT: &[u8] =
     b"E\x00\x00\x00\x3bSFATAL\x00VFATAL\x00C53300\x00Msorry, too many clients already\x00\x00";
+/// What a RESP client over the connection limit gets before the socket is closed.
+pub(crate) const RESP_REJECT: &[u8] = b"-ERR max number of clients reached\r\n";
+/// What a client over its source address's connection limit gets (RESP, PostgreSQL).
+const RESP_REJECT_SOURCE: &[u8] = b"-ERR max number of clients from this address reached\r\n";
+const PG_REJECT_SOURCE: &[u8] =
+    b"E\x00\x00\x00\x42SFATAL\x00VFATAL\x00C53300\x00Mtoo many connections from this address\x00\x00";
+
+/// The addresses a core listens on.
+pub struct Ports {
+    pub listen: std::net::SocketAddr,
+    /// The PostgreSQL port, when the pgwire front is on.
+    pub pg_listen: Option<std::net::SocketAddr>,
+}
 /// Bytes read from one socket per turn before other connections get their turn.
 const READ_PER_TURN: usize = 256 * 1024;
 
@@ -83,11 +100,12 @@ impl Core {
     /// registers its waker with `shared`.
     pub fn new(
         id: usize,
-        listen: std::net::SocketAddr,
-        pg_listen: Option<std::net::SocketAddr>,
+        ports: Ports,
         shared: Arc<Shared>,
         cfg: Arc<EngineConfig>,
+        sources: Arc<Sources>,
     ) -> io::Result<Core> {
+        let Ports { listen, pg_listen } = ports;
         let poll = Poll::new()?;
         let mut listener = kernel::bind_listener(listen, true, 1024)?;
         poll.registry()
@@ -104,6 +122,8 @@ impl Core {
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
         let _ = shared.core_wakers[id].set(Arc::new(MioWaker(waker)));
         let registry = poll.registry().try_clone()?;
+        let mut worker = Worker::new(id, shared, cfg);
+        worker.sources = sources;
         Ok(Core {
             poll,
             events: Events::with_capacity(1024),
@@ -114,7 +134,7 @@ impl Core {
                 registry,
                 read_buf: vec![0u8; 64 * 1024].into_boxed_slice(),
             },
-            worker: Worker::new(id, shared, cfg),
+            worker,
         })
     }
 
@@ -157,11 +177,13 @@ impl Core {
             self.slots.may_sleep();
         }
         let mut worked = self.poll_readiness(timeout);
+        self.worker.now = Instant::now();
         self.worker.poll_keyspace();
         worked |= self.slots.poll_replies(&self.worker);
         worked |= self
             .slots
             .poll_sessions(&mut self.sockets, &mut self.worker);
+        self.slots.poll_limits(&mut self.sockets, &mut self.worker);
         self.worker.end_turn();
         worked
     }
@@ -224,20 +246,20 @@ impl Core {
                 (true, Some(l)) => l,
                 (true, None) => return,
             };
-            let (mut stream, _) = match listener.accept() {
+            let (mut stream, peer) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => return,
             };
-            if self.slots.open() >= self.worker.cfg.max_connections_per_core() {
-                CoreStats::add(&self.worker.stats().connections_rejected, 1);
-                let _ = stream.write(if pg {
-                    PG_REJECT
-                } else {
-                    b"-ERR max number of clients reached\r\n"
+            let Some(source) = self.admit(pg, peer.ip()) else {
+                let _ = stream.write(match (pg, self.slots.open_on(pg) >= self.limit(pg)) {
+                    (true, true) => PG_REJECT,
+                    (false, true) => RESP_REJECT,
+                    (true, false) => PG_REJECT_SOURCE,
+                    (false, false) => RESP_REJECT_SOURCE,
                 });
                 continue;
-            }
+            };
             let _ = kernel::configure_stream(&stream);
             let (slot, generation) = self.slots.vacant();
             let interest = Interest::READABLE | Interest::WRITABLE;
@@ -249,6 +271,9 @@ impl Core {
                 .is_err()
             {
                 self.slots.unvacate(slot);
+                if let Some(ip) = source {
+                    self.worker.sources.close(pg, ip);
+                }
                 continue;
             }
             let socket = Socket {
@@ -257,12 +282,48 @@ impl Core {
                 readable: true,
                 write_blocked: false,
             };
-            let conn = if pg {
+            let mut conn = if pg {
                 self.worker.new_pg_conn(generation)
             } else {
                 self.worker.new_conn(generation)
             };
+            conn.source = source;
             self.slots.fill(slot, conn, socket, self.worker.stats());
+        }
+    }
+
+    /// This core's share of the connection limit of the RESP or PostgreSQL (`pg`) port.
+    fn limit(&self, pg: bool) -> usize {
+        if pg {
+            self.worker.cfg.max_pg_connections_per_core()
+        } else {
+            self.worker.cfg.max_connections_per_core()
+        }
+    }
+
+    /// Whether a connection from `ip` may be accepted on the port; `Some(source)` with the
+    /// address when it was counted in the per-source table (to be released at close).
+    fn admit(&self, pg: bool, ip: std::net::IpAddr) -> Option<Option<std::net::IpAddr>> {
+        let stats = self.worker.stats();
+        if self.slots.open_on(pg) >= self.limit(pg) {
+            CoreStats::add(&stats.connections_rejected, 1);
+            return None;
+        }
+        let limits = &self.worker.cfg.conn_limits;
+        let per_source = if pg {
+            limits.max_pg_per_source
+        } else {
+            limits.max_per_source
+        };
+        if per_source == 0 {
+            return Some(None);
+        }
+        if self.worker.sources.try_open(pg, ip, per_source) {
+            Some(Some(ip))
+        } else {
+            CoreStats::add(&stats.connections_rejected, 1);
+            CoreStats::add(&stats.connections_rejected_source, 1);
+            None
         }
     }
 }
@@ -300,6 +361,8 @@ impl Sockets {
                 }
                 Ok(n) => {
                     conn.input_buffer().extend_from_slice(&self.read_buf[..n]);
+                    conn.last_input = worker.now;
+                    conn.incomplete = false;
                     read += n;
                     // A short read drained the socket: skip the read that would only say
                     // EAGAIN. Data arriving later raises a new edge-triggered event. Not when the
@@ -335,4 +398,22 @@ fn dispatch_egress(entry: &mut Entry<Socket>, stats: &CoreStats) -> io::Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pgwire::{compose_error_response, ErrorFields};
+
+    #[test]
+    fn refusals_are_well_formed_error_responses() {
+        for (bytes, message) in [
+            (PG_REJECT, &b"sorry, too many clients already"[..]),
+            (PG_REJECT_SOURCE, b"too many connections from this address"),
+        ] {
+            let mut want = Vec::new();
+            compose_error_response(&mut want, &ErrorFields::fatal(b"53300", message));
+            assert_eq!(bytes, &want[..]);
+        }
+    }
 }

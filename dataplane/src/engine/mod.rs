@@ -27,6 +27,7 @@ mod deferred;
 mod execute;
 pub mod info;
 mod kernel;
+pub mod limits;
 mod pg;
 mod prefetch;
 mod session;
@@ -45,9 +46,12 @@ use crate::transport::net::NetStream;
 use crate::transport::stream::StreamStack;
 use pgline_nic::Queue;
 
+pub use limits::ConnLimits;
+
 /// Default number of dataplane cores.
 pub const DEFAULT_CORES: usize = 1;
-/// Default total client connection limit (split evenly over cores).
+/// Default total RESP connection limit (split evenly over cores; the PostgreSQL port has its
+/// own, [`ConnLimits::max_pg_connections`]).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default bound on buffered unparsed input per connection (one request must fit).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 2 * 1024 * 1024;
@@ -73,6 +77,7 @@ pub struct EngineConfig {
     /// to the origin. `None`: no PostgreSQL session is answered from cache.
     pub pg_cache_database: Option<String>,
     pub cores: usize,
+    /// RESP-port connections, total over cores.
     pub max_connections: usize,
     pub max_request_bytes: usize,
     pub max_reply_backlog: usize,
@@ -81,11 +86,28 @@ pub struct EngineConfig {
     pub spin_polls: u32,
     pub password: Option<String>,
     pub limits: Limits,
+    /// Per-port and per-source connection limits, reply memory, timeouts, AUTH failures.
+    pub conn_limits: ConnLimits,
 }
 
 impl EngineConfig {
+    /// One core's share of the RESP connection limit.
     pub fn max_connections_per_core(&self) -> usize {
         self.max_connections.div_ceil(self.cores.max(1))
+    }
+
+    /// One core's share of the PostgreSQL connection limit.
+    pub fn max_pg_connections_per_core(&self) -> usize {
+        self.conn_limits
+            .max_pg_connections
+            .div_ceil(self.cores.max(1))
+    }
+
+    /// One core's share of the reply-memory cap.
+    pub fn max_reply_memory_per_core(&self) -> usize {
+        self.conn_limits
+            .max_reply_memory
+            .div_ceil(self.cores.max(1))
     }
 }
 
@@ -109,8 +131,10 @@ impl Engine {
         let mut cores = Vec::with_capacity(cfg.cores);
         let mut listen = cfg.listen;
         let mut pg_listen = cfg.pg_listen;
+        let sources = Arc::new(limits::Sources::default());
         for id in 0..cfg.cores {
-            let core = kernel::Core::new(id, listen, pg_listen, shared.clone(), cfg.clone())?;
+            let ports = kernel::Ports { listen, pg_listen };
+            let core = kernel::Core::new(id, ports, shared.clone(), cfg.clone(), sources.clone())?;
             // With port 0 the first core picks the port; the others join it.
             listen = core.local_addr()?;
             pg_listen = core.pg_local_addr()?;

@@ -25,13 +25,15 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissReply, MissRequest, Shared};
 use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError};
 
-use super::conn::{Conn, Pending};
+use super::conn::{Conn, Pending, READ_AHEAD};
 use super::execute::{Exec, Outcome};
+use super::limits::{CoreLimits, Sources};
 use super::pg::PgSession;
 use super::prefetch;
 use super::EngineConfig;
@@ -66,6 +68,12 @@ pub(crate) struct Worker {
     /// (a lost Close would leave the control plane's session, and any transaction it holds
     /// open, waiting for ever). Empty, and so unallocated, in normal operation.
     pub(crate) pg_unsent_closes: Vec<crate::plane::PgRequest>,
+    /// Reply-memory accounting and the sweep's clocks (see [`super::limits`]).
+    pub(crate) limits: CoreLimits,
+    /// Per-source connection counts, shared by the engine's cores.
+    pub(crate) sources: Arc<Sources>,
+    /// The core's clock, read once per turn by the transport loop.
+    pub(crate) now: Instant,
 }
 
 impl Worker {
@@ -76,7 +84,12 @@ impl Worker {
             max_message_bytes: cfg.max_request_bytes,
             ..PgLimits::default()
         };
+        let now = Instant::now();
+        let cap = cfg.max_reply_memory_per_core();
         Worker {
+            limits: CoreLimits::new(cap, now),
+            sources: Arc::default(),
+            now,
             id,
             shared,
             cfg,
@@ -100,7 +113,7 @@ impl Worker {
     /// State for a newly accepted connection in slot generation `generation`.
     pub fn new_conn(&self, generation: u32) -> Conn {
         let client_id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed);
-        Conn::new(client_id, generation, self.cfg.password.is_none())
+        Conn::new(client_id, generation, self.cfg.password.is_none(), self.now)
     }
 
     /// State for a connection accepted on the PostgreSQL listener.
@@ -132,9 +145,14 @@ impl Worker {
     /// Whether the transport should read more for `conn` now (bounded buffers, not closing).
     #[inline]
     pub fn wants_input(&self, conn: &Conn) -> bool {
+        let unparsed = conn.rbuf.len() - conn.rpos;
         !conn.closing
-            && conn.backlog() < self.cfg.max_reply_backlog
-            && conn.rbuf.len() - conn.rpos < self.cfg.max_request_bytes
+            && !self.output_blocked(conn)
+            && unparsed < self.request_budget(conn)
+            && (unparsed < READ_AHEAD || conn.incomplete)
+            // At the reply-memory cap, a connection that holds more than its base buffers
+            // does not grow them.
+            && !(self.limits.full() && conn.charged > 0)
     }
 
     /// What to do with `conn` after ingress, [`Worker::process_requests`] and egress.
@@ -155,9 +173,11 @@ impl Worker {
             && conn.pending.is_empty()
         {
             Next::Close
-        } else if more_input
-            || (readable && !conn.closing && conn.backlog() < self.cfg.max_reply_backlog)
-        {
+        } else if self.output_blocked(conn) {
+            // Until its output moves (a writable event) or a deferred reply lands: both
+            // activate it again.
+            Next::Idle
+        } else if more_input || (readable && !conn.closing) {
             Next::Again
         } else {
             Next::Idle
@@ -184,8 +204,11 @@ impl Worker {
     /// `token` names the connection in the [`MissRequest`]s it sends (slot and generation).
     pub fn process_requests(&mut self, conn: &mut Conn, token: u64) -> bool {
         if conn.pg.is_some() {
-            return self.process_pg(conn, token);
+            let more = self.process_pg(conn, token);
+            conn.incomplete = !more && !conn.input().is_empty();
+            return more;
         }
+        conn.incomplete = false;
         let serve_hits = self.shared.serve_hits.load(Ordering::Relaxed);
         let mut executed = 0;
         let mut more = false;
@@ -200,7 +223,7 @@ impl Worker {
         }
         while !conn.input().is_empty() {
             if executed >= self.cfg.requests_per_turn
-                || conn.backlog() >= self.cfg.max_reply_backlog
+                || self.output_blocked(conn)
                 || conn.pending.len() >= self.cfg.max_pending_per_conn
             {
                 more = true;
@@ -208,14 +231,20 @@ impl Worker {
             }
             let input = &conn.rbuf[conn.rpos..];
             let consumed = match parse_request(input, &self.cfg.limits, &mut self.args) {
+                Ok(n) if !conn.session.authenticated && n > self.request_budget(conn) => {
+                    protocol_error(conn, UNAUTH_TOO_LARGE, self.stats());
+                    break;
+                }
                 Ok(n) => n,
                 Err(ParseError::Incomplete) => {
-                    if input.len() >= self.cfg.max_request_bytes {
-                        protocol_error(
-                            conn,
-                            b"ERR Protocol error: request exceeds the size limit",
-                            self.stats(),
-                        );
+                    conn.incomplete = true;
+                    if input.len() >= self.request_budget(conn) {
+                        let message: &[u8] = if conn.session.authenticated {
+                            b"ERR Protocol error: request exceeds the size limit"
+                        } else {
+                            UNAUTH_TOO_LARGE
+                        };
+                        protocol_error(conn, message, self.stats());
                     }
                     break;
                 }
@@ -253,6 +282,7 @@ impl Worker {
             session,
             next_seq,
             closing,
+            opened_at,
             ..
         } = conn;
         let frame = &rbuf[*rpos..*rpos + consumed];
@@ -274,8 +304,15 @@ impl Worker {
                     scratch: &mut self.scratch,
                     password: self.cfg.password.as_deref().map(str::as_bytes),
                     max_connections: self.cfg.max_connections,
+                    max_auth_failures: self.cfg.conn_limits.max_auth_failures,
                 };
-                exec.execute(cmd, session, out)
+                let was_authenticated = session.authenticated;
+                let outcome = exec.execute(cmd, session, out);
+                if was_authenticated && !session.authenticated {
+                    // RESET: the authentication timeout runs again from now.
+                    *opened_at = self.now;
+                }
+                outcome
             }
             Err(e) => {
                 e.compose(out);
@@ -314,6 +351,8 @@ impl Worker {
         }
     }
 }
+
+const UNAUTH_TOO_LARGE: &[u8] = b"ERR Protocol error: unauthenticated request too large";
 
 /// Answers a request that cannot be parsed, then closes: the rest of the input is dropped.
 fn protocol_error(conn: &mut Conn, message: &[u8], stats: &CoreStats) {

@@ -28,6 +28,7 @@ use std::time::Instant;
 use crate::plane::CoreStats;
 
 use super::conn::Conn;
+use super::limits::Expiry;
 use super::session::{Next, Worker};
 
 /// One open connection: its session state and the transport's handle and flags.
@@ -60,6 +61,8 @@ pub(crate) struct Slots<T> {
     active: Vec<usize>,
     spare: Vec<usize>,
     open: usize,
+    /// Of `open`, connections accepted on the PostgreSQL port.
+    open_pg: usize,
     /// When the previous session pass ended, if the core has not been able to sleep since: the
     /// start of the next pass's service-time span (saves a clock read per turn under load).
     last_pass_end: Option<Instant>,
@@ -75,6 +78,7 @@ impl<T> Slots<T> {
             active: Vec::with_capacity(1024),
             spare: Vec::with_capacity(1024),
             open: 0,
+            open_pg: 0,
             last_pass_end: None,
         }
     }
@@ -82,6 +86,15 @@ impl<T> Slots<T> {
     /// Open connections.
     pub fn open(&self) -> usize {
         self.open
+    }
+
+    /// Open connections of one port: PostgreSQL (`pg`) or RESP.
+    pub fn open_on(&self, pg: bool) -> usize {
+        if pg {
+            self.open_pg
+        } else {
+            self.open - self.open_pg
+        }
     }
 
     /// The core may sleep before its next pass: that pass's span must not start at the last one's
@@ -113,6 +126,7 @@ impl<T> Slots<T> {
 
     /// Fills `slot` (from [`Slots::vacant`]) and puts it on the active list.
     pub fn fill(&mut self, slot: usize, conn: Conn, io: T, stats: &CoreStats) {
+        let pg = conn.pg.is_some();
         self.entries[slot] = Some(Entry { conn, io });
         self.list(slot);
         self.open += 1;
@@ -120,6 +134,12 @@ impl<T> Slots<T> {
         stats
             .connections_open
             .store(self.open as u64, Ordering::Relaxed);
+        if pg {
+            self.open_pg += 1;
+            stats
+                .connections_open_pg
+                .store(self.open_pg as u64, Ordering::Relaxed);
+        }
     }
 
     #[inline]
@@ -143,17 +163,94 @@ impl<T> Slots<T> {
         }
     }
 
-    /// Frees `slot`; its generation moves on so late replies for it are dropped.
-    pub fn remove(&mut self, slot: usize, stats: &CoreStats) -> Option<Entry<T>> {
-        let entry = self.entries.get_mut(slot)?.take()?;
+    /// Frees `slot`; its generation moves on so late replies for it are dropped. The
+    /// connection's reply memory and per-source count are released.
+    pub fn remove(&mut self, slot: usize, worker: &mut Worker) -> Option<Entry<T>> {
+        let mut entry = self.entries.get_mut(slot)?.take()?;
         self.generations[slot] = self.generations[slot].wrapping_add(1);
         self.free.push(slot);
         self.open -= 1;
+        worker.release_conn(&mut entry.conn);
+        let stats = worker.stats();
         CoreStats::add(&stats.connections_closed, 1);
         stats
             .connections_open
             .store(self.open as u64, Ordering::Relaxed);
+        if entry.conn.pg.is_some() {
+            self.open_pg -= 1;
+            stats
+                .connections_open_pg
+                .store(self.open_pg as u64, Ordering::Relaxed);
+        }
         Some(entry)
+    }
+
+    /// Closes `slot` now: the control plane hears of it, the transport releases it.
+    fn close<X: Transport<Io = T>>(&mut self, slot: usize, transport: &mut X, worker: &mut Worker) {
+        if let Some(Some(entry)) = self.entries.get_mut(slot) {
+            let token = token(slot, entry.conn.generation);
+            worker.conn_closed(&mut entry.conn, token);
+        }
+        if let Some(entry) = self.remove(slot, worker) {
+            transport.release(entry);
+        }
+    }
+
+    /// The limits step at the end of a turn, every [`super::limits::SWEEP_EVERY`]: over the
+    /// reply-memory cap, the largest holders of unwritten output are closed; timed-out
+    /// connections get their error (or are closed if they did not read it); drained buffers
+    /// that grew are given back, and freed heap to the kernel after a large release.
+    pub fn poll_limits<X: Transport<Io = T>>(&mut self, transport: &mut X, worker: &mut Worker) {
+        let now = worker.now;
+        if !worker.limits.sweep_due(now) {
+            return;
+        }
+        if worker.limits.full() {
+            self.evict(transport, worker);
+        }
+        for slot in 0..self.entries.len() {
+            let Some(Some(entry)) = self.entries.get_mut(slot) else {
+                continue;
+            };
+            match worker.expiry(&entry.conn, now) {
+                None => {
+                    if entry.conn.shrink_drained() {
+                        worker.recharge(&mut entry.conn);
+                    }
+                }
+                Some(Expiry::Graceful(timeout)) => {
+                    worker.expire(&mut entry.conn, timeout);
+                    self.list(slot);
+                }
+                Some(Expiry::Now) => self.close(slot, transport, worker),
+            }
+        }
+        worker.limits.maybe_trim(now);
+    }
+
+    /// Closes the connections holding the most buffer memory (unwritten output their clients do
+    /// not read, unparsed input), largest first, until the core is under 3/4 of its
+    /// reply-memory cap. Drained buffers were given back before (at the visit or the sweep).
+    fn evict<X: Transport<Io = T>>(&mut self, transport: &mut X, worker: &mut Worker) {
+        let mut victims: Vec<(usize, usize)> = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, e)| {
+                e.as_ref()
+                    .filter(|e| e.conn.charged > 0)
+                    .map(|e| (e.conn.charged, slot))
+            })
+            .collect();
+        victims.sort_unstable_by(|a, b| b.cmp(a));
+        let target = worker.limits.reply_memory_cap / 4 * 3;
+        for (_, slot) in victims {
+            if worker.limits.reply_memory <= target {
+                break;
+            }
+            CoreStats::add(&worker.stats().connections_evicted, 1);
+            self.close(slot, transport, worker);
+        }
     }
 
     /// Applies the control plane's answers (RESP misses and PostgreSQL replies) to the
@@ -246,18 +343,19 @@ impl<T> Slots<T> {
                 continue;
             };
             let token = token(slot, entry.conn.generation);
-            match transport.process(entry, token, worker) {
+            let next = transport.process(entry, token, worker);
+            if worker.limits.full() {
+                // At the cap: what this connection has drained goes back now.
+                entry.conn.shrink_drained();
+            }
+            worker.recharge(&mut entry.conn);
+            match next {
                 Next::Idle => {}
                 Next::Again => {
                     self.listed[slot] = true;
                     self.active.push(slot);
                 }
-                Next::Close => {
-                    worker.conn_closed(&mut entry.conn, token);
-                    if let Some(entry) = self.remove(slot, worker.stats()) {
-                        transport.release(entry);
-                    }
-                }
+                Next::Close => self.close(slot, transport, worker),
             }
         }
         active.clear();
@@ -322,6 +420,7 @@ mod tests {
             spin_polls: 1,
             password: None,
             limits: crate::resp::Limits::default(),
+            conn_limits: crate::engine::ConnLimits::default(),
         };
         Worker::new(0, shared, Arc::new(cfg))
     }
@@ -333,7 +432,7 @@ mod tests {
         let (slot, generation) = slots.vacant();
         slots.fill(slot, w.new_conn(generation), 1, w.stats());
         // Closed by the transport while on the active list, then the slot is filled again.
-        assert!(slots.remove(slot, w.stats()).is_some());
+        assert!(slots.remove(slot, &mut w).is_some());
         let (again, generation2) = slots.vacant();
         assert_eq!(again, slot);
         assert_ne!(

@@ -14,6 +14,7 @@
 //!    │    stack.recv → session::Worker::process_requests → stack.send (unsent bytes kept,
 //!    │    resumed on Writable)
 //!    ├─ stack.flush           TX: only connections with something to send, one burst
+//!    ├─ poll_limits           every 100 ms: reply-memory cap, timeouts, buffers (`limits`)
 //!    └─ end_turn              wake the control plane once if misses were pushed
 //! ```
 //! The session layer ([`super::session`], [`super::slots`]) is the kernel path's, unchanged: the
@@ -25,7 +26,9 @@
 //! CPU, and in-process tests share theirs).
 //!
 //! Limitations: connections are not spread over cores by this loop; the port's RSS (or the test)
-//! decides which core's queue a flow arrives on.
+//! decides which core's queue a flow arrives on. The stack does not report peer addresses, so
+//! the per-source connection limit does not apply here; the per-port limits, reply-memory cap,
+//! timeouts and AUTH-failure limit do (they live in the session layer).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -44,7 +47,6 @@ use super::EngineConfig;
 const READ_PER_TURN: usize = 256 * 1024;
 /// Bytes asked of the stack per `recv`.
 const READ_CHUNK: usize = 64 * 1024;
-const REJECT: &[u8] = b"-ERR max number of clients reached\r\n";
 /// Turns between publications of the stack's counters.
 const PUBLISH_EVERY: u32 = 512;
 
@@ -124,6 +126,7 @@ impl<S: StreamStack> UserCore<S> {
     /// One turn of the loop at time `now`; returns whether anything was done.
     pub fn poll_once(&mut self, now: Instant) -> bool {
         CoreStats::add(&self.worker.stats().polls, 1);
+        self.worker.now = now;
         self.events.clear();
         let mut worked = self.streams.stack.poll(now, &mut self.events);
         self.process_events();
@@ -132,6 +135,7 @@ impl<S: StreamStack> UserCore<S> {
         worked |= self
             .slots
             .poll_sessions(&mut self.streams, &mut self.worker);
+        self.slots.poll_limits(&mut self.streams, &mut self.worker);
         self.streams.stack.flush(now);
         self.worker.end_turn();
         self.turns += 1;
@@ -168,7 +172,7 @@ impl<S: StreamStack> UserCore<S> {
                             let token = super::slots::token(slot, entry.conn.generation);
                             self.worker.conn_closed(&mut entry.conn, token);
                         }
-                        self.slots.remove(slot, self.worker.stats());
+                        self.slots.remove(slot, &mut self.worker);
                     }
                 }
             }
@@ -191,12 +195,19 @@ impl<S: StreamStack> UserCore<S> {
             return;
         }
         let pg = self.pg_port == Some(port);
-        if self.slots.open() >= self.worker.cfg.max_connections_per_core() {
+        let limit = if pg {
+            self.worker.cfg.max_pg_connections_per_core()
+        } else {
+            self.worker.cfg.max_connections_per_core()
+        };
+        if self.slots.open_on(pg) >= limit {
             CoreStats::add(&self.worker.stats().connections_rejected, 1);
-            let _ = self
-                .streams
-                .stack
-                .send(id, if pg { super::kernel::PG_REJECT } else { REJECT });
+            let reject = if pg {
+                super::kernel::PG_REJECT
+            } else {
+                super::kernel::RESP_REJECT
+            };
+            let _ = self.streams.stack.send(id, reject);
             self.streams.stack.close(id);
             return;
         }
@@ -257,7 +268,11 @@ impl<S: StreamStack> Streams<S> {
             let max = READ_CHUNK.min(READ_PER_TURN - read);
             match self.stack.recv(io.id, conn.input_buffer(), max) {
                 Ok(0) => io.readable = false,
-                Ok(n) => read += n,
+                Ok(n) => {
+                    conn.last_input = worker.now;
+                    conn.incomplete = false;
+                    read += n;
+                }
                 Err(StreamError::Closed) => {
                     // The client finished sending: answer what it sent, then close.
                     io.readable = false;

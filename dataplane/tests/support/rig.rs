@@ -101,6 +101,7 @@ pub fn engine_config(cores: usize, max_connections: usize, listen: &str) -> Engi
         spin_polls: 100,
         password: None,
         limits: Limits::default(),
+        conn_limits: pgline_dataplane::engine::ConnLimits::default(),
     }
 }
 

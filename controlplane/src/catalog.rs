@@ -64,6 +64,11 @@ pub struct TableInfo {
     pub key_columns: Vec<usize>,
     pub json_columns: Vec<JsonColumn>,
     pub prefixes: Vec<String>,
+    /// Row-level security is enabled (`relrowsecurity`; `FORCE` or not, see
+    /// `force_row_security`): the rows a role sees depend on the role.
+    pub row_security: bool,
+    /// `relforcerowsecurity`: RLS applies to the table's owner too.
+    pub force_row_security: bool,
 }
 
 impl TableInfo {
@@ -93,6 +98,7 @@ impl TableInfo {
                 .iter()
                 .map(|&i| self.columns[i].name.clone())
                 .collect(),
+            row_security: self.row_security,
         }
     }
 
@@ -356,30 +362,39 @@ pub struct TableCheck {
     pub dropped: Vec<u32>,
     /// Cached tables that exist under another schema or name: `(id, schema, name)` now.
     pub renamed: Vec<(u32, String, String)>,
+    /// Cached tables whose row-level security changed (`ALTER TABLE ... ENABLE/DISABLE/FORCE
+    /// ROW LEVEL SECURITY` leaves nothing in the WAL): `(id, enabled, forced)` now.
+    pub security: Vec<(u32, bool, bool)>,
 }
 
-const CHECK_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
+/// A cached table as the periodic check compares it: id, schema, name, RLS enabled, forced.
+pub type CheckedTable = (u32, String, String, bool, bool);
+
+const CHECK_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text, \
+       c.relrowsecurity, c.relforcerowsecurity \
      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY($1)";
 
-/// Checks cached tables `(id, schema, name)` against the origin's catalog with one query.
+/// Checks cached tables against the origin's catalog with one query.
 ///
 /// DROP and RENAME leave nothing in the WAL (a Relation message shows a rename only once the
 /// renamed table is next written), so the writer calls this periodically. A table re-created
-/// under the same name has a new OID: the old one shows here as dropped.
+/// under the same name has a new OID: the old one shows here as dropped. Row-level security
+/// switched on or off shows in `security`.
 pub async fn check_tables(
     client: &tokio_postgres::Client,
-    tables: &[(u32, String, String)],
+    tables: &[CheckedTable],
 ) -> Result<TableCheck, CatalogError> {
     let ids: Vec<u32> = tables.iter().map(|t| t.0).collect();
-    let mut now: HashMap<u32, (String, String)> = HashMap::new();
+    let mut now: HashMap<u32, (String, String, bool, bool)> = HashMap::new();
     for row in client.query(CHECK_SQL, &[&ids]).await? {
-        now.insert(row.get(0), (row.get(1), row.get(2)));
+        now.insert(row.get(0), (row.get(1), row.get(2), row.get(3), row.get(4)));
     }
     let mut check = TableCheck::default();
-    for (id, schema, name) in tables {
+    for (id, schema, name, rls, force) in tables {
         match now.remove(id) {
             None => check.dropped.push(*id),
-            Some((s, n)) if s != *schema || n != *name => check.renamed.push((*id, s, n)),
+            Some((s, n, _, _)) if s != *schema || n != *name => check.renamed.push((*id, s, n)),
+            Some((_, _, r, f)) if r != *rls || f != *force => check.security.push((*id, r, f)),
             Some(_) => {}
         }
     }
@@ -518,6 +533,16 @@ async fn load_table(
     schema: String,
     name: String,
 ) -> Result<TableInfo, CatalogError> {
+    let (row_security, force_row_security) = match client
+        .query_opt(
+            "SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = $1",
+            &[&oid],
+        )
+        .await?
+    {
+        Some(row) => (row.get::<_, bool>(0), row.get::<_, bool>(1)),
+        None => return Err(CatalogError::NoSuchTable(format!("{schema}.{name}"))),
+    };
     let mut columns = Vec::new();
     let mut keyed: Vec<(i32, usize)> = Vec::new();
     for row in client.query(COLUMNS_SQL, &[&oid]).await? {
@@ -555,5 +580,7 @@ async fn load_table(
         key_columns,
         json_columns,
         prefixes: Vec::new(),
+        row_security,
+        force_row_security,
     })
 }

@@ -52,6 +52,9 @@ pub struct PgTable {
     pub key_columns: Box<[usize]>,
     /// The primary key's column names, in key order (what statement classification asks for).
     pub key_names: Box<[String]>,
+    /// Row-level security is enabled on the table (`pg_class.relrowsecurity`, forced or not):
+    /// its rows depend on who asks, so the store may answer only a role RLS does not apply to.
+    pub row_security: bool,
 }
 
 impl KeySpace {
@@ -93,7 +96,14 @@ impl KeySpace {
 
     /// A cached table by name; without a schema, `public` (pgline does not follow the client's
     /// `search_path`; statements naming other schemas must qualify the table).
+    ///
+    /// An unqualified name beginning with `pg_` resolves to nothing: PostgreSQL searches
+    /// `pg_catalog` before the path, so such a name may be a catalog relation, never to be taken
+    /// for `public.pg_x`.
     pub fn pg_table_named(&self, schema: Option<&str>, name: &str) -> Option<&Arc<PgTable>> {
+        if schema.is_none() && name.starts_with("pg_") {
+            return None;
+        }
         let key: (Box<str>, Box<str>) = (schema.unwrap_or("public").into(), name.into());
         self.pg_names
             .get(&key)
@@ -160,6 +170,31 @@ mod tests {
         assert_eq!(ks.resolve(b"orders:1:2"), None);
         assert_eq!(ks.resolve(b"users"), None);
         assert_eq!(ks.resolve(b"users:a:b"), Some((7, &b"a:b"[..])));
+    }
+
+    fn table(id: u32, schema: &str, name: &str) -> PgTable {
+        PgTable {
+            id,
+            schema: schema.into(),
+            name: name.into(),
+            columns: Box::new([]),
+            key_columns: Box::new([]),
+            key_names: Box::new([]),
+            row_security: false,
+        }
+    }
+
+    #[test]
+    fn unqualified_pg_names_do_not_resolve() {
+        let mut ks = KeySpace::new();
+        ks.add_pg_table(table(7, "public", "pg_class"));
+        ks.add_pg_table(table(8, "public", "users"));
+        assert!(ks.pg_table_named(None, "pg_class").is_none());
+        assert_eq!(
+            ks.pg_table_named(Some("public"), "pg_class").map(|t| t.id),
+            Some(7)
+        );
+        assert_eq!(ks.pg_table_named(None, "users").map(|t| t.id), Some(8));
     }
 
     #[test]

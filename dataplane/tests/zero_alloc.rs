@@ -104,6 +104,7 @@ fn start() -> (Engine, Arc<Shared>) {
         columns: vec![column("id", 1, 23, 4), column("name", 2, 25, -1)].into(),
         key_columns: vec![0].into(),
         key_names: vec!["id".to_string()].into(),
+        row_security: false,
     });
     let shared = Arc::new(Shared::new(
         reader,

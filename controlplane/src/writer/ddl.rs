@@ -67,6 +67,8 @@ impl DdlCheck {
 struct DdlReport {
     /// Cached tables dropped or renamed.
     gone: Vec<u32>,
+    /// Cached tables whose row-level security changed: `(id, enabled, forced)`.
+    security: Vec<(u32, bool, bool)>,
     /// Tables that took a gone table's name (or a renamed table, in every-table mode).
     added: Vec<TableInfo>,
     /// Names still to resolve at the next check.
@@ -82,7 +84,7 @@ struct CheckInput {
     pool: deadpool_postgres::Pool,
     publication: String,
     all_tables: bool,
-    tables: Vec<(u32, String, String)>,
+    tables: Vec<catalog::CheckedTable>,
     pending: Vec<String>,
 }
 
@@ -109,7 +111,10 @@ impl Writer {
                 .catalog
                 .tables
                 .values()
-                .map(|t| (t.id, t.schema.clone(), t.name.clone()))
+                .map(|t| {
+                    let (id, s, n) = (t.id, t.schema.clone(), t.name.clone());
+                    (id, s, n, t.row_security, t.force_row_security)
+                })
                 .collect(),
             pending: self.ddl.pending.clone(),
         };
@@ -120,6 +125,7 @@ impl Writer {
                 Ok(report) => report,
                 Err(_) => DdlReport {
                     gone: Vec::new(),
+                    security: Vec::new(),
                     added: Vec::new(),
                     pending,
                     error: Some(format!("timed out after {CHECK_TIMEOUT:?}")),
@@ -156,6 +162,21 @@ impl Writer {
     fn apply_ddl_report(&mut self, report: DdlReport) {
         if let Some(e) = &report.error {
             tracing::warn!("catalog check failed: {e}");
+        }
+        let mut changed = false;
+        for (id, rls, force) in report.security {
+            if let Some(t) = self.catalog.get(id) {
+                let mut t = (**t).clone();
+                tracing::info!(table = id, name = %format!("{}.{}", t.schema, t.name),
+                    enabled = rls, forced = force, "row-level security changed");
+                t.row_security = rls;
+                t.force_row_security = force;
+                self.catalog.insert(t, &self.cfg.catalog);
+                changed = true;
+            }
+        }
+        if changed {
+            self.publish_catalog();
         }
         let mut removed = Vec::new();
         for id in report.gone {
@@ -203,6 +224,7 @@ impl Writer {
 async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> DdlReport {
     let mut report = DdlReport {
         gone: Vec::new(),
+        security: Vec::new(),
         added: Vec::new(),
         pending: input.pending.clone(),
         error: None,
@@ -215,19 +237,20 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
             return report;
         }
     };
-    let check = match catalog::check_tables(&client, &input.tables).await {
+    let mut check = match catalog::check_tables(&client, &input.tables).await {
         Ok(c) => c,
         Err(e) => {
             report.error = Some(e.to_string());
             return report;
         }
     };
+    report.security = std::mem::take(&mut check.security);
     let old_name = |id: u32| {
         input
             .tables
             .iter()
             .find(|t| t.0 == id)
-            .map(|(_, s, n)| format!("{}.{}", quote_ident(s), quote_ident(n)))
+            .map(|(_, s, n, _, _)| format!("{}.{}", quote_ident(s), quote_ident(n)))
     };
     let mut names = std::mem::take(&mut report.pending);
     for &id in &check.dropped {
@@ -246,6 +269,7 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
     if !gone.is_empty() {
         let _ = tx.send(DdlReport {
             gone: gone.clone(),
+            security: Vec::new(),
             added: Vec::new(),
             pending: Vec::new(),
             error: None,

@@ -189,6 +189,7 @@ fn describe(origin: &mut TcpStream, table: &str) -> PgTable {
         columns: columns.into(),
         key_columns: vec![0].into(),
         key_names: vec!["id".to_string()].into(),
+        row_security: false,
     }
 }
 

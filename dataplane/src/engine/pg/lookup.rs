@@ -429,6 +429,7 @@ mod tests {
             columns: vec![col("id", 1, INT4, 4), col("name", 2, TEXT, -1)].into(),
             key_columns: vec![0].into(),
             key_names: vec!["id".to_string()].into(),
+            row_security: false,
         });
         ks
     }

@@ -33,7 +33,27 @@ pub enum CatalogError {
     NoSuchTable(String),
     #[error("catalog: table {0:?} has no primary key, so its rows have no key")]
     NoPrimaryKey(String),
+    /// A relation that is not a user table whose changes reach the WAL (see [`REFUSAL_SQL`]).
+    #[error("catalog: {name} is not cacheable: {reason}")]
+    NotCacheable { name: String, reason: String },
 }
+
+/// Why relation `c` (in namespace `n`) can never be cached, or NULL. Only user tables whose
+/// changes reach the WAL are: system catalogs are not in the logical-replication stream (their
+/// rows would go stale, and they hold secrets such as `pg_authid.rolpassword`); views, foreign
+/// tables and the like have no changes of their own; unlogged and temporary tables write no WAL.
+/// Every schema beginning with `pg_` is a system one (`pg_catalog`, `pg_toast`, `pg_temp_N`,
+/// `pg_toast_temp_N`: PostgreSQL reserves the prefix).
+pub const REFUSAL_SQL: &str = "CASE \
+       WHEN n.nspname = 'information_schema' OR n.nspname LIKE 'pg\\_%' \
+         THEN 'a system catalog (only user tables are cached)' \
+       WHEN c.relkind = 'v' THEN 'a view (only tables are cached)' \
+       WHEN c.relkind = 'm' THEN 'a materialized view (its refreshes are not in the WAL)' \
+       WHEN c.relkind = 'f' THEN 'a foreign table (its rows live elsewhere)' \
+       WHEN c.relkind NOT IN ('r', 'p') THEN 'not a table' \
+       WHEN c.relpersistence = 'u' THEN 'unlogged (its changes never reach the WAL)' \
+       WHEN c.relpersistence = 't' THEN 'temporary (its changes never reach the WAL)' \
+     END";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ColumnInfo {
@@ -138,8 +158,8 @@ pub struct Catalog {
 
 const TABLES_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-     WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-       AND n.nspname NOT LIKE 'pg_toast%' AND n.nspname NOT LIKE 'pg_temp%' \
+     WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p' \
+       AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%' \
        AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) \
      ORDER BY 2, 3";
 
@@ -188,6 +208,14 @@ impl Catalog {
                     .ok_or_else(|| CatalogError::NoSuchTable(t.clone()))?;
                 found.push((row.get(0), row.get(1), row.get(2)));
             }
+            for (oid, schema, name) in &found {
+                if let Some(reason) = refusal(client, *oid).await? {
+                    return Err(CatalogError::NotCacheable {
+                        name: format!("catalog.tables: {schema}.{name}"),
+                        reason,
+                    });
+                }
+            }
         }
         let mut catalog = Catalog::default();
         for (oid, schema, name) in found {
@@ -212,7 +240,7 @@ impl Catalog {
             Ok(t) => {
                 self.tables.insert(oid, Arc::new(t));
             }
-            Err(CatalogError::NoPrimaryKey(_)) => {
+            Err(CatalogError::NoPrimaryKey(_) | CatalogError::NotCacheable { .. }) => {
                 self.tables.remove(&oid);
             }
             Err(e) => return Err(e),
@@ -244,7 +272,7 @@ impl Catalog {
                 self.assign_prefixes(cfg);
                 Ok(())
             }
-            Err(CatalogError::NoPrimaryKey(_)) => Ok(()),
+            Err(CatalogError::NoPrimaryKey(_) | CatalogError::NotCacheable { .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -527,20 +555,58 @@ pub async fn publication_drop(
     Ok(())
 }
 
+/// Why relation `oid` can never be cached ([`REFUSAL_SQL`]), or `None`.
+async fn refusal(
+    client: &tokio_postgres::Client,
+    oid: u32,
+) -> Result<Option<String>, CatalogError> {
+    let sql = format!(
+        "SELECT {REFUSAL_SQL} FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.oid = $1"
+    );
+    Ok(client
+        .query_opt(&sql, &[&oid])
+        .await?
+        .and_then(|r| r.get::<_, Option<String>>(0)))
+}
+
+/// Whether `table` is published by `publication` under its own name (`pg_publication_tables`:
+/// not a system catalog, and not a partition whose changes are published as its root's).
+pub async fn is_published(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    table: &TableInfo,
+) -> Result<bool, CatalogError> {
+    let row = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&publication, &table.schema, &table.name],
+        )
+        .await?;
+    Ok(row.is_some())
+}
+
 async fn load_table(
     client: &tokio_postgres::Client,
     oid: u32,
     schema: String,
     name: String,
 ) -> Result<TableInfo, CatalogError> {
-    let (row_security, force_row_security) = match client
-        .query_opt(
-            "SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = $1",
-            &[&oid],
-        )
-        .await?
-    {
-        Some(row) => (row.get::<_, bool>(0), row.get::<_, bool>(1)),
+    let sql = format!(
+        "SELECT c.relrowsecurity, c.relforcerowsecurity, {REFUSAL_SQL} \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1"
+    );
+    let (row_security, force_row_security) = match client.query_opt(&sql, &[&oid]).await? {
+        Some(row) => {
+            if let Some(reason) = row.get::<_, Option<String>>(2) {
+                return Err(CatalogError::NotCacheable {
+                    name: format!("{schema}.{name}"),
+                    reason,
+                });
+            }
+            (row.get::<_, bool>(0), row.get::<_, bool>(1))
+        }
         None => return Err(CatalogError::NoSuchTable(format!("{schema}.{name}"))),
     };
     let mut columns = Vec::new();

@@ -481,6 +481,25 @@ impl ApiConfig {
     }
 }
 
+/// Whether a `catalog.tables` name is qualified by a system schema (`pg_catalog.pg_authid`,
+/// `"information_schema".tables`). Unqualified names are checked on the origin at start-up
+/// (`catalog::REFUSAL_SQL`), where `pg_authid` resolves to `pg_catalog`.
+fn names_system_schema(table: &str) -> bool {
+    let t = table.trim();
+    let schema = if let Some(rest) = t.strip_prefix('"') {
+        match rest.find('"') {
+            Some(end) if rest[end + 1..].starts_with('.') => rest[..end].to_string(),
+            _ => return false,
+        }
+    } else {
+        match t.find('.') {
+            Some(dot) => t[..dot].to_ascii_lowercase(),
+            None => return false,
+        }
+    };
+    schema == "information_schema" || schema.starts_with("pg_")
+}
+
 fn check(ok: bool, key: &'static str, reason: &str) -> Result<(), ConfigError> {
     if ok {
         Ok(())
@@ -558,6 +577,14 @@ impl Config {
             "catalog.check_interval_ms",
             "must be between 10 and 3600000",
         )?;
+        for t in &self.catalog.tables {
+            check(
+                !names_system_schema(t),
+                "catalog.tables",
+                "system catalogs (pg_catalog, information_schema, pg_toast, pg_temp) are never \
+                 cached: list user tables only",
+            )?;
+        }
         for t in self.catalog.prefixes.values() {
             check(
                 !t.is_empty() && !t.contains(':'),
@@ -737,6 +764,26 @@ mod tests {
         let r = Config::load(Some(&dir), env, &sets);
         let _ = std::fs::remove_file(&dir);
         r
+    }
+
+    /// F4 (issue 11): a system catalog in `catalog.tables` is a load error naming the key.
+    #[test]
+    fn system_catalogs_are_refused_in_catalog_tables() {
+        for name in [
+            "pg_catalog.pg_authid",
+            "\"pg_toast\".x",
+            "information_schema.tables",
+        ] {
+            let toml = format!("[catalog]\ntables = [{name:?}]\n");
+            let err = load(&toml, &[], &[]).unwrap_err().to_string();
+            assert!(err.contains("catalog.tables"), "{name}: {err}");
+        }
+        assert!(load(
+            "[catalog]\ntables = [\"public.users\", \"pg_like\"]\n",
+            &[],
+            &[]
+        )
+        .is_ok());
     }
 
     #[test]

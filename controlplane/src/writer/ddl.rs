@@ -293,7 +293,9 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
                 }
                 if !matches!(
                     e,
-                    CatalogError::NoSuchTable(_) | CatalogError::NoPrimaryKey(_)
+                    CatalogError::NoSuchTable(_)
+                        | CatalogError::NoPrimaryKey(_)
+                        | CatalogError::NotCacheable { .. }
                 ) {
                     report.error = Some(format!("resolving {name}: {e}"));
                 }

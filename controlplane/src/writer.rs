@@ -616,7 +616,11 @@ impl Writer {
         if same {
             return;
         }
-        if known.is_none() && (!self.all_tables || self.excluded.contains(&rel.id)) {
+        // Not cached: nothing to refresh. (New tables join through the catalog check, which
+        // adds them to the publication first; a Relation message of an uncached table is, for
+        // one, a partition's, which pgoutput sends beside its root's when it publishes through
+        // the root.)
+        if known.is_none() {
             return;
         }
         self.drop_table(rel.id);
@@ -627,15 +631,10 @@ impl Writer {
                 return;
             }
         };
-        let result = if known.is_some() {
-            self.catalog
-                .reload_table(&client, rel.id, &self.cfg.catalog)
-                .await
-        } else {
-            self.catalog
-                .add_table(&client, rel.id, &self.cfg.catalog)
-                .await
-        };
+        let result = self
+            .catalog
+            .reload_table(&client, rel.id, &self.cfg.catalog)
+            .await;
         if let Err(e) = result {
             tracing::warn!(table = rel.id, "catalog refresh failed: {e}");
         }

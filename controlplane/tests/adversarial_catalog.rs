@@ -152,8 +152,167 @@ async fn system_catalogs_in_the_config_fail_start_up() {
     );
 }
 
+/// A GET over RESP: `Ok(value)` or `Err(error text)`.
+async fn get(
+    r: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> Result<Option<String>, String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query_async::<Option<String>>(r)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The tables publication `pub_name` publishes, as `schema.name`, sorted.
+async fn published(client: &tokio_postgres::Client, pub_name: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables \
+             WHERE pubname = $1 ORDER BY 1",
+            &[&pub_name],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// O1: with pgline running (every-table mode, over a `FOR ALL TABLES` publication an older
+/// pgline left), UPDATE and DELETE of a table without a primary key still work at the origin;
+/// on old main they failed with "cannot update table ... does not have a replica identity".
+/// Tables that cannot be cached answer a clear RESP error, not a nil; a table created later
+/// without a key stays writable, one with a key joins the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origin_writes_to_tables_without_a_key_still_work() {
+    let db = TestDb::create("adv_o1").await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE users (id int4 PRIMARY KEY, name text);
+             INSERT INTO users VALUES (1, 'a');
+             CREATE TABLE noc (a int4, b text);
+             INSERT INTO noc VALUES (1, 'x'), (2, 'y');
+             CREATE UNLOGGED TABLE ul (id int4 PRIMARY KEY, v text);
+             INSERT INTO ul VALUES (1, 'u');
+             CREATE PUBLICATION pgline FOR ALL TABLES;",
+        )
+        .await
+        .unwrap();
+    let p = start(&db, &[]).await;
+    let mut r = support::redis(&p).await;
+    assert_eq!(get(&mut r, "users:1").await.unwrap().is_some(), true);
+    client
+        .execute("UPDATE noc SET b = 'z' WHERE a = 1", &[])
+        .await
+        .expect("UPDATE of a table without a key works at the origin");
+    client
+        .execute("DELETE FROM noc WHERE a = 2", &[])
+        .await
+        .expect("DELETE of a table without a key works at the origin");
+    assert_eq!(published(&client, "pgline").await, ["public.users"]);
+    let err = get(&mut r, "noc:1")
+        .await
+        .expect_err("noc is not cacheable");
+    assert!(
+        err.contains("not cacheable") && err.contains("no primary key"),
+        "{err}"
+    );
+    let err = get(&mut r, "ul:1").await.expect_err("ul is not cacheable");
+    assert!(
+        err.contains("not cacheable") && err.contains("unlogged"),
+        "{err}"
+    );
+    let err = redis::cmd("HGET")
+        .arg("public.ul:1")
+        .arg("v")
+        .query_async::<Option<String>>(&mut r)
+        .await
+        .expect_err("HGET of ul");
+    assert!(err.to_string().contains("unlogged"), "{err}");
+    // Tables created now: one without a key stays writable, one with a key is cached.
+    client
+        .batch_execute(
+            "CREATE TABLE later_noc (a int4); INSERT INTO later_noc VALUES (1);
+             CREATE TABLE later (id int4 PRIMARY KEY, v text); INSERT INTO later VALUES (7, 'l');",
+        )
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let mut r = r.clone();
+            async move { matches!(get(&mut r, "later:7").await, Ok(Some(v)) if v.contains("\"l\"")) }
+        })
+        .await,
+        "a new keyed table never joined the cache"
+    );
+    client
+        .execute("UPDATE later_noc SET a = 2", &[])
+        .await
+        .expect("a new table without a key stays writable");
+    client
+        .execute("UPDATE later SET v = 'm' WHERE id = 7", &[])
+        .await
+        .unwrap();
+    support::sync(&p, &client).await;
+    let v = get(&mut r, "later:7").await.unwrap().unwrap_or_default();
+    assert!(v.contains("\"m\""), "later:7 = {v}");
+    assert_eq!(
+        published(&client, "pgline").await,
+        ["public.later", "public.users"]
+    );
+    p.shutdown().await;
+}
+
+/// O1: a partitioned table is read through its parent (`GET m:pk`; on old main only the
+/// partitions answered and the parent read as nil), a change to a partition reaches the
+/// parent's entry, and a partition's own prefix answers an error naming the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_tables_read_through_the_parent() {
+    let db = TestDb::create("adv_o1part").await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE m (id int4 PRIMARY KEY, v text) PARTITION BY RANGE (id);
+             CREATE TABLE m1 PARTITION OF m FOR VALUES FROM (0) TO (100);
+             CREATE TABLE m2 PARTITION OF m FOR VALUES FROM (100) TO (200);
+             INSERT INTO m VALUES (1, 'one'), (150, 'many');",
+        )
+        .await
+        .unwrap();
+    let p = start(&db, &[]).await;
+    let mut r = support::redis(&p).await;
+    let one = get(&mut r, "m:1")
+        .await
+        .unwrap()
+        .expect("m:1 through the parent");
+    assert!(one.contains("\"one\""), "{one}");
+    let many = get(&mut r, "m:150").await.unwrap().expect("m:150");
+    assert!(many.contains("\"many\""), "{many}");
+    client
+        .execute("UPDATE m SET v = 'uno' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    client
+        .execute("DELETE FROM m2 WHERE id = 150", &[])
+        .await
+        .unwrap();
+    support::sync(&p, &client).await;
+    let one = get(&mut r, "m:1").await.unwrap().unwrap_or_default();
+    assert!(
+        one.contains("\"uno\""),
+        "a change in partition m1 did not reach m:1: {one}"
+    );
+    assert_eq!(get(&mut r, "m:150").await.unwrap(), None);
+    let err = get(&mut r, "m1:1")
+        .await
+        .expect_err("a partition is read through its parent");
+    assert!(err.contains("partition"), "{err}");
+    p.shutdown().await;
+}
+
 /// Polls `f` until it returns true or `deadline` passes.
-#[allow(dead_code)]
 async fn eventually<F, Fut>(deadline: Duration, mut f: F) -> bool
 where
     F: FnMut() -> Fut,

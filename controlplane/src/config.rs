@@ -84,7 +84,9 @@ pub struct OriginConfig {
     pub connect_timeout_ms: u64,
     pub query_timeout_ms: u64,
     /// Fault injection for tests: hold every fill this long after its origin read, widening the
-    /// fill-vs-write race window. 0 in production.
+    /// fill-vs-write race window. Must be 0 unless built with the `fault-injection` feature (the
+    /// tests enable it); at most [`MAX_FILL_DELAY_MS`], and a fill, delay included, never
+    /// outlives `query_timeout_ms`.
     pub fill_delay_ms: u64,
 }
 
@@ -136,9 +138,23 @@ impl OriginConfig {
             self.query_timeout_ms >= 1,
             "origin.query_timeout_ms",
             "must be > 0",
+        )?;
+        check(
+            self.fill_delay_ms == 0 || cfg!(feature = "fault-injection"),
+            "origin.fill_delay_ms",
+            "is a fault-injection knob for tests: this build has no `fault-injection` feature, \
+             so it must be 0",
+        )?;
+        check(
+            self.fill_delay_ms <= MAX_FILL_DELAY_MS,
+            "origin.fill_delay_ms",
+            "must be 0..=10000",
         )
     }
 }
+
+/// Longest `origin.fill_delay_ms` (a fill is also cut at `origin.query_timeout_ms`).
+pub const MAX_FILL_DELAY_MS: u64 = 10_000;
 
 /// Session settings for every origin connection (fills and replication), so values arrive in the
 /// text forms the row encoder expects.
@@ -784,6 +800,19 @@ mod tests {
             &[]
         )
         .is_ok());
+    }
+
+    /// C7 (issue 11): the fault-injection delay is bounded (4,000,000,000 was accepted).
+    #[test]
+    fn fill_delay_is_bounded() {
+        for bad in ["10001", "4000000000"] {
+            let err = load("", &[], &[&format!("origin.fill_delay_ms={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("origin.fill_delay_ms"), "{err}");
+        }
+        let ok = load("", &[], &["origin.fill_delay_ms=10000"]);
+        assert_eq!(ok.is_ok(), cfg!(feature = "fault-injection"));
     }
 
     #[test]

@@ -312,6 +312,51 @@ async fn partitioned_tables_read_through_the_parent() {
     p.shutdown().await;
 }
 
+/// C7: `origin.fill_delay_ms` is bounded (4,000,000,000 is refused with a 400; old main took it
+/// and a missed GET then hung for over 60 s), and a fill, injected delay included, never
+/// outlives `origin.query_timeout_ms`: with the largest delay allowed, a missed GET answers within
+/// the timeout, and the next GET after the delay is set back to 0 answers the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_delay_is_bounded_and_a_fill_never_outlives_the_query_timeout() {
+    let db = TestDb::create("adv_c7").await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE users (id int4 PRIMARY KEY, name text);
+             INSERT INTO users SELECT g, 'u' || g FROM generate_series(1, 10) g;",
+        )
+        .await
+        .unwrap();
+    let p = start(&db, &["origin.query_timeout_ms=1500"]).await;
+    let patch = |body: Value| api(&p, reqwest::Method::PATCH, "/v1/config", Some(body));
+    let (status, body) = patch(json!({"origin": {"fill_delay_ms": 4_000_000_000u64}})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("origin.fill_delay_ms"), "{body}");
+    let (status, body) = patch(json!({"origin": {"fill_delay_ms": 10_000}})).await;
+    assert_eq!(status, 200, "{body}");
+    let mut r = support::redis(&p).await;
+    let t0 = Instant::now();
+    let first = tokio::time::timeout(Duration::from_secs(8), get(&mut r, "users:1"))
+        .await
+        .expect("a missed GET outlived query_timeout_ms by seconds");
+    let took = t0.elapsed();
+    assert!(
+        first.is_err(),
+        "the delayed fill answered {first:?} after {took:?}"
+    );
+    let (status, _) = patch(json!({"origin": {"fill_delay_ms": 0}})).await;
+    assert_eq!(status, 200);
+    let again = tokio::time::timeout(Duration::from_secs(8), get(&mut r, "users:1"))
+        .await
+        .expect("GET after the delay went back to 0")
+        .expect("the row");
+    assert!(again.is_some_and(|v| v.contains("u1")));
+    eprintln!(
+        "C7: a missed GET with fill_delay_ms=10000, query_timeout_ms=1500 answered in {took:?}"
+    );
+    p.shutdown().await;
+}
+
 /// Polls `f` until it returns true or `deadline` passes.
 async fn eventually<F, Fut>(deadline: Duration, mut f: F) -> bool
 where

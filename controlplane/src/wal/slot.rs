@@ -135,7 +135,16 @@ pub async fn ensure_publication(
             );
             if let Err(e) = client.batch_execute(&sql).await {
                 let _ = client.batch_execute("ROLLBACK").await;
-                return Err(e.into());
+                let detail = e
+                    .as_db_error()
+                    .map_or(e.to_string(), |d| d.message().to_string());
+                return Err(WalError::Config(format!(
+                    "publication {name} is FOR ALL TABLES, which makes UPDATE and DELETE fail at \
+                     the origin for tables without a replica identity, and it could not be \
+                     replaced ({detail}): as its owner or a superuser, run DROP PUBLICATION {}; \
+                     pgline then creates it listing the cached tables",
+                    quote_ident(name)
+                )));
             }
             return Ok(());
         }

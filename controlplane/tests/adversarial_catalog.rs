@@ -202,7 +202,7 @@ async fn origin_writes_to_tables_without_a_key_still_work() {
         .unwrap();
     let p = start(&db, &[]).await;
     let mut r = support::redis(&p).await;
-    assert_eq!(get(&mut r, "users:1").await.unwrap().is_some(), true);
+    assert!(get(&mut r, "users:1").await.unwrap().is_some());
     client
         .execute("UPDATE noc SET b = 'z' WHERE a = 1", &[])
         .await

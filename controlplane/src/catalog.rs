@@ -33,7 +33,27 @@ pub enum CatalogError {
     NoSuchTable(String),
     #[error("catalog: table {0:?} has no primary key, so its rows have no key")]
     NoPrimaryKey(String),
+    /// A relation that is not a user table whose changes reach the WAL (see [`REFUSAL_SQL`]).
+    #[error("catalog: {name} is not cacheable: {reason}")]
+    NotCacheable { name: String, reason: String },
 }
+
+/// Why relation `c` (in namespace `n`) can never be cached, or NULL. Only user tables whose
+/// changes reach the WAL are: system catalogs are not in the logical-replication stream (their
+/// rows would go stale, and they hold secrets such as `pg_authid.rolpassword`); views, foreign
+/// tables and the like have no changes of their own; unlogged and temporary tables write no WAL.
+/// Every schema beginning with `pg_` is a system one (`pg_catalog`, `pg_toast`, `pg_temp_N`,
+/// `pg_toast_temp_N`: PostgreSQL reserves the prefix).
+pub const REFUSAL_SQL: &str = "CASE \
+       WHEN n.nspname = 'information_schema' OR n.nspname LIKE 'pg\\_%' \
+         THEN 'a system catalog (only user tables are cached)' \
+       WHEN c.relkind = 'v' THEN 'a view (only tables are cached)' \
+       WHEN c.relkind = 'm' THEN 'a materialized view (its refreshes are not in the WAL)' \
+       WHEN c.relkind = 'f' THEN 'a foreign table (its rows live elsewhere)' \
+       WHEN c.relkind NOT IN ('r', 'p') THEN 'not a table' \
+       WHEN c.relpersistence = 'u' THEN 'unlogged (its changes never reach the WAL)' \
+       WHEN c.relpersistence = 't' THEN 'temporary (its changes never reach the WAL)' \
+     END";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ColumnInfo {
@@ -134,14 +154,86 @@ pub fn quote_ident(s: &str) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     pub tables: HashMap<u32, Arc<TableInfo>>,
+    /// User tables that cannot be cached, with why (no primary key, unlogged, a partition read
+    /// through its parent): their keys answer an error on RESP rather than a nil that would look
+    /// like an absent row. Sorted by `(schema, name)`.
+    pub refused: Vec<RefusedTable>,
 }
 
-const TABLES_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text \
-     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-     WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-       AND n.nspname NOT LIKE 'pg_toast%' AND n.nspname NOT LIKE 'pg_temp%' \
-       AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) \
-     ORDER BY 2, 3";
+/// A user table pgline cannot cache (see [`Catalog::refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedTable {
+    pub schema: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// `EXISTS` a primary key on relation `$rel` (an SQL expression naming a relation OID).
+macro_rules! has_pk {
+    ($rel:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = ",
+            $rel,
+            " AND i.indisprimary)"
+        )
+    };
+}
+
+/// A partition whose partitioned ancestor has a primary key: cached through that ancestor (the
+/// publication publishes its changes as the root's), never on its own in every-table mode.
+const UNDER_KEYED_PARENT: &str = concat!(
+    "(c.relispartition AND EXISTS (SELECT 1 FROM pg_partition_ancestors(c.oid) a \
+       WHERE a.relid <> c.oid AND ",
+    has_pk!("a.relid"),
+    "))"
+);
+
+/// Every user table (`r`, `p`) that every-table mode does not cache, and why.
+fn refused_sql() -> String {
+    format!(
+        "SELECT n.nspname::text, c.relname::text, CASE \
+           WHEN c.relpersistence = 'u' THEN 'unlogged (its changes never reach the WAL)' \
+           WHEN c.relpersistence = 't' THEN 'temporary (its changes never reach the WAL)' \
+           WHEN NOT {pk} THEN 'no primary key (its rows have no key)' \
+           ELSE 'a partition: its rows are read through its partitioned table' END \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relkind IN ('r', 'p') \
+           AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%' \
+           AND (c.relpersistence <> 'p' OR NOT {pk} OR {UNDER_KEYED_PARENT}) \
+         ORDER BY 1, 2",
+        pk = has_pk!("c.oid"),
+    )
+}
+
+/// The user tables pgline cannot cache (see [`Catalog::refused`]).
+pub async fn load_refused(
+    client: &tokio_postgres::Client,
+) -> Result<Vec<RefusedTable>, CatalogError> {
+    Ok(client
+        .query(&refused_sql(), &[])
+        .await?
+        .iter()
+        .map(|r| RefusedTable {
+            schema: r.get(0),
+            name: r.get(1),
+            reason: r.get(2),
+        })
+        .collect())
+}
+
+/// Every table every-table mode caches: user tables whose changes reach the WAL, with a primary
+/// key, and not partitions of a keyed partitioned table.
+pub fn tables_sql() -> String {
+    format!(
+        "SELECT c.oid, n.nspname::text, c.relname::text \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p' \
+           AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%' \
+           AND {} AND NOT {UNDER_KEYED_PARENT} \
+         ORDER BY 2, 3",
+        has_pk!("c.oid")
+    )
+}
 
 /// One row per live column of table `$1`, in `attnum` order (the order of the store's columns
 /// section): attnum, name, base type OID (domains resolved through every level, as
@@ -177,7 +269,7 @@ impl Catalog {
     ) -> Result<Catalog, CatalogError> {
         let mut found: Vec<(u32, String, String)> = Vec::new();
         if cfg.tables.is_empty() {
-            for row in client.query(TABLES_SQL, &[]).await? {
+            for row in client.query(&tables_sql(), &[]).await? {
                 found.push((row.get(0), row.get(1), row.get(2)));
             }
         } else {
@@ -188,12 +280,21 @@ impl Catalog {
                     .ok_or_else(|| CatalogError::NoSuchTable(t.clone()))?;
                 found.push((row.get(0), row.get(1), row.get(2)));
             }
+            for (oid, schema, name) in &found {
+                if let Some(reason) = refusal(client, *oid).await? {
+                    return Err(CatalogError::NotCacheable {
+                        name: format!("catalog.tables: {schema}.{name}"),
+                        reason,
+                    });
+                }
+            }
         }
         let mut catalog = Catalog::default();
         for (oid, schema, name) in found {
             let table = load_table(client, oid, schema, name).await?;
             catalog.tables.insert(oid, Arc::new(table));
         }
+        catalog.refused = load_refused(client).await?;
         catalog.assign_prefixes(cfg);
         Ok(catalog)
     }
@@ -212,41 +313,13 @@ impl Catalog {
             Ok(t) => {
                 self.tables.insert(oid, Arc::new(t));
             }
-            Err(CatalogError::NoPrimaryKey(_)) => {
+            Err(CatalogError::NoPrimaryKey(_) | CatalogError::NotCacheable { .. }) => {
                 self.tables.remove(&oid);
             }
             Err(e) => return Err(e),
         }
         self.assign_prefixes(cfg);
         Ok(())
-    }
-
-    /// Adds a table first seen in the WAL (every-table mode), if it has a primary key.
-    pub async fn add_table(
-        &mut self,
-        client: &tokio_postgres::Client,
-        oid: u32,
-        cfg: &CatalogConfig,
-    ) -> Result<(), CatalogError> {
-        let Some(row) = client
-            .query_opt(
-                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
-                &[&oid],
-            )
-            .await?
-        else {
-            return Ok(());
-        };
-        match load_table(client, oid, row.get(0), row.get(1)).await {
-            Ok(t) => {
-                self.tables.insert(oid, Arc::new(t));
-                self.assign_prefixes(cfg);
-                Ok(())
-            }
-            Err(CatalogError::NoPrimaryKey(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 
     /// Adds (or replaces) a table loaded with [`load_named_table`].
@@ -317,6 +390,18 @@ impl Catalog {
             }
             ks.add_pg_table(self.tables[id].pg_table());
         }
+        for r in &self.refused {
+            let why = format!(
+                "ERR table {}.{} is not cacheable: {}",
+                r.schema, r.name, r.reason
+            )
+            .replace(|c: char| c.is_control(), "?");
+            let qualified = format!("{}.{}", r.schema, r.name);
+            ks.add_refused(&qualified, &why);
+            if r.schema == "public" {
+                ks.add_refused(&r.name, &why);
+            }
+        }
         ks
     }
 
@@ -365,14 +450,29 @@ pub struct TableCheck {
     /// Cached tables whose row-level security changed (`ALTER TABLE ... ENABLE/DISABLE/FORCE
     /// ROW LEVEL SECURITY` leaves nothing in the WAL): `(id, enabled, forced)` now.
     pub security: Vec<(u32, bool, bool)>,
+    /// Cached tables that cannot be cached any more: `(id, why)` (made unlogged, primary key
+    /// dropped, or no longer published under their own name: their changes stopped arriving).
+    pub uncacheable: Vec<(u32, String)>,
 }
 
 /// A cached table as the periodic check compares it: id, schema, name, RLS enabled, forced.
 pub type CheckedTable = (u32, String, String, bool, bool);
 
-const CHECK_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text, \
-       c.relrowsecurity, c.relforcerowsecurity \
-     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY($1)";
+/// `$1`: the cached OIDs; `$2`: the publication. A table counts as published when the
+/// publication does not exist (the WAL consumer creates it with the cached tables).
+fn check_sql() -> String {
+    format!(
+        "SELECT c.oid, n.nspname::text, c.relname::text, \
+           c.relrowsecurity, c.relforcerowsecurity, COALESCE({REFUSAL_SQL}, CASE \
+             WHEN NOT {pk} THEN 'no primary key' \
+             WHEN EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2) \
+               AND NOT EXISTS (SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = $2 \
+                 AND pt.schemaname = n.nspname AND pt.tablename = c.relname) \
+               THEN 'no longer published under its own name' END) \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY($1)",
+        pk = has_pk!("c.oid")
+    )
+}
 
 /// Checks cached tables against the origin's catalog with one query.
 ///
@@ -382,23 +482,73 @@ const CHECK_SQL: &str = "SELECT c.oid, n.nspname::text, c.relname::text, \
 /// switched on or off shows in `security`.
 pub async fn check_tables(
     client: &tokio_postgres::Client,
+    publication: &str,
     tables: &[CheckedTable],
 ) -> Result<TableCheck, CatalogError> {
+    type Now = (String, String, bool, bool, Option<String>);
     let ids: Vec<u32> = tables.iter().map(|t| t.0).collect();
-    let mut now: HashMap<u32, (String, String, bool, bool)> = HashMap::new();
-    for row in client.query(CHECK_SQL, &[&ids]).await? {
-        now.insert(row.get(0), (row.get(1), row.get(2), row.get(3), row.get(4)));
+    let mut now: HashMap<u32, Now> = HashMap::new();
+    for row in client.query(&check_sql(), &[&ids, &publication]).await? {
+        let t: Now = (row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
+        now.insert(row.get(0), t);
     }
     let mut check = TableCheck::default();
     for (id, schema, name, rls, force) in tables {
         match now.remove(id) {
             None => check.dropped.push(*id),
-            Some((s, n, _, _)) if s != *schema || n != *name => check.renamed.push((*id, s, n)),
-            Some((_, _, r, f)) if r != *rls || f != *force => check.security.push((*id, r, f)),
+            Some((s, n, ..)) if s != *schema || n != *name => check.renamed.push((*id, s, n)),
+            Some((.., Some(why))) => check.uncacheable.push((*id, why)),
+            Some((_, _, r, f, _)) if r != *rls || f != *force => check.security.push((*id, r, f)),
             Some(_) => {}
         }
     }
     Ok(check)
+}
+
+/// Drops from `publication` every table it lists that cannot be cached (no primary key, not
+/// permanent): such a table is never cached, and while published without a replica identity
+/// every UPDATE and DELETE of it fails at the origin. Returns the tables dropped.
+pub async fn publication_prune(
+    client: &tokio_postgres::Client,
+    publication: &str,
+) -> Result<Vec<String>, CatalogError> {
+    let sql = format!(
+        "SELECT format('%I.%I', n.nspname, c.relname) \
+         FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+         JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE p.pubname = $1 AND (c.relpersistence <> 'p' OR NOT {})",
+        has_pk!("c.oid")
+    );
+    let names: Vec<String> = client
+        .query(&sql, &[&publication])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !names.is_empty() {
+        let sql = format!(
+            "ALTER PUBLICATION {} DROP TABLE {}",
+            quote_ident(publication),
+            names.join(", ")
+        );
+        client.batch_execute(&sql).await?;
+    }
+    Ok(names)
+}
+
+/// Tables every-table mode would cache that are not in `known` (cached or excluded):
+/// `"schema"."name"`s, quoted.
+pub async fn new_tables(
+    client: &tokio_postgres::Client,
+    known: &[u32],
+) -> Result<Vec<String>, CatalogError> {
+    Ok(client
+        .query(&tables_sql(), &[])
+        .await?
+        .iter()
+        .filter(|r| !known.contains(&r.get::<_, u32>(0)))
+        .map(|r| format!("{}.{}", quote_ident(r.get(1)), quote_ident(r.get(2))))
+        .collect())
 }
 
 /// Resolves `name` (`users`, `public.users`, `"Mixed Case"`) on the origin and reads its
@@ -527,20 +677,58 @@ pub async fn publication_drop(
     Ok(())
 }
 
+/// Why relation `oid` can never be cached ([`REFUSAL_SQL`]), or `None`.
+async fn refusal(
+    client: &tokio_postgres::Client,
+    oid: u32,
+) -> Result<Option<String>, CatalogError> {
+    let sql = format!(
+        "SELECT {REFUSAL_SQL} FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.oid = $1"
+    );
+    Ok(client
+        .query_opt(&sql, &[&oid])
+        .await?
+        .and_then(|r| r.get::<_, Option<String>>(0)))
+}
+
+/// Whether `table` is published by `publication` under its own name (`pg_publication_tables`:
+/// not a system catalog, and not a partition whose changes are published as its root's).
+pub async fn is_published(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    table: &TableInfo,
+) -> Result<bool, CatalogError> {
+    let row = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&publication, &table.schema, &table.name],
+        )
+        .await?;
+    Ok(row.is_some())
+}
+
 async fn load_table(
     client: &tokio_postgres::Client,
     oid: u32,
     schema: String,
     name: String,
 ) -> Result<TableInfo, CatalogError> {
-    let (row_security, force_row_security) = match client
-        .query_opt(
-            "SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = $1",
-            &[&oid],
-        )
-        .await?
-    {
-        Some(row) => (row.get::<_, bool>(0), row.get::<_, bool>(1)),
+    let sql = format!(
+        "SELECT c.relrowsecurity, c.relforcerowsecurity, {REFUSAL_SQL} \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1"
+    );
+    let (row_security, force_row_security) = match client.query_opt(&sql, &[&oid]).await? {
+        Some(row) => {
+            if let Some(reason) = row.get::<_, Option<String>>(2) {
+                return Err(CatalogError::NotCacheable {
+                    name: format!("{schema}.{name}"),
+                    reason,
+                });
+            }
+            (row.get::<_, bool>(0), row.get::<_, bool>(1))
+        }
         None => return Err(CatalogError::NoSuchTable(format!("{schema}.{name}"))),
     };
     let mut columns = Vec::new();

@@ -84,7 +84,9 @@ pub struct OriginConfig {
     pub connect_timeout_ms: u64,
     pub query_timeout_ms: u64,
     /// Fault injection for tests: hold every fill this long after its origin read, widening the
-    /// fill-vs-write race window. 0 in production.
+    /// fill-vs-write race window. Must be 0 unless built with the `fault-injection` feature (the
+    /// tests enable it); at most [`MAX_FILL_DELAY_MS`], and a fill, delay included, never
+    /// outlives `query_timeout_ms`.
     pub fill_delay_ms: u64,
 }
 
@@ -136,9 +138,23 @@ impl OriginConfig {
             self.query_timeout_ms >= 1,
             "origin.query_timeout_ms",
             "must be > 0",
+        )?;
+        check(
+            self.fill_delay_ms == 0 || cfg!(feature = "fault-injection"),
+            "origin.fill_delay_ms",
+            "is a fault-injection knob for tests: this build has no `fault-injection` feature, \
+             so it must be 0",
+        )?;
+        check(
+            self.fill_delay_ms <= MAX_FILL_DELAY_MS,
+            "origin.fill_delay_ms",
+            "must be 0..=10000",
         )
     }
 }
+
+/// Longest `origin.fill_delay_ms` (a fill is also cut at `origin.query_timeout_ms`).
+pub const MAX_FILL_DELAY_MS: u64 = 10_000;
 
 /// Session settings for every origin connection (fills and replication), so values arrive in the
 /// text forms the row encoder expects.
@@ -517,6 +533,25 @@ impl ApiConfig {
     }
 }
 
+/// Whether a `catalog.tables` name is qualified by a system schema (`pg_catalog.pg_authid`,
+/// `"information_schema".tables`). Unqualified names are checked on the origin at start-up
+/// (`catalog::REFUSAL_SQL`), where `pg_authid` resolves to `pg_catalog`.
+fn names_system_schema(table: &str) -> bool {
+    let t = table.trim();
+    let schema = if let Some(rest) = t.strip_prefix('"') {
+        match rest.find('"') {
+            Some(end) if rest[end + 1..].starts_with('.') => rest[..end].to_string(),
+            _ => return false,
+        }
+    } else {
+        match t.find('.') {
+            Some(dot) => t[..dot].to_ascii_lowercase(),
+            None => return false,
+        }
+    };
+    schema == "information_schema" || schema.starts_with("pg_")
+}
+
 fn check(ok: bool, key: &'static str, reason: &str) -> Result<(), ConfigError> {
     if ok {
         Ok(())
@@ -594,6 +629,14 @@ impl Config {
             "catalog.check_interval_ms",
             "must be between 10 and 3600000",
         )?;
+        for t in &self.catalog.tables {
+            check(
+                !names_system_schema(t),
+                "catalog.tables",
+                "system catalogs (pg_catalog, information_schema, pg_toast, pg_temp) are never \
+                 cached: list user tables only",
+            )?;
+        }
         for t in self.catalog.prefixes.values() {
             check(
                 !t.is_empty() && !t.contains(':'),
@@ -789,6 +832,39 @@ mod tests {
         let r = Config::load(Some(&dir), env, &sets);
         let _ = std::fs::remove_file(&dir);
         r
+    }
+
+    /// F4 (issue 11): a system catalog in `catalog.tables` is a load error naming the key.
+    #[test]
+    fn system_catalogs_are_refused_in_catalog_tables() {
+        for name in [
+            "pg_catalog.pg_authid",
+            "\"pg_toast\".x",
+            "information_schema.tables",
+        ] {
+            let toml = format!("[catalog]\ntables = [{name:?}]\n");
+            let err = load(&toml, &[], &[]).unwrap_err().to_string();
+            assert!(err.contains("catalog.tables"), "{name}: {err}");
+        }
+        assert!(load(
+            "[catalog]\ntables = [\"public.users\", \"pg_like\"]\n",
+            &[],
+            &[]
+        )
+        .is_ok());
+    }
+
+    /// C7 (issue 11): the fault-injection delay is bounded (4,000,000,000 was accepted).
+    #[test]
+    fn fill_delay_is_bounded() {
+        for bad in ["10001", "4000000000"] {
+            let err = load("", &[], &[&format!("origin.fill_delay_ms={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("origin.fill_delay_ms"), "{err}");
+        }
+        let ok = load("", &[], &["origin.fill_delay_ms=10000"]);
+        assert_eq!(ok.is_ok(), cfg!(feature = "fault-injection"));
     }
 
     #[test]

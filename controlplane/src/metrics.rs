@@ -715,8 +715,26 @@ impl Collector for Sample {
         self.encode_replication(&mut enc)?;
         self.encode_pgwire(&mut enc)?;
         self.encode_nic(&mut enc)?;
+        encode_api_refusals(&mut enc)?;
         self.encode_process(&mut enc)
     }
+}
+
+/// `pgline_api_request_refused_total{reason}` from [`crate::api::auth::REFUSALS`].
+fn encode_api_refusals(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(
+        "pgline_api_request_refused",
+        "API calls refused by access control, by reason (missing_token, wrong_token, \
+         no_token_configured); the log has one summary line per 10 s at most.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (reason, n) in crate::api::auth::REFUSALS.by_reason() {
+        let labels = [("reason", reason)];
+        m.encode_family(&labels)?
+            .encode_counter::<(), _, f64>(&n, None)?;
+    }
+    Ok(())
 }
 
 type NicField = fn(&NicPortSnapshot) -> u64;

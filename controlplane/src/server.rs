@@ -132,6 +132,12 @@ impl Pgline {
             return Err(StartError::WalLevel(level));
         }
         let catalog = Catalog::load(&client, &cfg.catalog).await?;
+        // The publication lists exactly the cached tables (issue 11, O1; see `wal::slot`).
+        let scope =
+            PublicationScope::Tables(catalog.tables.values().map(|t| t.qualified()).collect());
+        wal::slot::set_publication(&client, &cfg.replication.publication, &scope)
+            .await
+            .map_err(|e| StartError::Origin(format!("publication: {e}")))?;
         drop(client);
         tracing::info!(tables = catalog.tables.len(), "catalog loaded");
 
@@ -159,11 +165,6 @@ impl Pgline {
         let (admin_tx, admin_rx) = mpsc::channel(64);
 
         let table_list = !cfg.catalog.tables.is_empty();
-        let scope = if cfg.catalog.tables.is_empty() {
-            PublicationScope::AllTables
-        } else {
-            PublicationScope::Tables(catalog.tables.values().map(|t| t.qualified()).collect())
-        };
         let wal_cfg = WalConfig {
             slot: cfg.replication.slot.clone(),
             publication: cfg.replication.publication.clone(),

@@ -358,14 +358,22 @@ impl Writer {
         let tx = self.fill_tx.clone();
         let timeout_ms = self.runtime.query_timeout_ms();
         let delay = Duration::from_millis(self.runtime.fill_delay_ms());
+        // The whole fill (a pool connection, the read, an injected delay) ends within
+        // query_timeout_ms: a key's waiting clients are never held longer than that.
         tokio::spawn(async move {
-            let result = match pool.get().await {
-                Ok(client) => fill::fetch(&client, &table, &pks, timeout_ms).await,
-                Err(e) => Err(FillError::Unavailable(e.to_string())),
+            let work = async {
+                let result = match pool.get().await {
+                    Ok(client) => fill::fetch(&client, &table, &pks, timeout_ms).await,
+                    Err(e) => Err(FillError::Unavailable(e.to_string())),
+                };
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                result
             };
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
+            let result = tokio::time::timeout(Duration::from_millis(timeout_ms), work)
+                .await
+                .unwrap_or(Err(FillError::Timeout(timeout_ms)));
             let _ = tx.send(FillDone { fill: fid, result });
         });
     }
@@ -616,7 +624,11 @@ impl Writer {
         if same {
             return;
         }
-        if known.is_none() && (!self.all_tables || self.excluded.contains(&rel.id)) {
+        // Not cached: nothing to refresh. (New tables join through the catalog check, which
+        // adds them to the publication first; a Relation message of an uncached table is, for
+        // one, a partition's, which pgoutput sends beside its root's when it publishes through
+        // the root.)
+        if known.is_none() {
             return;
         }
         self.drop_table(rel.id);
@@ -627,15 +639,10 @@ impl Writer {
                 return;
             }
         };
-        let result = if known.is_some() {
-            self.catalog
-                .reload_table(&client, rel.id, &self.cfg.catalog)
-                .await
-        } else {
-            self.catalog
-                .add_table(&client, rel.id, &self.cfg.catalog)
-                .await
-        };
+        let result = self
+            .catalog
+            .reload_table(&client, rel.id, &self.cfg.catalog)
+            .await;
         if let Err(e) = result {
             tracing::warn!(table = rel.id, "catalog refresh failed: {e}");
         }

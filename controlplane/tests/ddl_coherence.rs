@@ -269,8 +269,11 @@ async fn fill_guard_accepts_a_partitioned_table() {
     );
 }
 
-/// In every-table mode the new table's first write brings a Relation message with the cached
-/// name under a new OID: that alone triggers the check (the periodic one is an hour away here).
+/// In every-table mode a renamed cached table's next write brings a Relation message with its
+/// OID under the new name: that alone triggers the check (the periodic one is an hour away
+/// here), which re-resolves the old name (a new table took it) and the new one. (A table
+/// dropped and re-created is not streamed at all since the publication lists only cached tables,
+/// issue 11 O1: only the periodic check finds it, see `drop_recreate`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relation_message_with_a_cached_name_triggers_the_check() {
     let db = TestDb::create("ddl_relmsg").await;
@@ -282,10 +285,15 @@ async fn relation_message_with_a_cached_name_triggers_the_check() {
     let mut r = support::redis(&p).await;
     wait_rows(&mut r, "bench_rows", Some("old")).await;
     origin
-        .batch_execute(&format!("DROP TABLE bench_rows; {}", create_sql("new")))
+        .batch_execute(&format!(
+            "ALTER TABLE bench_rows RENAME TO bench_old; {} \
+             UPDATE bench_old SET v = v WHERE id = 1;",
+            create_sql("new")
+        ))
         .await
         .unwrap();
     support::sync(&p, &origin).await;
     wait_rows(&mut r, "bench_rows", Some("new")).await;
+    wait_rows(&mut r, "bench_old", Some("old")).await;
     check_coherent(&p, &db, &mut r).await;
 }

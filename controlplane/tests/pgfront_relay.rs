@@ -519,11 +519,11 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             .map(|(_, s)| s.clone())
             .unwrap_or_else(|| panic!("no stats for {k:?} in {stats:?}"))
     };
-    let prepared = get("SELECT v || ? || pg_backend_pid() FROM t WHERE id = $1");
+    let prepared = get("SELECT v || $2 || pg_backend_pid() FROM t WHERE id = $1");
     assert_eq!((prepared.calls, prepared.errors), (2, 0));
     assert!(prepared.mean_us() > 0 && prepared.p99_us() >= prepared.mean_us());
-    assert!(get("SELECT repeat(?, ?)").bytes > 1 << 20);
-    assert_eq!(get("SELECT v FROM t WHERE id = ?").calls, 1);
+    assert!(get("SELECT repeat($1, $2)").bytes > 1 << 20);
+    assert_eq!(get("SELECT v FROM t WHERE id = $1").calls, 1);
 
     // Closing a session mid-transaction rolls back and returns its backend.
     assert_eq!(d.query(2, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));

@@ -92,7 +92,7 @@ async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
             .get(text)
             .unwrap_or_else(|| panic!("{text} not in {list:#?}"))
     };
-    let count = entry("SELECT count(*) FROM items WHERE id > ?");
+    let count = entry("SELECT count(*) FROM items WHERE id > $1");
     assert_eq!(
         (count["calls"].as_u64(), count["errors"].as_u64()),
         (Some(2), Some(0))
@@ -102,7 +102,7 @@ async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
         (upd["calls"].as_u64(), upd["errors"].as_u64()),
         (Some(6), Some(0))
     );
-    let div = entry("SELECT ?/?");
+    let div = entry("SELECT $1/$2");
     assert_eq!(
         (div["calls"].as_u64(), div["errors"].as_u64()),
         (Some(1), Some(1))

@@ -23,6 +23,10 @@ pub struct KeySpace {
     pg_tables: rustc_hash::FxHashMap<u32, Arc<PgTable>>,
     /// `(schema, name)` -> table id, for statements that name a table.
     pg_names: rustc_hash::FxHashMap<(Box<str>, Box<str>), u32>,
+    /// Prefixes of user tables that cannot be cached -> the RESP error their keys answer
+    /// (`ERR table public.t is not cacheable: unlogged ...`), so that such a key does not read
+    /// as an absent row. Never shadows a cached table's prefix.
+    refused: rustc_hash::FxHashMap<Box<[u8]>, Box<[u8]>>,
 }
 
 /// One column of a cached table, as PostgreSQL's RowDescription describes it.
@@ -69,6 +73,29 @@ impl KeySpace {
         }
         self.prefixes.insert(prefix.as_bytes().into(), table);
         true
+    }
+
+    /// Records that keys with `prefix` name a table that cannot be cached: they answer `error`
+    /// (a RESP error text without the leading `-`). A prefix of a cached table wins.
+    pub fn add_refused(&mut self, prefix: &str, error: &str) {
+        if prefix.is_empty()
+            || prefix.contains(':')
+            || self.prefixes.contains_key(prefix.as_bytes())
+        {
+            return;
+        }
+        self.refused
+            .insert(prefix.as_bytes().into(), error.as_bytes().into());
+    }
+
+    /// The error a key answers whose prefix names a table that cannot be cached (call it only
+    /// when [`KeySpace::resolve`] found no cached table).
+    pub fn refusal(&self, key: &[u8]) -> Option<&[u8]> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        let colon = memchr::memchr(b':', key)?;
+        self.refused.get(&key[..colon]).map(|e| &e[..])
     }
 
     /// Splits `key` into its table id and pk text, or `None` if the prefix names no cached table.

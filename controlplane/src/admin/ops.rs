@@ -98,6 +98,20 @@ impl Pgline {
         let listed = catalog::publication_add(&client, &publication, &table)
             .await
             .map_err(origin_err)?;
+        // Only what the publication streams can be kept current (a partition whose changes are
+        // published as its partitioned table's, say): refuse anything else.
+        if !catalog::is_published(&client, &publication, &table)
+            .await
+            .map_err(origin_err)?
+        {
+            if listed {
+                let _ = catalog::publication_drop(&client, &publication, &table).await;
+            }
+            return Err(AdminError::BadRequest(format!(
+                "{qualified} is not cacheable: publication {publication} does not publish it \
+                 under its own name (a partition is read through its partitioned table)"
+            )));
+        }
         if listed
             && !catalog::wait_for_older_transactions(&client, OLDER_TXN_WAIT)
                 .await
@@ -481,6 +495,9 @@ fn catalog_error(name: &str, e: CatalogError) -> AdminError {
         }
         CatalogError::NoPrimaryKey(t) => {
             AdminError::BadRequest(format!("{t} has no primary key, so its rows have no key"))
+        }
+        CatalogError::NotCacheable { name, reason } => {
+            AdminError::BadRequest(format!("{name} is not cacheable: {reason}"))
         }
         CatalogError::Origin(e) => match e.as_db_error() {
             // A name the origin cannot parse (`a.b.c.d`, bad quoting): the caller's mistake.

@@ -10,6 +10,14 @@
 //! The token is compared in constant time (`subtle`); only its length can leak through timing,
 //! which is accepted (a token is long and random). It is never logged: this module logs the
 //! outcome and the path, never a header.
+//!
+//! Refusals are counted by reason ([`REFUSALS`], exported as `pgline_api_request_refused_total`)
+//! and logged as a summary at most once per [`REFUSAL_LOG_INTERVAL`] (issue 11, C8: a client
+//! hammering the API with a wrong token wrote one INFO line per call).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -135,6 +143,70 @@ impl IntoResponse for Denied {
     }
 }
 
+/// Shortest time between two refusal summaries in the log.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// API refusals by reason, for the metric and the rate-limited log (process-wide: one API).
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// No bearer token (401).
+    pub missing: AtomicU64,
+    /// A wrong token (401).
+    pub wrong: AtomicU64,
+    /// No token configured (403).
+    pub no_token: AtomicU64,
+    /// When the last summary was logged, and the total then.
+    logged: Mutex<Option<(Instant, u64)>>,
+}
+
+/// The process's API refusal counters.
+pub static REFUSALS: Refusals = Refusals {
+    missing: AtomicU64::new(0),
+    wrong: AtomicU64::new(0),
+    no_token: AtomicU64::new(0),
+    logged: Mutex::new(None),
+};
+
+impl Refusals {
+    /// `(reason label, count)` for each reason.
+    pub fn by_reason(&self) -> [(&'static str, u64); 3] {
+        let r = Ordering::Relaxed;
+        [
+            ("missing_token", self.missing.load(r)),
+            ("wrong_token", self.wrong.load(r)),
+            ("no_token_configured", self.no_token.load(r)),
+        ]
+    }
+
+    fn total(&self) -> u64 {
+        self.by_reason().iter().map(|(_, n)| n).sum()
+    }
+
+    /// Counts one refusal; returns the refusals since the last summary when a summary is due
+    /// now (the first refusal, then at most one per `interval`).
+    fn count(&self, denied: Denied, now: Instant, interval: Duration) -> Option<u64> {
+        let counter = match denied {
+            Denied::Missing => &self.missing,
+            Denied::Wrong => &self.wrong,
+            Denied::NoTokenConfigured { .. } => &self.no_token,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        let total = self.total();
+        match *logged {
+            Some((at, _)) if now.duration_since(at) < interval => None,
+            Some((_, before)) => {
+                *logged = Some((now, total));
+                Some(total - before)
+            }
+            None => {
+                *logged = Some((now, total));
+                Some(1)
+            }
+        }
+    }
+}
+
 /// Middleware (`axum::middleware::from_fn_with_state`) applying [`Auth::check`].
 pub async fn require_token(State(state): State<ApiState>, req: Request, next: Next) -> Response {
     let verdict = state.auth.check(
@@ -145,7 +217,14 @@ pub async fn require_token(State(state): State<ApiState>, req: Request, next: Ne
     match verdict {
         Ok(()) => next.run(req).await,
         Err(denied) => {
-            tracing::info!(method = %req.method(), path = req.uri().path(), ?denied, "API call refused");
+            if let Some(n) = REFUSALS.count(denied, Instant::now(), REFUSAL_LOG_INTERVAL) {
+                let [(_, missing), (_, wrong), (_, no_token)] = REFUSALS.by_reason();
+                tracing::info!(method = %req.method(), path = req.uri().path(), ?denied,
+                    since_last_summary = n, missing, wrong, no_token,
+                    "API calls refused (summary: at most one line per {}s; \
+                     pgline_api_request_refused_total counts them all)",
+                    REFUSAL_LOG_INTERVAL.as_secs());
+            }
             denied.into_response()
         }
     }
@@ -205,6 +284,35 @@ mod tests {
         );
         let a = Auth::new(None, true);
         assert_eq!(a.check(&Method::GET, "/v1/status", None), Ok(()));
+    }
+
+    /// C8 (issue 11): 18,000 refusals give one summary per interval, and every one is counted.
+    #[test]
+    fn refusals_are_counted_and_summarised_at_a_bounded_rate() {
+        let r = Refusals::default();
+        let t0 = Instant::now();
+        let interval = Duration::from_secs(10);
+        let mut lines = Vec::new();
+        for i in 0..18_000u64 {
+            // 18,000 calls spread over 60 s.
+            let now = t0 + Duration::from_millis(i * 60_000 / 18_000);
+            let denied = if i % 2 == 0 {
+                Denied::Wrong
+            } else {
+                Denied::Missing
+            };
+            if let Some(n) = r.count(denied, now, interval) {
+                lines.push(n);
+            }
+        }
+        assert!(lines.len() <= 7, "{} summary lines", lines.len());
+        assert_eq!(r.wrong.load(Ordering::Relaxed), 9_000);
+        assert_eq!(r.missing.load(Ordering::Relaxed), 9_000);
+        assert_eq!(lines[0], 1, "the first refusal is logged at once");
+        assert!(
+            lines[1] > 2_000,
+            "a summary counts what it stood for: {lines:?}"
+        );
     }
 
     #[test]

@@ -186,8 +186,9 @@ pub async fn openapi_json(state: St) -> Response {
 /// origin, keyed by normalized text.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct QueryStats {
-    /// Normalized statement text: string and numeric literals become `?`, whitespace runs one
-    /// space, `$n` parameters stay. A batch of several statements is one entry, its distinct
+    /// Normalized statement text (as `pg_stat_statements`): every constant becomes `$n`,
+    /// numbered after the statement's own `$n` parameters, which stay; comments and whitespace
+    /// runs become one space; an untokenizable statement is `<unparsable: N bytes>`. A batch of several statements is one entry, its distinct
     /// texts joined by `; `. `<other>` gathers new texts past 10,000 entries.
     #[schema(example = "UPDATE counters SET n = $1 WHERE id = $2")]
     pub query: String,

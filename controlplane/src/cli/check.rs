@@ -561,41 +561,38 @@ async fn check_publication(
             &[name],
         )
         .await?;
-    let all = cfg.catalog.tables.is_empty();
+    let _ = superuser;
     match row {
         Some(row) => {
             let (puball, n): (bool, i64) = (row.get(0), row.get(1));
-            let scope = if puball { "FOR ALL TABLES".to_string() } else { format!("{n} tables") };
-            let note = if !puball && !all {
-                "; pgline adds the configured tables it lacks"
-            } else if !puball {
-                "; catalog.tables is empty, so only these tables' changes arrive"
-            } else {
-                ""
-            };
-            if !puball && all {
+            if puball {
                 r.warn(
                     "publication",
-                    format!("{name} exists ({scope}){note}"),
-                    format!("list the tables in catalog.tables, or DROP PUBLICATION {name}; so pgline creates it FOR ALL TABLES"),
+                    format!("{name} exists FOR ALL TABLES"),
+                    "pgline serve replaces it with a list of the cached tables (FOR ALL TABLES makes UPDATE and DELETE fail at the origin for tables without a replica identity)".to_string(),
                 );
             } else {
-                r.pass("publication", format!("{name} exists ({scope}){note}"));
+                r.pass(
+                    "publication",
+                    format!("{name} exists ({n} tables); pgline keeps it to the cached tables"),
+                );
             }
         }
-        None if all && !superuser => r.fail(
-            "publication",
-            format!("{name} does not exist and FOR ALL TABLES needs a superuser to create"),
-            format!("as a superuser: CREATE PUBLICATION {name} FOR ALL TABLES; or list the tables in catalog.tables"),
-        ),
         None => {
             let may: bool = c
-                .query_one("SELECT has_database_privilege(current_database(), 'CREATE')", &[])
+                .query_one(
+                    "SELECT has_database_privilege(current_database(), 'CREATE')",
+                    &[],
+                )
                 .await?
                 .get(0);
             if may || superuser {
-                let scope = if all { "FOR ALL TABLES" } else { "for catalog.tables" };
-                r.pass("publication", format!("{name} does not exist; pgline serve will create it {scope}"));
+                r.pass(
+                    "publication",
+                    format!(
+                        "{name} does not exist; pgline serve will create it for the cached tables"
+                    ),
+                );
             } else {
                 r.fail(
                     "publication",

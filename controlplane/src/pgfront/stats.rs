@@ -1,8 +1,14 @@
 //! Per-statement statistics of the relay: calls, origin time (mean and p99 from a log2
 //! histogram), reply bytes and errors, keyed by normalized statement text.
 //!
-//! Normalization replaces string and numeric literals with `?` and collapses whitespace, so
-//! `WHERE id = 1` and `WHERE id = 2` share an entry; parameters (`$1`) stay as they are.
+//! Normalization works as `pg_stat_statements` does: every constant (numbers and strings of every
+//! spelling: `'..'`, `E'..'`, `$$..$$`, `$tag$..$tag$`, `B'..'`, `X'..'`, `U&'..'`, `N'..'`)
+//! becomes `$n`, numbered in order of appearance starting after the highest parameter number the
+//! statement already uses (`$1` stays `$1`; `WHERE a = $1 AND b = 'x'` gives `b = $2`); comments
+//! and runs of whitespace become one space. Statements are split into tokens by `sqlparser`'s
+//! PostgreSQL tokenizer, not by a hand-written lexer. A statement that cannot be tokenized (an
+//! unterminated quote, say) is listed as `<unparsable: N bytes>`, never as typed: what the API
+//! shows never holds a literal (`ALTER ROLE bob PASSWORD $$secret$$`).
 //! At most [`MAX_ENTRIES`] texts are kept; later new texts count under [`OTHER`].
 //!
 //! Thread model: one mutex, taken once per batch by the session task that ran it (off the hit
@@ -112,46 +118,63 @@ fn floor_char_boundary(s: &str, max: usize) -> usize {
         .unwrap_or(0)
 }
 
-/// Literals become `?`, runs of whitespace one space.
+/// Every constant becomes `$n`, comments and whitespace one space (see the module doc).
 pub fn normalize(sql: &str) -> String {
+    use sqlparser::dialect::PostgreSqlDialect;
+    use sqlparser::tokenizer::{Token, Tokenizer};
+    let dialect = PostgreSqlDialect {};
+    let Ok(tokens) = Tokenizer::new(&dialect, sql).tokenize() else {
+        return format!("<unparsable: {} bytes>", sql.len());
+    };
+    let param = |t: &Token| match t {
+        Token::Placeholder(p) => p.strip_prefix('$').and_then(|n| n.parse::<u32>().ok()),
+        _ => None,
+    };
+    let mut next = tokens.iter().filter_map(param).max().unwrap_or(0);
     let mut out = String::with_capacity(sql.len().min(MAX_KEY));
-    let mut chars = sql.trim().chars().peekable();
-    let mut prev_word = false;
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' => {
-                while let Some(d) = chars.next() {
-                    if d == '\'' {
-                        if chars.peek() == Some(&'\'') {
-                            chars.next();
-                        } else {
-                            break;
-                        }
-                    }
-                }
-                out.push('?');
-                prev_word = false;
+    let mut space = false;
+    for t in &tokens {
+        let constant = matches!(
+            t,
+            Token::Number(..)
+                | Token::SingleQuotedString(_)
+                | Token::TripleSingleQuotedString(_)
+                | Token::TripleDoubleQuotedString(_)
+                | Token::DollarQuotedString(_)
+                | Token::SingleQuotedByteStringLiteral(_)
+                | Token::DoubleQuotedByteStringLiteral(_)
+                | Token::TripleSingleQuotedByteStringLiteral(_)
+                | Token::TripleDoubleQuotedByteStringLiteral(_)
+                | Token::SingleQuotedRawStringLiteral(_)
+                | Token::DoubleQuotedRawStringLiteral(_)
+                | Token::TripleSingleQuotedRawStringLiteral(_)
+                | Token::TripleDoubleQuotedRawStringLiteral(_)
+                | Token::NationalStringLiteral(_)
+                | Token::QuoteDelimitedStringLiteral(_)
+                | Token::NationalQuoteDelimitedStringLiteral(_)
+                | Token::EscapedStringLiteral(_)
+                | Token::UnicodeStringLiteral(_)
+                | Token::HexStringLiteral(_)
+        );
+        match t {
+            Token::Whitespace(_) => {
+                space = !out.is_empty();
+                continue;
             }
-            c if c.is_ascii_digit() && !prev_word => {
-                while chars
-                    .peek()
-                    .is_some_and(|d| d.is_ascii_digit() || *d == '.')
-                {
-                    chars.next();
-                }
-                out.push('?');
-            }
-            c if c.is_whitespace() => {
-                while chars.peek().is_some_and(|d| d.is_whitespace()) {
-                    chars.next();
-                }
-                out.push(' ');
-                prev_word = false;
-            }
-            c => {
-                prev_word = c.is_alphanumeric() || c == '_' || c == '$';
-                out.push(c);
-            }
+            Token::EOF => continue,
+            _ => {}
+        }
+        if space {
+            out.push(' ');
+            space = false;
+        }
+        if constant {
+            next += 1;
+            out.push('$');
+            out.push_str(itoa::Buffer::new().format(next));
+        } else {
+            use std::fmt::Write as _;
+            let _ = write!(out, "{t}");
         }
         if out.len() >= MAX_KEY {
             break;
@@ -168,9 +191,53 @@ mod tests {
     fn literals_are_normalized() {
         assert_eq!(
             normalize("SELECT *\n  FROM t1 WHERE id = 42 AND name = 'it''s' AND x = $1"),
-            "SELECT * FROM t1 WHERE id = ? AND name = ? AND x = $1"
+            "SELECT * FROM t1 WHERE id = $2 AND name = $3 AND x = $1"
         );
-        assert_eq!(normalize("select 1.5"), "select ?");
+        assert_eq!(normalize("select 1.5"), "select $1");
+        assert_eq!(normalize("select 1e3, .5, 0x1F"), "select $1, $2, $3");
+    }
+
+    /// C6 (issue 11): no literal of any spelling survives; comments go too.
+    #[test]
+    fn every_literal_spelling_is_masked() {
+        let secret = "s3cr3t";
+        let cases: &[(&[u8], &str)] = &[
+            (
+                b"alter role bob password $$s3cr3t$$",
+                "alter role bob password $1",
+            ),
+            (
+                b"ALTER ROLE bob PASSWORD $pw$s3cr3t$pw$",
+                "ALTER ROLE bob PASSWORD $1",
+            ),
+            (b"select E's3cr3t\\n'", "select $1"),
+            (b"select E'it\\'s3cr3t'", "select $1"),
+            (b"select U&'s3cr3t'", "select $1"),
+            (b"select X'5333', B'0101', N's3cr3t'", "select $1, $2, $3"),
+            (b"select 's3cr3t' /* s3cr3t */ -- s3cr3t\n", "select $1"),
+            (b"select $2, 's3cr3t', $1", "select $2, $3, $1"),
+            (
+                b"select interval '1 day' + 's3cr3t'",
+                "select interval $1 + $2",
+            ),
+        ];
+        for (sql, want) in cases {
+            let sql = std::str::from_utf8(sql).unwrap();
+            let got = normalize(sql);
+            assert_eq!(got, *want, "{sql}");
+            assert!(
+                !got.contains(secret) && !got.contains("5333"),
+                "{sql} -> {got}"
+            );
+        }
+    }
+
+    #[test]
+    fn untokenizable_statements_are_masked_whole() {
+        for sql in ["select 's3cr3t", "select $$s3cr3t", "select E's3cr3t\\'"] {
+            let got = normalize(sql);
+            assert_eq!(got, format!("<unparsable: {} bytes>", sql.len()), "{sql}");
+        }
     }
 
     #[test]
@@ -184,7 +251,7 @@ mod tests {
         let snap = s.snapshot();
         assert_eq!(snap.len(), 1);
         let (key, st) = &snap[0];
-        assert_eq!(key, "SELECT ?");
+        assert_eq!(key, "SELECT $1");
         assert_eq!((st.calls, st.errors, st.bytes), (100, 1, 1000));
         assert_eq!(st.mean_us(), (99 * 100 + 50_000) / 100);
         assert_eq!(st.p99_us(), 128);

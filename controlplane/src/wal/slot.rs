@@ -10,8 +10,15 @@
 //!
 //! Thread model: async functions over a shared client; no state of their own.
 //!
-//! Limitations: a publication that already exists `FOR ALL TABLES` is left as it is; tables are
-//! only ever added, never removed, from a table-list publication.
+//! Scope (issue 11, O1): the publication lists exactly the tables pgline caches, never
+//! `FOR ALL TABLES`: a published table without a primary key or replica identity refuses every
+//! UPDATE and DELETE at the origin. It is created `WITH (publish_via_partition_root = true)`, so
+//! a cached partitioned table's changes arrive under its own OID whichever partition they hit. A
+//! `FOR ALL TABLES` publication left by an older pgline cannot be altered into a list: it is
+//! dropped and created again in one transaction (so logical decoding never finds it missing).
+//!
+//! Limitations: [`ensure_publication`] (every reconnect) only adds; [`set_publication`] (start-up)
+//! also drops what is not cached; the writer's periodic check keeps the list current between.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -22,8 +29,6 @@ use super::WalError;
 /// Which tables a publication covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublicationScope {
-    /// `FOR ALL TABLES` (needs superuser).
-    AllTables,
     /// These tables, each `table` or `schema.table` (as `to_regclass` understands it).
     Tables(Vec<String>),
 }
@@ -39,67 +44,165 @@ pub async fn check_wal_level(client: &Client) -> Result<(), WalError> {
     }
 }
 
-/// Creates publication `name` if missing; for [`PublicationScope::Tables`], adds the tables it
-/// does not cover yet.
+/// `CREATE PUBLICATION` for `tables` (already quoted `schema.name`s).
+fn create_sql(name: &str, tables: &[String]) -> String {
+    let list = if tables.is_empty() {
+        String::new()
+    } else {
+        format!(" FOR TABLE {}", tables.join(", "))
+    };
+    format!(
+        "CREATE PUBLICATION {}{list} WITH (publish_via_partition_root = true)",
+        quote_ident(name)
+    )
+}
+
+/// Resolves `table` (`to_regclass` spelling) to its quoted `schema.name` and whether
+/// publication `name` lists it.
+async fn resolve_table(
+    client: &Client,
+    name: &str,
+    table: &str,
+) -> Result<(String, bool), WalError> {
+    let row = client
+        .query_one(
+            "SELECT n.nspname::text, c.relname::text, EXISTS ( \
+               SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+               WHERE p.pubname = $2 AND pr.prrelid = c.oid) \
+             FROM (SELECT to_regclass($1) AS oid) r \
+             LEFT JOIN pg_class c ON c.oid = r.oid \
+             LEFT JOIN pg_namespace n ON n.oid = c.relnamespace",
+            &[&table, &name],
+        )
+        .await?;
+    let (Some(schema), Some(rel)) = (
+        row.try_get::<_, Option<String>>(0)?,
+        row.try_get::<_, Option<String>>(1)?,
+    ) else {
+        return Err(WalError::Config(format!(
+            "publication {name}: table {table} does not exist"
+        )));
+    };
+    Ok((
+        format!("{}.{}", quote_ident(&schema), quote_ident(&rel)),
+        row.try_get::<_, bool>(2)?,
+    ))
+}
+
+/// Creates publication `name` for the tables of `scope` if missing (a `FOR ALL TABLES` one is
+/// replaced, see the module doc), makes it publish through partition roots, and adds the tables
+/// it does not list yet.
 pub async fn ensure_publication(
     client: &Client,
     name: &str,
     scope: &PublicationScope,
 ) -> Result<(), WalError> {
+    let PublicationScope::Tables(tables) = scope;
+    let mut quoted = Vec::with_capacity(tables.len());
+    let mut present = Vec::with_capacity(tables.len());
+    for t in tables {
+        // A cached table dropped since start-up is no error: the catalog check removes it.
+        match resolve_table(client, name, t).await {
+            Ok((q, _)) => {
+                quoted.push(q);
+                present.push(t);
+            }
+            Err(WalError::Config(e)) => tracing::warn!(publication = name, "{e}"),
+            Err(e) => return Err(e),
+        }
+    }
     let existing = client
         .query_opt(
-            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            "SELECT puballtables, pubviaroot FROM pg_publication WHERE pubname = $1",
             &[&name],
         )
         .await?;
-    let all_tables = match existing {
-        Some(row) => row.try_get::<_, bool>(0)?,
+    match existing {
         None => {
-            let sql = match scope {
-                PublicationScope::AllTables => {
-                    format!("CREATE PUBLICATION {} FOR ALL TABLES", quote_ident(name))
-                }
-                PublicationScope::Tables(_) => format!("CREATE PUBLICATION {}", quote_ident(name)),
-            };
-            ignore_duplicate(client.batch_execute(&sql).await)?;
-            matches!(scope, PublicationScope::AllTables)
+            ignore_duplicate(client.batch_execute(&create_sql(name, &quoted)).await)?;
+            return Ok(());
         }
-    };
-    let PublicationScope::Tables(tables) = scope else {
-        return Ok(());
-    };
-    if all_tables {
-        return Ok(());
-    }
-    for table in tables {
-        let row = client
-            .query_one(
-                "SELECT n.nspname::text, c.relname::text, EXISTS ( \
-                   SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
-                   WHERE p.pubname = $2 AND pr.prrelid = c.oid) \
-                 FROM (SELECT to_regclass($1) AS oid) r \
-                 LEFT JOIN pg_class c ON c.oid = r.oid \
-                 LEFT JOIN pg_namespace n ON n.oid = c.relnamespace",
-                &[table, &name],
-            )
-            .await?;
-        let (Some(schema), Some(rel)) = (
-            row.try_get::<_, Option<String>>(0)?,
-            row.try_get::<_, Option<String>>(1)?,
-        ) else {
-            return Err(WalError::Config(format!(
-                "publication {name}: table {table} does not exist"
-            )));
-        };
-        if !row.try_get::<_, bool>(2)? {
+        Some(row) if row.try_get::<_, bool>(0)? => {
+            tracing::warn!(
+                publication = name,
+                "publication is FOR ALL TABLES, which makes UPDATE and DELETE fail at the origin \
+                 for tables without a replica identity: replacing it with the cached tables"
+            );
             let sql = format!(
-                "ALTER PUBLICATION {} ADD TABLE {}.{}",
+                "BEGIN; DROP PUBLICATION {}; {}; COMMIT",
                 quote_ident(name),
-                quote_ident(&schema),
-                quote_ident(&rel)
+                create_sql(name, &quoted)
+            );
+            if let Err(e) = client.batch_execute(&sql).await {
+                let _ = client.batch_execute("ROLLBACK").await;
+                let detail = e
+                    .as_db_error()
+                    .map_or(e.to_string(), |d| d.message().to_string());
+                return Err(WalError::Config(format!(
+                    "publication {name} is FOR ALL TABLES, which makes UPDATE and DELETE fail at \
+                     the origin for tables without a replica identity, and it could not be \
+                     replaced ({detail}): as its owner or a superuser, run DROP PUBLICATION {}; \
+                     pgline then creates it listing the cached tables",
+                    quote_ident(name)
+                )));
+            }
+            return Ok(());
+        }
+        Some(row) => {
+            if !row.try_get::<_, bool>(1)? {
+                client
+                    .batch_execute(&format!(
+                        "ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
+                        quote_ident(name)
+                    ))
+                    .await?;
+            }
+        }
+    }
+    for table in present {
+        let (qualified, listed) = resolve_table(client, name, table).await?;
+        if !listed {
+            let sql = format!(
+                "ALTER PUBLICATION {} ADD TABLE {qualified}",
+                quote_ident(name)
             );
             ignore_duplicate(client.batch_execute(&sql).await)?;
         }
+    }
+    Ok(())
+}
+
+/// [`ensure_publication`], then drops from the publication every table not in `scope`: at
+/// start-up the publication lists exactly the cached tables.
+pub async fn set_publication(
+    client: &Client,
+    name: &str,
+    scope: &PublicationScope,
+) -> Result<(), WalError> {
+    ensure_publication(client, name, scope).await?;
+    let PublicationScope::Tables(tables) = scope;
+    let wanted: Vec<String> = tables.clone();
+    let extra: Vec<String> = client
+        .query(
+            "SELECT format('%I.%I', n.nspname, c.relname) \
+             FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+             JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE p.pubname = $1 AND pr.prrelid <> ALL (ARRAY(SELECT to_regclass(t)::oid \
+               FROM unnest($2::text[]) AS t))",
+            &[&name, &wanted],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !extra.is_empty() {
+        tracing::info!(publication = name, tables = ?extra, "dropping tables pgline does not cache from its publication");
+        let sql = format!(
+            "ALTER PUBLICATION {} DROP TABLE {}",
+            quote_ident(name),
+            extra.join(", ")
+        );
+        client.batch_execute(&sql).await?;
     }
     Ok(())
 }

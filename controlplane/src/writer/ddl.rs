@@ -19,6 +19,13 @@
 //!   every-table mode a renamed table rejoins under its new name, and a new table joins when the
 //!   WAL first mentions it.
 //!
+//! The same check keeps the publication to what is cached (issue 11, O1): it drops from it any
+//! table that cannot be cached (a published table without a replica identity refuses UPDATE and
+//! DELETE at the origin); a cached table that stopped being cacheable (made unlogged, primary
+//! key dropped, no longer published under its own name) leaves the catalog like a dropped one;
+//! in every-table mode, new tables with a primary key join the publication and the catalog; and
+//! it refreshes the list of user tables that cannot be cached, whose keys answer an error.
+//!
 //! Thread model: the check runs in a task of its own (it may wait for old transactions); the
 //! writer applies its report in one turn. At most one check runs at a time.
 //!
@@ -69,6 +76,8 @@ struct DdlReport {
     gone: Vec<u32>,
     /// Cached tables whose row-level security changed: `(id, enabled, forced)`.
     security: Vec<(u32, bool, bool)>,
+    /// The user tables that cannot be cached, when read.
+    refused: Option<Vec<catalog::RefusedTable>>,
     /// Tables that took a gone table's name (or a renamed table, in every-table mode).
     added: Vec<TableInfo>,
     /// Names still to resolve at the next check.
@@ -85,6 +94,8 @@ struct CheckInput {
     publication: String,
     all_tables: bool,
     tables: Vec<catalog::CheckedTable>,
+    /// Tables removed through the API in every-table mode: not to be added back.
+    excluded: Vec<u32>,
     pending: Vec<String>,
 }
 
@@ -116,6 +127,7 @@ impl Writer {
                     (id, s, n, t.row_security, t.force_row_security)
                 })
                 .collect(),
+            excluded: self.excluded.iter().copied().collect(),
             pending: self.ddl.pending.clone(),
         };
         let tx = self.ddl.tx.clone();
@@ -126,6 +138,7 @@ impl Writer {
                 Err(_) => DdlReport {
                     gone: Vec::new(),
                     security: Vec::new(),
+                    refused: None,
                     added: Vec::new(),
                     pending,
                     error: Some(format!("timed out after {CHECK_TIMEOUT:?}")),
@@ -164,6 +177,12 @@ impl Writer {
             tracing::warn!("catalog check failed: {e}");
         }
         let mut changed = false;
+        if let Some(refused) = report.refused {
+            if refused != self.catalog.refused {
+                self.catalog.refused = refused;
+                changed = true;
+            }
+        }
         for (id, rls, force) in report.security {
             if let Some(t) = self.catalog.get(id) {
                 let mut t = (**t).clone();
@@ -208,7 +227,7 @@ impl Writer {
                 }
                 continue;
             }
-            tracing::info!(table = t.id, name = %qualified, "table took a cached name: cached");
+            tracing::info!(table = t.id, name = %qualified, "table joined the cache");
             // Nothing of it can be in the store, but be sure (as for a table added by the API).
             self.drop_table(t.id);
             self.catalog.insert(t, &self.cfg.catalog);
@@ -225,6 +244,7 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
     let mut report = DdlReport {
         gone: Vec::new(),
         security: Vec::new(),
+        refused: None,
         added: Vec::new(),
         pending: input.pending.clone(),
         error: None,
@@ -237,7 +257,7 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
             return report;
         }
     };
-    let mut check = match catalog::check_tables(&client, &input.tables).await {
+    let mut check = match catalog::check_tables(&client, &input.publication, &input.tables).await {
         Ok(c) => c,
         Err(e) => {
             report.error = Some(e.to_string());
@@ -245,6 +265,20 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
         }
     };
     report.security = std::mem::take(&mut check.security);
+    for (id, why) in &check.uncacheable {
+        tracing::info!(table = id, "cached table is not cacheable any more: {why}");
+        check.dropped.push(*id);
+    }
+    match catalog::publication_prune(&client, &input.publication).await {
+        Ok(pruned) if !pruned.is_empty() => tracing::info!(publication = %input.publication,
+            tables = ?pruned, "dropped tables that cannot be cached from the publication"),
+        Ok(_) => {}
+        Err(e) => report.error = Some(format!("pruning the publication: {e}")),
+    }
+    match catalog::load_refused(&client).await {
+        Ok(r) => report.refused = Some(r),
+        Err(e) => report.error = Some(format!("listing tables that cannot be cached: {e}")),
+    }
     let old_name = |id: u32| {
         input
             .tables
@@ -262,6 +296,14 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
             names.push(format!("{}.{}", quote_ident(schema), quote_ident(name)));
         }
     }
+    if input.all_tables {
+        let mut known: Vec<u32> = input.tables.iter().map(|t| t.0).collect();
+        known.extend(&input.excluded);
+        match catalog::new_tables(&client, &known).await {
+            Ok(new) => names.extend(new),
+            Err(e) => report.error = Some(format!("listing new tables: {e}")),
+        }
+    }
     names.sort();
     names.dedup();
     let mut gone = check.dropped;
@@ -270,6 +312,7 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
         let _ = tx.send(DdlReport {
             gone: gone.clone(),
             security: Vec::new(),
+            refused: None,
             added: Vec::new(),
             pending: Vec::new(),
             error: None,
@@ -293,7 +336,9 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
                 }
                 if !matches!(
                     e,
-                    CatalogError::NoSuchTable(_) | CatalogError::NoPrimaryKey(_)
+                    CatalogError::NoSuchTable(_)
+                        | CatalogError::NoPrimaryKey(_)
+                        | CatalogError::NotCacheable { .. }
                 ) {
                     report.error = Some(format!("resolving {name}: {e}"));
                 }

@@ -53,12 +53,18 @@ enum Found {
     /// The row does not exist (cached negative entry) or the key names no cached table.
     Absent,
     Miss(MissKey),
+    /// The key names a table that cannot be cached: the command answers its error
+    /// ([`Exec::compose_refusal`]) instead of a nil that would look like an absent row.
+    Refused,
 }
 
 impl Exec<'_> {
     fn find(&mut self, key: &[u8], section: usize, out: &mut Vec<u8>) -> Found {
         let Some((table, pk)) = self.keyspace.resolve(key) else {
             CoreStats::add(&self.stats.keys_unknown_table, 1);
+            if self.keyspace.refusal(key).is_some() {
+                return Found::Refused;
+            }
             return Found::Absent;
         };
         if !self.serve_hits {
@@ -87,6 +93,15 @@ impl Exec<'_> {
         }
     }
 
+    /// The error of a key that names a table that cannot be cached.
+    fn compose_refusal(&self, key: &[u8], out: &mut Vec<u8>) {
+        let msg = self
+            .keyspace
+            .refusal(key)
+            .unwrap_or(b"ERR table is not cacheable");
+        compose_error(out, msg);
+    }
+
     /// Runs one command for `session`, composing into `out`.
     pub fn execute(
         &mut self,
@@ -112,6 +127,10 @@ impl Exec<'_> {
                     Outcome::Done
                 }
                 Found::Miss(k) => deferred(vec![k], Deferred::Get),
+                Found::Refused => {
+                    self.compose_refusal(key, out);
+                    Outcome::Done
+                }
             },
             Command::MGet { keys } => self.mget(keys, proto, out),
             Command::Exists { keys } => self.exists(keys, out),
@@ -155,6 +174,11 @@ impl Exec<'_> {
             match self.find(key, SECTION_RESP_JSON, out) {
                 Found::Hit => {}
                 Found::Absent => compose_null(out, proto),
+                Found::Refused => {
+                    out.truncate(start);
+                    self.compose_refusal(key, out);
+                    return Outcome::Done;
+                }
                 Found::Miss(first) => {
                     // Slow path: keep what is known so far, collect the rest.
                     let header = itoa_len(keys.len());
@@ -175,6 +199,11 @@ impl Exec<'_> {
                             Found::Miss(k) => {
                                 parts.push(Part::Missing(missing.len()));
                                 missing.push(k);
+                            }
+                            Found::Refused => {
+                                out.truncate(start);
+                                self.compose_refusal(key, out);
+                                return Outcome::Done;
                             }
                         }
                     }
@@ -207,15 +236,21 @@ impl Exec<'_> {
         let mut present = 0i64;
         let mut missing = Vec::new();
         let start = self.scratch.len();
+        let mut refused = None;
         for key in keys.iter() {
             let mut scratch = std::mem::take(self.scratch);
             match self.find(key, SECTION_RESP_JSON, &mut scratch) {
                 Found::Hit => present += 1,
                 Found::Absent => {}
                 Found::Miss(k) => missing.push(k),
+                Found::Refused => refused = refused.or(Some(key)),
             }
             scratch.truncate(start);
             *self.scratch = scratch;
+        }
+        if let Some(key) = refused {
+            self.compose_refusal(key, out);
+            return Outcome::Done;
         }
         if missing.is_empty() {
             compose_integer(out, present);
@@ -247,6 +282,10 @@ impl Exec<'_> {
                 Outcome::Done
             }
             Found::Miss(k) => deferred(vec![k], later()),
+            Found::Refused => {
+                self.compose_refusal(key, out);
+                Outcome::Done
+            }
         };
         *self.scratch = scratch;
         outcome

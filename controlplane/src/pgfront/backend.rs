@@ -23,6 +23,9 @@ use tokio::net::TcpStream;
 use super::admit::StartupSlot;
 pub use crate::wal::conn::MAX_FRAME;
 
+/// One row of text columns (`None`: NULL).
+pub type Row = Vec<Option<String>>;
+
 /// Where the origin listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OriginAddr {
@@ -198,6 +201,12 @@ impl Backend {
     /// pgline's own query (the fence, the clean-up); a cancel gone astray is an error, the
     /// connection is not to be reused.
     pub async fn simple(&mut self, sql: &str) -> io::Result<Option<Option<String>>> {
+        let row = self.query_row(sql).await?;
+        Ok(row.map(|r| r.and_then(|cols| cols.into_iter().next().flatten())))
+    }
+
+    /// [`Backend::simple`] returning the whole first row (`Some(None)`: no row).
+    pub async fn query_row(&mut self, sql: &str) -> io::Result<Option<Option<Row>>> {
         if !self.cancels.settled().await {
             return Err(io::Error::other(
                 "a cancel sent at the connection went astray",
@@ -206,17 +215,12 @@ impl Backend {
         let mut buf = BytesMut::new();
         frontend::query(sql, &mut buf)?;
         self.write(&buf).await?;
-        self.read_simple().await
-    }
-
-    /// Reads one simple query's replies up to ReadyForQuery (see [`Backend::simple`]).
-    pub async fn read_simple(&mut self) -> io::Result<Option<Option<String>>> {
         let mut first = None;
         let mut failed = false;
         loop {
             let f = self.read_frame().await?;
             match f[0] {
-                b'D' if first.is_none() => first = Some(first_text(&f)),
+                b'D' if first.is_none() => first = Some(row_texts(&f)),
                 b'E' => failed = true,
                 b'G' => {
                     let mut buf = BytesMut::new();
@@ -311,11 +315,25 @@ impl Backend {
 }
 
 /// The text of a DataRow's first column.
-fn first_text(frame: &[u8]) -> Option<String> {
+/// The columns of a DataRow message (whole frame, tag included) as text (lossy UTF-8; `None`
+/// for NULL); `None` if the message is malformed.
+pub fn row_texts(frame: &[u8]) -> Option<Row> {
     let body = frame.get(5..)?;
-    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
-    let text = body.get(6..6 + usize::try_from(len).ok()?)?;
-    Some(String::from_utf8_lossy(text).into_owned())
+    let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
+    let mut at = 2;
+    let mut cols = Vec::with_capacity(usize::try_from(count).ok()?);
+    for _ in 0..count {
+        let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
+        at += 4;
+        if len < 0 {
+            cols.push(None);
+            continue;
+        }
+        let text = body.get(at..at + usize::try_from(len).ok()?)?;
+        at += text.len();
+        cols.push(Some(String::from_utf8_lossy(text).into_owned()));
+    }
+    Some(cols)
 }
 
 async fn open(addr: &OriginAddr, timeout: Duration) -> io::Result<TcpStream> {

@@ -504,7 +504,7 @@ impl Tracker {
                     out.extend_from_slice(frame);
                 } else if tag == b'D' {
                     self.fence = parse_fence_row(frame);
-                    self.fence_state = super::state::row_columns(frame)
+                    self.fence_state = super::backend::row_texts(frame)
                         .and_then(|c| super::state::OriginState::from_columns(c.get(1..)?));
                 }
                 match tag {

@@ -32,10 +32,7 @@
 
 use std::io;
 
-use bytes::BytesMut;
-use postgres_protocol::message::frontend;
-
-use super::backend::Backend;
+use super::backend::{Backend, Row};
 
 /// Output settings the origin does not report, whose values must equal pgline's own sessions'
 /// for a cached answer to be the origin's: floats, bytea, money, and `x = NULL` read as
@@ -153,53 +150,10 @@ impl OriginState {
     }
 }
 
-/// The text columns of a DataRow message (whole frame, tag included); `None` if malformed.
-pub fn row_columns(frame: &[u8]) -> Option<Vec<Option<String>>> {
-    let body = frame.get(5..)?;
-    let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
-    let mut at = 2;
-    let mut cols = Vec::with_capacity(usize::try_from(count).ok()?);
-    for _ in 0..count {
-        let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
-        at += 4;
-        if len < 0 {
-            cols.push(None);
-            continue;
-        }
-        let text = body.get(at..at + usize::try_from(len).ok()?)?;
-        at += text.len();
-        cols.push(Some(String::from_utf8_lossy(text).into_owned()));
-    }
-    Some(cols)
-}
-
 /// Runs `sql` (one simple query returning one row) on `b` once its cancels have landed, and
 /// returns the row's columns; `Ok(None)` when the origin answered with an error or no row.
-pub async fn query_row(b: &mut Backend, sql: &str) -> io::Result<Option<Vec<Option<String>>>> {
-    if !b.cancels.settled().await {
-        return Err(io::Error::other(
-            "a cancel sent at the connection went astray",
-        ));
-    }
-    let mut buf = BytesMut::new();
-    frontend::query(sql, &mut buf)?;
-    b.write(&buf).await?;
-    let mut row = None;
-    let mut failed = false;
-    loop {
-        let f = b.read_frame().await?;
-        match f[0] {
-            b'D' if row.is_none() => row = row_columns(&f),
-            b'E' => failed = true,
-            b'G' => {
-                let mut buf = BytesMut::new();
-                frontend::copy_fail("pgline: no COPY data", &mut buf)?;
-                b.write(&buf).await?;
-            }
-            b'Z' => return Ok(row.filter(|_| !failed)),
-            _ => {}
-        }
-    }
+pub async fn query_row(b: &mut Backend, sql: &str) -> io::Result<Option<Row>> {
+    Ok(b.query_row(sql).await?.flatten())
 }
 
 /// The backend's state, read with [`STATE_SQL`].
@@ -297,7 +251,7 @@ mod tests {
 
     #[test]
     fn data_rows_are_read_column_by_column() {
-        let mut buf = BytesMut::new();
+        let mut buf = bytes::BytesMut::new();
         let body: Vec<u8> = [
             &2i16.to_be_bytes()[..],
             &3i32.to_be_bytes(),
@@ -309,9 +263,9 @@ mod tests {
         buf.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
         buf.extend_from_slice(&body);
         assert_eq!(
-            row_columns(&buf).unwrap(),
+            super::super::backend::row_texts(&buf).unwrap(),
             vec![Some("0/1".to_owned()), None]
         );
-        assert!(row_columns(&buf[..buf.len() - 1]).is_none());
+        assert!(super::super::backend::row_texts(&buf[..buf.len() - 1]).is_none());
     }
 }

@@ -40,7 +40,7 @@ done
 deb=$(readlink -f "$deb")
 
 # Packages of the image besides pgline and its dependencies.
-packages=linux-image-amd64,systemd-sysv,udev,kmod,initramfs-tools,cloud-init,openssh-server
+packages=linux-image-amd64,systemd-sysv,dbus,udev,kmod,initramfs-tools,cloud-init,openssh-server
 packages=$packages,ifupdown,isc-dhcp-client,iproute2,netbase,ca-certificates,procps,sudo,pciutils
 packages=$packages,postgresql-client,less
 
@@ -123,9 +123,9 @@ label: dos
 start=1MiB, size=${boot_mb}MiB, type=6, bootable
 start=$((1 + boot_mb))MiB, size=${root_mb}MiB, type=83
 PARTS
-dd if=/usr/lib/syslinux/mbr/mbr.bin of="$raw" bs=440 count=1 conv=notrunc status=none
-dd if="$work/boot.img" of="$raw" bs=1M seek=1 conv=notrunc status=none
-dd if="$work/root.img" of="$raw" bs=1M seek=$((1 + boot_mb)) conv=notrunc status=none
+dd if=/usr/lib/syslinux/mbr/mbr.bin of="$raw" bs=440 count=1 conv=notrunc,sparse status=none
+dd if="$work/boot.img" of="$raw" bs=1M seek=1 conv=notrunc,sparse status=none
+dd if="$work/root.img" of="$raw" bs=1M seek=$((1 + boot_mb)) conv=notrunc,sparse status=none
 qemu-img convert -c -f raw -O qcow2 "$raw" "$work/pgline-appliance.qcow2"
 
 mkdir -p "$dir"

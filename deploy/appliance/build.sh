@@ -44,7 +44,7 @@ packages=linux-image-amd64,systemd-sysv,dbus,udev,kmod,initramfs-tools,cloud-ini
 packages=$packages,ifupdown,isc-dhcp-client,iproute2,netbase,ca-certificates,procps,sudo,pciutils
 packages=$packages,postgresql-client,less
 
-cmdline="console=ttyS0,115200 console=tty0 net.ifnames=0 intel_iommu=on iommu=pt"
+cmdline="console=ttyS0,115200 console=tty0 net.ifnames=0 no_timer_check intel_iommu=on iommu=pt"
 cmdline="$cmdline default_hugepagesz=$hp_size hugepagesz=$hp_size hugepages=$hp_count"
 [ -z "$isolate" ] || cmdline="$cmdline isolcpus=$isolate nohz_full=$isolate rcu_nocbs=$isolate"
 
@@ -60,7 +60,15 @@ if [ -f "$dir/pgline-appliance.qcow2" ] && [ -f "$dir/pgline-appliance.raw" ]; t
 fi
 start=$SECONDS
 work=$(mktemp -d /var/tmp/pgline-appliance-build.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# mmdebstrap bind-mounts host paths (/dev/shm, device nodes, /proc, /sys) into the root while it
+# runs: if it is interrupted, unmount whatever is left before deleting, and never cross into
+# another filesystem (a stray bind mount of the host's /dev/shm must not be emptied).
+cleanup() {
+    grep -o " $work/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" || true; done
+    rm -rf --one-file-system "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 rootfs="$work/rootfs"
 
 # The root filesystem. The customize hooks run inside it (chroot): install the .deb (apt pulls

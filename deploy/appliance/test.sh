@@ -57,7 +57,7 @@ cleanup() {
     ip link del "$tap" 2>/dev/null
     psql_origin -d postgres -c "select pg_drop_replication_slot('$slot') from pg_replication_slots where slot_name = '$slot'" >/dev/null 2>&1
     psql_origin -d postgres -c "drop database if exists $db" >/dev/null 2>&1
-    if [ $keep = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
+    if [ $keep = 1 ]; then echo "kept $work"; else rm -rf --one-file-system "$work"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -128,7 +128,8 @@ YAML
 # boot NAME: starts the guest on a fresh overlay of the image with seed NAME.
 boot() {
     qemu-img create -q -f qcow2 -b "$base" -F qcow2 "$work/$1.qcow2"
-    local accel_args=(-accel tcg,thread=multi) client=()
+    # TCG's default CPU (qemu64) lacks SSE4.2, which Debian's DPDK (-march=corei7) needs.
+    local accel_args=(-accel tcg,thread=multi -cpu max) client=()
     [ $accel = kvm ] && accel_args=(-enable-kvm -cpu host)
     local fwd="hostfwd=tcp:127.0.0.1:$p_ssh-:22,hostfwd=tcp:127.0.0.1:$p_api-:6381"
     fwd="$fwd,hostfwd=tcp:127.0.0.1:$p_resp-:6380,hostfwd=tcp:127.0.0.1:$p_pg-:6432"

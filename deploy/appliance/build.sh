@@ -64,7 +64,9 @@ work=$(mktemp -d /var/tmp/pgline-appliance-build.XXXXXX)
 # runs: if it is interrupted, unmount whatever is left before deleting, and never cross into
 # another filesystem (a stray bind mount of the host's /dev/shm must not be emptied).
 cleanup() {
-    grep -o " $work/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" || true; done
+    { grep -o " $work/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do
+        umount -l "$m" || true
+    done
     rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT

@@ -53,6 +53,7 @@ qemu_pid=""
 cleanup() {
     set +e
     [ -z "$qemu_pid" ] || { kill "$qemu_pid" 2>/dev/null; wait "$qemu_pid" 2>/dev/null; }
+    ip -n "$ns" link del "$tap" 2>/dev/null
     ip netns del "$ns" 2>/dev/null
     ip link del "$tap" 2>/dev/null
     psql_origin -d postgres -c "select pg_drop_replication_slot('$slot') from pg_replication_slots where slot_name = '$slot'" >/dev/null 2>&1
@@ -135,6 +136,7 @@ boot() {
     fwd="$fwd,hostfwd=tcp:127.0.0.1:$p_resp-:6380,hostfwd=tcp:127.0.0.1:$p_pg-:6432"
     if [ "$nic_mode" = dpdk ]; then
         ip link del "$tap" 2>/dev/null || true
+        ip -n "$ns" link del "$tap" 2>/dev/null || true
         ip tuntap add dev "$tap" mode tap
         client=(-netdev "tap,id=client,ifname=$tap,script=no,downscript=no,vhost=off"
             -device "virtio-net-pci,netdev=client,mac=52:54:00:12:34:02,addr=0x4,disable-legacy=on,iommu_platform=on")

@@ -511,7 +511,12 @@ fn link_of(id: u16) -> Result<Link, DpdkError> {
     check("rte_eth_link_get_nowait", ret)?;
     Ok(Link {
         up: link.link_status() != 0,
-        speed_mbps: link.link_speed,
+        // RTE_ETH_SPEED_NUM_UNKNOWN (u32::MAX, e.g. virtio) reads as 0, "unknown".
+        speed_mbps: if link.link_speed == u32::MAX {
+            0
+        } else {
+            link.link_speed
+        },
         full_duplex: link.link_duplex() != 0,
         autoneg: link.link_autoneg() != 0,
     })

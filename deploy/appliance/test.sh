@@ -2,12 +2,14 @@
 # End-to-end test of the pgline appliance under QEMU: builds the .deb and the image (cached when
 # the inputs are unchanged), boots it with a NoCloud seed and checks it from the host.
 #
-#   deploy/appliance/test.sh [--nic dpdk|kernel] [--deb PATH] [--image DIR] [--keep]
+#   deploy/appliance/test.sh [--nic dpdk|kernel] [--queues N] [--deb PATH] [--image DIR] [--keep]
 #
 # NICs: management = QEMU user networking with port forwards on 127.0.0.1 (SSH, API); client
 # (--nic dpdk, the default) = virtio-net-pci on a tap that is moved into a network namespace
 # this test creates, driven in the guest by DPDK's net_virtio PMD on vfio-pci behind the
 # emulated Intel IOMMU. With --nic kernel the client ports are forwarded on the management NIC.
+# --queues N (dpdk): a multi-queue virtio NIC (tap multi_queue, mq=on, rss=on) and N dataplane
+# cores, one queue pair each; the guest gets N + 1 vCPUs.
 # KVM is used when a probe guest gets past the kernel decompressor, TCG otherwise.
 #
 # The origin is the lab PostgreSQL (deploy/lab/pg.sh, 127.0.0.1:54329), which the guest reaches
@@ -15,10 +17,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-nic_mode=dpdk deb="" image="" keep=0
+nic_mode=dpdk deb="" image="" keep=0 queues=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --nic) nic_mode=$2; shift 2 ;;
+    --queues) queues=$2; shift 2 ;;
     --deb) deb=$2; shift 2 ;;
     --image) image=$2; shift 2 ;;
     --keep) keep=1; shift ;;
@@ -108,7 +111,7 @@ write_files:
       CLIENT_NIC=second
       CLIENT_IP=$client_ip
       CLIENT_PREFIX=24
-      CORES=1
+      CORES=$queues
       STORE_MEMORY=128MiB
       SLOT=$slot
 runcmd:
@@ -137,11 +140,16 @@ boot() {
     if [ "$nic_mode" = dpdk ]; then
         ip link del "$tap" 2>/dev/null || true
         ip -n "$ns" link del "$tap" 2>/dev/null || true
-        ip tuntap add dev "$tap" mode tap
-        client=(-netdev "tap,id=client,ifname=$tap,script=no,downscript=no,vhost=off"
-            -device "virtio-net-pci,netdev=client,mac=52:54:00:12:34:02,addr=0x4,disable-legacy=on,iommu_platform=on")
+        local mq="" qs=""
+        if [ "$queues" -gt 1 ]; then
+            mq=multi_queue qs=",queues=$queues"
+            qs_dev=",mq=on,rss=on,vectors=$((2 * queues + 2))"
+        fi
+        ip tuntap add dev "$tap" mode tap $mq
+        client=(-netdev "tap,id=client,ifname=$tap,script=no,downscript=no,vhost=off$qs"
+            -device "virtio-net-pci,netdev=client,mac=52:54:00:12:34:02,addr=0x4,disable-legacy=on,iommu_platform=on${qs_dev:-}")
     fi
-    qemu-system-x86_64 "${accel_args[@]}" -machine q35,kernel-irqchip=split -m 2048 -smp 2 \
+    qemu-system-x86_64 "${accel_args[@]}" -machine q35,kernel-irqchip=split -m 2048 -smp $((queues + 1)) \
         -device intel-iommu,intremap=on -vga none -display none -no-user-config -nodefaults \
         -serial "file:$work/$1.serial" -monitor none \
         -drive "file=$work/$1.qcow2,if=virtio,format=qcow2" \

@@ -70,6 +70,10 @@ Description: PostgreSQL read cache (Redis and PostgreSQL protocols, WAL-coherent
  PostgreSQL-protocol reads from memory, kept coherent by logical replication. Built with
  the DPDK client transport; kernel sockets by default.
 CONTROL
+# Reproducible: the same binary and packaging files give the same .deb (the image cache is keyed
+# by its hash). File times = the last commit of the packaging files.
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct -- deploy/package 2>/dev/null || echo 1700000000)}
+find "$pkg" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 mkdir -p "$out"
 deb="$out/pgline_${version}_${arch}.deb"
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb" >&2

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use pgline_nic::dpdk::{
-    DpdkQueue, Eal, EalConfig, Mempool, Port, PortConfig, PortStats, PortStatsHandle,
+    DpdkQueue, Eal, EalConfig, Link, Mempool, Port, PortConfig, PortStats, PortStatsHandle,
 };
 
 use crate::config::NicConfig;
@@ -95,6 +95,20 @@ pub fn vdev_with_defaults(vdev: &str) -> String {
         return format!("{vdev},framecnt={AF_PACKET_MULTIQUEUE_FRAMECNT}");
     }
     vdev.to_owned()
+}
+
+/// Link state of the DPDK port named `port` that this process serves on (`None`: no such open
+/// port, or its driver failed the read, logged at debug).
+pub fn device_link(port: &str) -> Option<Link> {
+    let ports = OPEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let (_, h) = ports.iter().find(|(name, _)| name == port)?;
+    match h.link()? {
+        Ok(link) => Some(link),
+        Err(e) => {
+            tracing::debug!(port, error = %e, "dpdk: rte_eth_link_get_nowait failed");
+            None
+        }
+    }
 }
 
 /// The EAL arguments `nic` asks for.

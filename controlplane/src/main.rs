@@ -42,6 +42,11 @@ enum Command {
     Queries(ClientArgs),
     /// Pre-flight checks of this host and the origin (no running pgline needed).
     Check(CheckArgs),
+    /// The client NIC's PCI device: bind it to vfio-pci/uio_pci_generic, or show its driver.
+    Nic {
+        #[command(subcommand)]
+        action: cli::nic::NicAction,
+    },
 }
 
 #[derive(clap::Args)]
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
         Command::Flush(args) => return cli::ops::flush(args),
         Command::Queries(args) => return cli::ops::queries(args),
         Command::Check(args) => return cli::check::run(args),
+        Command::Nic { action } => return cli::nic::run(action),
     };
     let cfg = match args.load() {
         Ok(c) => c,

@@ -134,6 +134,8 @@ pub struct NicPortSnapshot {
     /// Per queue pair (the first 16), where the driver keeps them:
     /// `[ipackets, opackets, ibytes, obytes, errors]`.
     pub queues: Vec<[u64; 5]>,
+    /// Link state `(up, speed in Mbit/s)`, when the driver answers.
+    pub link: Option<(bool, u32)>,
 }
 
 /// The device counters of the DPDK ports this process serves on (empty in the other modes).
@@ -143,6 +145,7 @@ fn nic_ports() -> Vec<NicPortSnapshot> {
         crate::dpdk_port::device_stats()
             .into_iter()
             .map(|(port, s)| NicPortSnapshot {
+                link: crate::dpdk_port::device_link(&port).map(|l| (l.up, l.speed_mbps)),
                 port,
                 ipackets: s.ipackets,
                 opackets: s.opackets,
@@ -816,6 +819,34 @@ impl Sample {
                     .encode_counter::<(), _, f64>(&f(p), None)?;
             }
         }
+        let links: Vec<(&str, (bool, u32))> = self
+            .nic
+            .iter()
+            .filter_map(|p| Some((p.port.as_str(), p.link?)))
+            .collect();
+        if !links.is_empty() {
+            let mut up = enc.encode_descriptor(
+                "pgline_nic_link_up",
+                "1 when the DPDK port's link is up (rte_eth_link_get_nowait).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (port, (is_up, _)) in &links {
+                up.encode_family(&[("port", *port)])?
+                    .encode_gauge(&i64::from(*is_up))?;
+            }
+            let mut speed = enc.encode_descriptor(
+                "pgline_nic_link_speed_mbps",
+                "The DPDK port's link speed in Mbit/s (0: unknown).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (port, (_, mbps)) in &links {
+                speed
+                    .encode_family(&[("port", *port)])?
+                    .encode_gauge(&i64::from(*mbps))?;
+            }
+        }
         for (i, (name, help)) in NIC_QUEUE_COUNTERS.iter().enumerate() {
             let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
             for p in &self.nic {
@@ -885,6 +916,7 @@ mod nic_tests {
             oerrors: 17,
             rx_nombuf: 18,
             queues: vec![[21, 22, 23, 24, 25], [31, 32, 33, 34, 35]],
+            link: Some((true, 10000)),
         };
         let text = render_all(&src, &pg, vec![port]);
         let docs = include_str!("../../docs/operations.md");
@@ -895,6 +927,15 @@ mod nic_tests {
                 docs.contains(&format!("| `{name}_total")),
                 "{name} undocumented"
             );
+        }
+        for line in [
+            "pgline_nic_link_up{port=\"net_af_xdp0\"} 1",
+            "pgline_nic_link_speed_mbps{port=\"net_af_xdp0\"} 10000",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        for name in ["pgline_nic_link_up", "pgline_nic_link_speed_mbps"] {
+            assert!(docs.contains(&format!("| `{name}`")), "{name} undocumented");
         }
         for (i, (name, _)) in NIC_QUEUE_COUNTERS.iter().enumerate() {
             for (q, base) in [(0, 21), (1, 31)] {

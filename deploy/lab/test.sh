@@ -38,4 +38,15 @@ bench/scenarios/run.sh --smoke all
 # sent anywhere in a dry run).
 bench/scenarios/run.sh --dry-run --loadgen bench@192.0.2.10 all >/tmp/pgline-two-machine.txt
 grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pgline-two-machine.txt
+
+# The appliance (docs/appliance.md): the .deb, the VM image (mmdebstrap; cached under
+# /var/tmp/pgline-appliance by a hash of its inputs) and a QEMU boot (KVM if usable, else TCG)
+# with the client NIC on DPDK's net_virtio (vfio-pci behind an emulated IOMMU) on a tap in a
+# namespace the test creates; the origin is the lab PostgreSQL. Needs root.
+step "appliance: .deb, VM image and the QEMU end-to-end test"
+if [ "$(id -u)" = 0 ]; then
+    deploy/appliance/test.sh
+else
+    echo "the appliance test needs root (mmdebstrap, network namespaces, taps): skipped"
+fi
 step "done"

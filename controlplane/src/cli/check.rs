@@ -269,14 +269,14 @@ fn check_dpdk(cfg: &Config, r: &mut Report) {
         .iter()
         .find(|v| v.split(',').next() == Some(nic.port.as_str()))
     else {
-        r.warn(
-            "nic (dpdk)",
-            format!(
-                "nic.port {:?} is not one of nic.vdevs (a PCI device?)",
-                nic.port
+        // Not a vdev: a PCI device, which must be on a userspace I/O driver (`pgline nic bind`).
+        match super::nic::pci_check(&nic.port) {
+            Ok(detail) => r.pass(
+                "nic (dpdk)",
+                format!("{detail}, appliance address {}/{}", nic.ip, nic.prefix_len),
             ),
-            "for a virtual device list it in nic.vdevs, e.g. \"net_af_packet0,iface=eth1\"",
-        );
+            Err((detail, fix)) => r.fail("nic (dpdk)", detail, fix),
+        }
         return;
     };
     let iface = vdev.split(',').find_map(|kv| kv.strip_prefix("iface="));

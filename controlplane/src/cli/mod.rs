@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod check;
+pub mod nic;
 pub mod ops;
 
 use std::path::PathBuf;

@@ -186,6 +186,11 @@ impl PortStatsHandle {
         self.shared.upgrade().map(|p| p.stats())
     }
 
+    /// Link state (`rte_eth_link_get_nowait`); `None` once the port is gone, like [`Self::stats`].
+    pub fn link(&self) -> Option<Result<Link, DpdkError>> {
+        self.shared.upgrade().map(|p| link_of(p.id))
+    }
+
     /// Whether the port is still open.
     pub fn is_open(&self) -> bool {
         self.shared.strong_count() > 0
@@ -392,16 +397,7 @@ impl Port {
 
     /// Link state, without waiting for autonegotiation.
     pub fn link(&self) -> Result<Link, DpdkError> {
-        let mut link = sys::rte_eth_link::default();
-        // SAFETY: valid port; `link` is a valid out-pointer.
-        let ret = unsafe { sys::rte_eth_link_get_nowait(self.shared.id, &mut link) };
-        check("rte_eth_link_get_nowait", ret)?;
-        Ok(Link {
-            up: link.link_status() != 0,
-            speed_mbps: link.link_speed,
-            full_duplex: link.link_duplex() != 0,
-            autoneg: link.link_autoneg() != 0,
-        })
+        link_of(self.shared.id)
     }
 
     /// Device counters, with per-queue figures where the driver keeps them.
@@ -504,4 +500,24 @@ fn setup_queues(
         check("rte_eth_tx_queue_setup", ret)?;
     }
     Ok(())
+}
+
+/// Link state of the open port `id`, without waiting for autonegotiation.
+fn link_of(id: u16) -> Result<Link, DpdkError> {
+    let mut link = sys::rte_eth_link::default();
+    // SAFETY: `id` is a port kept open by the caller's `PortShared`; `link` is a valid
+    // out-pointer.
+    let ret = unsafe { sys::rte_eth_link_get_nowait(id, &mut link) };
+    check("rte_eth_link_get_nowait", ret)?;
+    Ok(Link {
+        up: link.link_status() != 0,
+        // RTE_ETH_SPEED_NUM_UNKNOWN (u32::MAX, e.g. virtio) reads as 0, "unknown".
+        speed_mbps: if link.link_speed == u32::MAX {
+            0
+        } else {
+            link.link_speed
+        },
+        full_duplex: link.link_duplex() != 0,
+        autoneg: link.link_autoneg() != 0,
+    })
 }

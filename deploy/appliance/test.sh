@@ -28,6 +28,17 @@ while [ $# -gt 0 ]; do
     *) sed -n '2,15p' "$0" >&2; exit 2 ;;
     esac
 done
+
+# The host tools for the image and the VM (deploy/appliance/packages.txt). On a machine whose
+# qemu-utils comes from backports, qemu-system-x86 may need Debian 12's qemu-utils first.
+need=""
+for pkg in $(cat "$here/packages.txt"); do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
+done
+if [ -n "$need" ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
+fi
 t0=$SECONDS
 say() { printf '[appliance %4ss] %s\n' "$((SECONDS - t0))" "$*"; }
 fail() { say "FAIL: $*"; exit 1; }

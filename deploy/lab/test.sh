@@ -42,11 +42,16 @@ grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pglin
 # The appliance (docs/appliance.md): the .deb, the VM image (mmdebstrap; cached under
 # /var/tmp/pgline-appliance by a hash of its inputs) and a QEMU boot (KVM if usable, else TCG)
 # with the client NIC on DPDK's net_virtio (vfio-pci behind an emulated IOMMU) on a tap in a
-# namespace the test creates; the origin is the lab PostgreSQL. Needs root.
-step "appliance: .deb, VM image and the QEMU end-to-end test"
-if [ "$(id -u)" = 0 ]; then
-    deploy/appliance/test.sh
-else
-    echo "the appliance test needs root (mmdebstrap, network namespaces, taps): skipped"
+# namespace the test creates; the origin is the lab PostgreSQL. Needs root. Not yet part of the
+# default run: under TCG it adds 10-15 minutes (image build and two boots), which would take
+# .ci/run past its 40-minute budget (issue 12 is open on exactly this). PGLINE_APPLIANCE_TEST=1
+# runs it.
+if [ "${PGLINE_APPLIANCE_TEST:-0}" = 1 ]; then
+    step "appliance: .deb, VM image and the QEMU end-to-end test"
+    if [ "$(id -u)" = 0 ]; then
+        deploy/appliance/test.sh
+    else
+        echo "the appliance test needs root (mmdebstrap, network namespaces, taps): skipped"
+    fi
 fi
 step "done"

@@ -10,11 +10,13 @@
 pub mod admin;
 pub mod api;
 pub mod catalog;
+pub mod clock;
 pub mod config;
 #[cfg(feature = "dpdk")]
 pub mod dpdk_port;
 pub mod fill;
 pub mod keytext;
+pub mod lsn;
 pub mod metrics;
 pub mod pgfront;
 pub mod rowjson;

@@ -220,7 +220,7 @@ impl Writer {
     }
 
     fn publish_gauges(&self) {
-        let now_us = crate::wal::conn::unix_now_us();
+        let now_us = crate::clock::unix_now_us();
         if self.repl.streaming.load(Ordering::Acquire) && self.repl.lag_bytes() == 0 {
             // A moment the cache is known current (`lag_ms` reads 0 now). Without recording it,
             // a stream that never saw a catch-up tick (the shared server's WAL end keeps moving)

@@ -27,7 +27,7 @@ fn scrape(p: &pgline_controlplane::server::Pgline) -> String {
             available: 1,
             waiting: 0,
         },
-        now_us: pgline_controlplane::wal::conn::unix_now_us(),
+        now_us: pgline_controlplane::clock::unix_now_us(),
     })
 }
 

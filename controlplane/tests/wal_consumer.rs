@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::TestDb;
+use pgline_controlplane::lsn::parse_lsn;
 use pgline_controlplane::wal::{
-    conn::parse_lsn, run_consumer, slot, Change, PublicationScope, ReplicationState, TupleValue,
-    WalConfig, WalEvent, WalTxn,
+    run_consumer, slot, Change, PublicationScope, ReplicationState, TupleValue, WalConfig,
+    WalEvent, WalTxn,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -141,7 +142,7 @@ async fn decodes_row_changes() {
         .expect("insert");
     let t = h.next_txn().await;
     assert!(t.end_lsn > t.commit_lsn && t.commit_lsn > 0);
-    let now = pgline_controlplane::wal::conn::unix_now_us();
+    let now = pgline_controlplane::clock::unix_now_us();
     assert!(
         (now - t.commit_ts_us).abs() < 60_000_000,
         "commit ts {}",
@@ -318,7 +319,7 @@ async fn progress_passes_unrelated_wal() {
     loop {
         h.apply_arrived();
         let s = &h.state;
-        if s.lag_bytes() == 0 && s.lag_ms(pgline_controlplane::wal::conn::unix_now_us()) == 0 {
+        if s.lag_bytes() == 0 && s.lag_ms(pgline_controlplane::clock::unix_now_us()) == 0 {
             break;
         }
         assert!(Instant::now() < deadline, "timed out waiting for zero lag");

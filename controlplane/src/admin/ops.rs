@@ -12,8 +12,8 @@ use super::{AdminError, KeyInfo, TableState, TableStatus};
 use crate::catalog::{self, CatalogError, TableInfo};
 use crate::config::Config;
 use crate::keytext::{check_key_text, KeyCheck};
+use crate::lsn::format_lsn;
 use crate::server::{LogReload, Pgline};
-use crate::wal::conn::format_lsn;
 use crate::writer::AdminCmd;
 
 mod warm;

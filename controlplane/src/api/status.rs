@@ -12,8 +12,8 @@ use utoipa::ToSchema;
 
 use super::error::ErrorBody;
 use super::Node;
+use crate::lsn::format_lsn;
 use crate::server::Pgline;
-use crate::wal::conn::format_lsn;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Status {

@@ -243,7 +243,7 @@ pub async fn metrics(Node(node): Node) -> Response {
         repl: &node.repl,
         store: node.store_stats(),
         pool: node.pool_status(),
-        now_us: crate::wal::conn::unix_now_us(),
+        now_us: crate::clock::unix_now_us(),
     };
     let body = crate::metrics::render_with_pgwire(&snapshot, &pg);
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()

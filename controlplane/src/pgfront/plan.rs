@@ -609,7 +609,7 @@ pub fn rename_statement(frame: &[u8], ours: &str, theirs: &str) -> Vec<u8> {
 
 /// The LSN in a DataRow with one text column `X/Y`.
 fn parse_fence_row(frame: &[u8]) -> Option<u64> {
-    crate::wal::conn::parse_lsn(&parse_text_row(frame)?)
+    crate::lsn::parse_lsn(&parse_text_row(frame)?)
 }
 
 /// The text of a DataRow with one non-null column.

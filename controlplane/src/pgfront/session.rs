@@ -810,7 +810,7 @@ async fn ask_fence(b: &mut Backend) -> std::io::Result<(u64, Option<OriginState>
             .first()
             .cloned()
             .flatten()
-            .and_then(|t| crate::wal::conn::parse_lsn(&t))
+            .and_then(|t| crate::lsn::parse_lsn(&t))
         {
             return Ok((lsn, OriginState::from_columns(&cols[1..])));
         }

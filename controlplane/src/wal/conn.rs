@@ -27,33 +27,11 @@ use tokio::net::TcpStream;
 use tokio_postgres::config::Host;
 
 use super::WalError;
+use crate::clock::{unix_now_us, PG_EPOCH_UNIX_US};
+use crate::lsn::{format_lsn, parse_lsn};
 
 /// Largest backend frame accepted (a row can be up to 1 GiB; leave room for headers).
 pub const MAX_FRAME: usize = (1 << 30) + (1 << 20);
-
-/// Microseconds from 1970-01-01 to 2000-01-01 (the PostgreSQL epoch).
-pub const PG_EPOCH_UNIX_US: i64 = 946_684_800_000_000;
-
-/// Now, in microseconds since the Unix epoch.
-pub fn unix_now_us() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// Formats an LSN the way PostgreSQL does (`16/B374D848`).
-pub fn format_lsn(lsn: u64) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
-}
-
-/// Parses PostgreSQL's `X/Y` LSN notation.
-pub fn parse_lsn(s: &str) -> Option<u64> {
-    let (hi, lo) = s.split_once('/')?;
-    let hi = u32::from_str_radix(hi, 16).ok()?;
-    let lo = u32::from_str_radix(lo, 16).ok()?;
-    Some((u64::from(hi) << 32) | u64::from(lo))
-}
 
 /// Quotes an SQL identifier (`my"slot` becomes `"my""slot"`).
 pub fn quote_ident(name: &str) -> String {
@@ -557,15 +535,6 @@ fn unexpected(during: &str, msg: &Backend) -> WalError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lsn_round_trip() {
-        assert_eq!(format_lsn(0x16_B374_D848), "16/B374D848");
-        assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
-        assert_eq!(parse_lsn("0/0"), Some(0));
-        assert_eq!(parse_lsn("x/1"), None);
-        assert_eq!(parse_lsn("1"), None);
-    }
 
     #[test]
     fn quoting() {

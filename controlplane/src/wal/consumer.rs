@@ -8,9 +8,11 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 
-use super::conn::{format_lsn, unix_now_us, ReplicationConn, ReplicationEvent, PG_EPOCH_UNIX_US};
+use super::conn::{ReplicationConn, ReplicationEvent};
 use super::pgoutput::{parse_message, Message};
 use super::{slot, Change, ReplicationState, WalConfig, WalError, WalEvent, WalTxn};
+use crate::clock::{unix_now_us, PG_EPOCH_UNIX_US};
+use crate::lsn::format_lsn;
 
 /// How a session ended without an error.
 enum Stop {

@@ -23,8 +23,9 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::conn::{parse_lsn, quote_ident};
+use super::conn::quote_ident;
 use super::WalError;
+use crate::lsn::parse_lsn;
 
 /// Which tables a publication covers.
 #[derive(Debug, Clone, PartialEq, Eq)]

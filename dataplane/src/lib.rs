@@ -3,8 +3,8 @@
 //! - [`store`]: the fixed-budget, single-writer / many-reader cache in a hugepage region.
 //! - [`resp`]: the RESP2/RESP3 codec (requests borrow from the input buffer, replies are composed
 //!   straight into the output buffer).
-//! - [`pgwire`]: the PostgreSQL wire protocol 3.0 codec (server side), authentication and
-//!   statement classification for the cache.
+//! - [`pgwire`]: the PostgreSQL wire protocol 3.0 codec (server side) and statement
+//!   classification for the cache (authentication is relayed to the origin, not checked here).
 //! - [`row`]: how a row is laid out in the store's sections.
 //! - [`keyspace`]: key names (`users:42`) to store keys (table id, pk text).
 //! - [`plane`]: the typed queues and shared counters between the cores and the control plane.

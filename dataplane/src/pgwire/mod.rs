@@ -1,14 +1,13 @@
 #![deny(unsafe_code)]
 //! PostgreSQL wire protocol 3.0, server side: startup, frontend message parsing, backend
-//! message composition, authentication (SCRAM-SHA-256, md5, trust) and statement
-//! classification for the cache.
+//! message composition and statement classification for the cache. Authentication is not
+//! checked here: the control plane's relay hands the origin's own exchange through.
 //!
 //! # Purpose and place on the hit path
 //! The engine hands [`parse_startup`] the first bytes of a connection, then
 //! [`parse_frontend`] the start of its input buffer for every later message. Both return a
 //! borrowing, validated view and the bytes consumed. Replies are written by the `compose_*`
-//! functions straight into the engine's output `Vec<u8>`. [`auth`] and [`scram`] check
-//! credentials during startup (not on the hit path; they may allocate). [`classify`] decides
+//! functions straight into the engine's output `Vec<u8>`. [`classify`] decides
 //! whether a statement can be served from cache; it parses SQL with `sqlparser` and allocates,
 //! so it runs once per distinct statement text (at Parse, or at first sight of a simple query
 //! text), never per request. The codec knows nothing of the store, of transports or of I/O.
@@ -22,8 +21,7 @@
 //! - Parsing and composing allocate nothing beyond growing the caller's output buffer.
 //!
 //! # Thread model
-//! Pure functions over borrowed bytes; each dataplane core uses its own buffers. The SCRAM
-//! exchange is a small per-connection state value.
+//! Pure functions over borrowed bytes; each dataplane core uses its own buffers.
 //!
 //! # Limitations
 //! - Protocol 3.0 only (3.x requests are accepted; the caller negotiates down to 3.0). No
@@ -32,13 +30,11 @@
 //!   which costs O(1) (only the five header bytes are read until the message is complete).
 //! - Copy and FunctionCall messages are recognised and refused, not served.
 
-pub mod auth;
 mod backend;
 mod bind;
 pub mod classify;
 mod frame;
 mod frontend;
-pub mod scram;
 mod startup;
 
 #[cfg(test)]

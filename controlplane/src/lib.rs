@@ -18,6 +18,7 @@ pub mod fill;
 pub mod keytext;
 pub mod lsn;
 pub mod metrics;
+pub mod origin;
 pub mod pgfront;
 pub mod rowjson;
 pub mod server;

@@ -107,7 +107,7 @@ impl Pgline {
         let pg = cfg.origin.pg_config()?;
         let mgr = deadpool_postgres::Manager::from_config(
             pg.clone(),
-            tokio_postgres::NoTls,
+            crate::origin::pg_tls(),
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },

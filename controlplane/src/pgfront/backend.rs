@@ -1,10 +1,10 @@
-//! One origin connection of the relay: raw protocol 3.0 over a tokio `TcpStream`, framed with
-//! `postgres_protocol`'s backend `Header`.
+//! One origin connection of the relay: raw protocol 3.0 over the origin connector's
+//! [`OriginConn`] (connection, framing and pgline's own login live in [`crate::origin`]).
 //!
-//! Invariants: a frame larger than [`MAX_FRAME`] is a protocol error; `prepared` holds the
-//! statement names (`pgl_...`) this connection has (see `plan`); a connection in
-//! authentication holds a [`StartupSlot`] (see `admit`), and reads from it end at the slot's
-//! deadline.
+//! Invariants: a frame larger than [`crate::origin::MAX_FRAME`] is a protocol error;
+//! `prepared` holds the statement names (`pgl_...`) this connection has (see `plan`); a
+//! connection in authentication holds a [`StartupSlot`] (see `admit`), and reads from it end
+//! at the slot's deadline.
 //!
 //! Thread model: owned by one session task at a time (or idle in its pool).
 
@@ -15,28 +15,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use postgres_protocol::authentication::{md5_hash, sasl};
-use postgres_protocol::message::{backend::Header, frontend};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use postgres_protocol::message::frontend;
 
 use super::admit::StartupSlot;
-pub use crate::wal::conn::MAX_FRAME;
+pub use crate::origin::OriginAddr;
+use crate::origin::{self, Credentials, LoginError, OriginConn};
 
 /// One row of text columns (`None`: NULL).
 pub type Row = Vec<Option<String>>;
 
-/// Where the origin listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OriginAddr {
-    pub host: String,
-    pub port: u16,
-}
-
 /// An origin connection.
 pub struct Backend {
-    stream: TcpStream,
-    rbuf: BytesMut,
+    conn: OriginConn,
     /// The origin's own BackendKeyData (for cancel).
     pub pid: i32,
     pub secret: i32,
@@ -102,10 +92,9 @@ impl CancelGate {
 impl Backend {
     /// Opens a TCP connection to the origin (no startup yet).
     pub async fn connect(addr: &OriginAddr, timeout: Duration) -> io::Result<Backend> {
-        let stream = open(addr, timeout).await?;
+        let conn = OriginConn::open(addr, Some(timeout), 16 * 1024).await?;
         Ok(Backend {
-            stream,
-            rbuf: BytesMut::with_capacity(16 * 1024),
+            conn,
             pid: 0,
             secret: 0,
             prepared: HashSet::new(),
@@ -145,19 +134,11 @@ impl Backend {
     /// `MSG_PEEK` on the socket, so that input the runtime has not been told about yet is
     /// seen too.
     pub fn unusable(&self) -> bool {
-        if !self.rbuf.is_empty() {
-            return true;
-        }
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        // The socket is non-blocking (tokio's): nothing pending is WouldBlock.
-        match socket2::SockRef::from(&self.stream).peek(&mut probe) {
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
-            Ok(_) => true,
-        }
+        self.conn.unusable()
     }
 
     pub async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes).await
+        self.conn.write_all(bytes).await
     }
 
     /// One whole backend message, tag and length word included; in authentication, an
@@ -176,22 +157,7 @@ impl Backend {
     }
 
     async fn read_frame_now(&mut self) -> io::Result<Bytes> {
-        loop {
-            if let Some(header) = Header::parse(&self.rbuf)? {
-                let total = usize::try_from(header.len())
-                    .ok()
-                    .and_then(|l| l.checked_add(1))
-                    .filter(|&t| t <= MAX_FRAME)
-                    .ok_or_else(|| io::Error::other("backend frame too large"))?;
-                if self.rbuf.len() >= total {
-                    return Ok(self.rbuf.split_to(total).freeze());
-                }
-                self.rbuf.reserve(total - self.rbuf.len());
-            }
-            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-        }
+        Ok(self.conn.read_frame().await?)
     }
 
     /// Runs pgline's own simple query; `Ok(Some(first column of the first row))` on success,
@@ -253,68 +219,27 @@ pub struct Opener {
 }
 
 impl Backend {
-    /// Opens and authenticates a connection with `o`'s startup message and password
-    /// (cleartext, md5, SCRAM-SHA-256), up to ReadyForQuery.
+    /// Opens a connection and logs it in with `o`'s startup message and password (see
+    /// [`origin::login`]), up to ReadyForQuery.
     pub async fn open(o: &Opener) -> io::Result<Backend> {
         let mut b = Backend::connect(&o.origin, o.timeout).await?;
-        b.write(&o.startup).await?;
-        let mut scram: Option<sasl::ScramSha256> = None;
-        let auth_err = |e: io::Error| io::Error::new(io::ErrorKind::PermissionDenied, e);
-        loop {
-            let f = b.read_frame().await?;
-            let mut buf = BytesMut::new();
-            match (
-                f[0],
-                f.get(5..9)
-                    .map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]])),
-            ) {
-                (b'R', Some(0)) => continue,
-                (b'R', Some(3)) => frontend::password_message(&o.password, &mut buf)?,
-                (b'R', Some(5)) => {
-                    let salt: [u8; 4] = f
-                        .get(9..13)
-                        .and_then(|s| s.try_into().ok())
-                        .ok_or_else(|| io::Error::other("short md5 salt"))?;
-                    let hash = md5_hash(o.user.as_bytes(), &o.password, salt);
-                    frontend::password_message(hash.as_bytes(), &mut buf)?;
-                }
-                (b'R', Some(10)) => {
-                    let s =
-                        sasl::ScramSha256::new(&o.password, sasl::ChannelBinding::unsupported());
-                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut buf)?;
-                    scram = Some(s);
-                }
-                (b'R', Some(11 | 12)) => {
-                    let s = scram
-                        .as_mut()
-                        .ok_or_else(|| io::Error::other("SASL message before SASL start"))?;
-                    if f[8] == 11 {
-                        s.update(&f[9..]).map_err(auth_err)?;
-                        frontend::sasl_response(s.message(), &mut buf)?;
-                    } else {
-                        s.finish(&f[9..]).map_err(auth_err)?;
-                        continue;
-                    }
-                }
-                (b'R', _) => return Err(io::Error::other("unsupported authentication request")),
-                (b'E', _) => {
-                    let text = String::from_utf8_lossy(&f[5..]).replace('\0', " ");
-                    return Err(io::Error::other(format!("origin refused: {}", text.trim())));
-                }
-                (b'K', _) if f.len() >= 13 => {
-                    b.pid = i32::from_be_bytes([f[5], f[6], f[7], f[8]]);
-                    b.secret = i32::from_be_bytes([f[9], f[10], f[11], f[12]]);
-                    continue;
-                }
-                (b'Z', _) => return Ok(b),
-                _ => continue,
-            }
-            b.write(&buf).await?;
-        }
+        let who = Credentials {
+            user: &o.user,
+            password: Some(&o.password),
+        };
+        let logged = origin::login(&mut b.conn, &o.startup, who)
+            .await
+            .map_err(|e| match e {
+                LoginError::Frame(e) => e.into(),
+                LoginError::Auth(_) => io::Error::new(io::ErrorKind::PermissionDenied, e),
+                e => io::Error::other(e),
+            })?;
+        b.pid = logged.pid;
+        b.secret = logged.secret;
+        Ok(b)
     }
 }
 
-/// The text of a DataRow's first column.
 /// The columns of a DataRow message (whole frame, tag included) as text (lossy UTF-8; `None`
 /// for NULL); `None` if the message is malformed.
 pub fn row_texts(frame: &[u8]) -> Option<Row> {
@@ -336,14 +261,6 @@ pub fn row_texts(frame: &[u8]) -> Option<Row> {
     Some(cols)
 }
 
-async fn open(addr: &OriginAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect((addr.host.as_str(), addr.port)))
-        .await
-        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-    stream.set_nodelay(true)?;
-    Ok(stream)
-}
-
 /// What became of a CancelRequest.
 #[derive(Debug)]
 pub enum CancelSent {
@@ -362,53 +279,20 @@ pub async fn send_cancel(
     pid: i32,
     secret: i32,
 ) -> CancelSent {
-    let mut stream = match open(addr, timeout).await {
-        Ok(s) => s,
+    let mut conn = match OriginConn::open(addr, Some(timeout), 0).await {
+        Ok(c) => c,
         Err(e) => return CancelSent::NotSent(e),
     };
     let mut buf = BytesMut::new();
     frontend::cancel_request(pid, secret, &mut buf);
-    if let Err(e) = stream.write_all(&buf).await {
+    if let Err(e) = conn.write_all(&buf).await {
         return CancelSent::Unknown(e);
     }
-    let mut sink = [0u8; 16];
-    match tokio::time::timeout(timeout, stream.read(&mut sink)).await {
-        Ok(Ok(0)) => CancelSent::Landed,
-        Ok(Ok(_)) => CancelSent::Unknown(io::Error::other("the origin answered a CancelRequest")),
-        Ok(Err(e)) => CancelSent::Unknown(e),
-        Err(_) => CancelSent::Unknown(io::ErrorKind::TimedOut.into()),
+    match conn.read_some(timeout).await {
+        Ok(0) => CancelSent::Landed,
+        Ok(_) => CancelSent::Unknown(io::Error::other("the origin answered a CancelRequest")),
+        Err(e) => CancelSent::Unknown(e),
     }
-}
-
-/// A complete backend message: `tag`, length word, body.
-pub fn compose_message(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(5 + body.len());
-    m.push(tag);
-    m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
-    m.extend_from_slice(body);
-    m
-}
-
-/// An ErrorResponse with severity, SQLSTATE and message.
-pub fn compose_error(severity: &str, code: &str, message: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    for (k, v) in [
-        (b'S', severity),
-        (b'V', severity),
-        (b'C', code),
-        (b'M', message),
-    ] {
-        body.push(k);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    compose_message(b'E', &body)
-}
-
-/// ReadyForQuery with `status`.
-pub fn compose_ready(status: u8) -> Vec<u8> {
-    compose_message(b'Z', &[status])
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@
 
 mod admit;
 mod backend;
+mod error;
 mod plan;
 mod pool;
 mod results;
@@ -54,7 +55,6 @@ use std::time::Duration;
 
 use pgline_dataplane::plane::{PgReply, PgRequest, PgRequestKind, Shared};
 use tokio::sync::{mpsc, watch, Notify};
-use tokio_postgres::config::Host;
 
 pub use admit::OriginStats;
 pub use backend::OriginAddr;
@@ -97,18 +97,9 @@ impl RelayConfig {
     /// From `[pgwire]` and the origin's first TCP host in `origin.url`.
     pub fn from_config(cfg: &Config) -> Result<RelayConfig, ConfigError> {
         let pg = cfg.origin.pg_config()?;
-        let ports = pg.get_ports();
-        let origin = pg
-            .get_hosts()
-            .iter()
-            .enumerate()
-            .find_map(|(i, h)| match h {
-                Host::Tcp(name) => Some(OriginAddr {
-                    host: name.clone(),
-                    port: ports.get(i).or(ports.first()).copied().unwrap_or(5432),
-                }),
-                _ => None,
-            })
+        let origin = crate::origin::tcp_addrs(&pg)
+            .into_iter()
+            .next()
             .ok_or_else(|| ConfigError::Invalid {
                 key: "origin.url",
                 reason: "the PostgreSQL front needs a TCP host".into(),
@@ -278,7 +269,7 @@ impl RelayState {
         let cfg = self.cfg.own_session.as_ref()?;
         self.baseline
             .get_or_try_init(|| async {
-                let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+                let (client, conn) = cfg.connect(crate::origin::pg_tls()).await?;
                 let task = tokio::spawn(conn);
                 let sql = format!(
                     "SELECT {}",

@@ -25,6 +25,7 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::{BufMut, BytesMut};
+use pgline_dataplane::pgwire::{self, sqlstate, ErrorFields};
 use postgres_protocol::message::frontend;
 
 pub const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";
@@ -42,28 +43,17 @@ pub enum PlanError {
 }
 
 /// A frontend message: its tag and body (length word stripped).
-#[derive(Debug, Clone, Copy)]
-pub struct Frame<'a> {
-    pub tag: u8,
-    pub body: &'a [u8],
-}
+pub use pgwire::Frame;
 
-/// Splits a run of complete frontend messages.
+/// Splits a run of complete frontend messages (the core has checked their sizes already).
 pub fn parse_frames(mut buf: &[u8]) -> Result<Vec<Frame<'_>>, PlanError> {
     let mut frames = Vec::new();
     while !buf.is_empty() {
-        if buf.len() < 5 {
+        let Ok(Some((frame, n))) = pgwire::split_frame(buf, usize::MAX) else {
             return Err(PlanError::Malformed);
-        }
-        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-        if len < 4 || buf.len() < 1 + len {
-            return Err(PlanError::Malformed);
-        }
-        frames.push(Frame {
-            tag: buf[0],
-            body: &buf[5..1 + len],
-        });
-        buf = &buf[1 + len..];
+        };
+        frames.push(frame);
+        buf = &buf[n..];
     }
     Ok(frames)
 }
@@ -282,9 +272,10 @@ fn plan_parse(
     }
     if stmts.contains_key(name) {
         let msg = format!("prepared statement \"{name}\" already exists");
-        plan.acts.push(Act::Fail(super::backend::compose_error(
-            "ERROR", "42P05", &msg,
-        )));
+        let mut reply = Vec::new();
+        let e = ErrorFields::error(sqlstate::DUPLICATE_PREPARED_STATEMENT, msg.as_bytes());
+        pgwire::compose_error_response(&mut reply, &e);
+        plan.acts.push(Act::Fail(reply));
         return Ok(());
     }
     let st = Stmt {
@@ -604,7 +595,9 @@ pub fn rename_statement(frame: &[u8], ours: &str, theirs: &str) -> Vec<u8> {
         rest = &tail[end + 1..];
     }
     body.push(0);
-    super::backend::compose_message(frame[0], &body)
+    let mut out = Vec::with_capacity(5 + body.len());
+    pgwire::compose_message(&mut out, frame[0], &body);
+    out
 }
 
 /// The LSN in a DataRow with one text column `X/Y`.

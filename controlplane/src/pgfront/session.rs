@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use pgline_dataplane::pgwire;
+use pgline_dataplane::pgwire::{self, sqlstate};
 use pgline_dataplane::plane::{
     PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultFill, PG_FLOW_WINDOW,
     RESULT_MAX_BYTES,
@@ -31,12 +31,14 @@ use pgline_dataplane::plane::{
 use tokio::sync::mpsc;
 
 use super::admit;
-use super::backend::{compose_error, compose_message, compose_ready, Backend, Opener};
+use super::backend::{Backend, Opener};
+use super::error::{compose_ready, RelayError, Retry, Source};
 use super::plan::{self, Plan, Step, Stmt, Tracker};
 use super::pool::{Pool, PoolError};
 use super::results;
 use super::state::{self, OriginState};
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
+use crate::origin;
 
 /// How a batch went on its backend.
 #[derive(Default)]
@@ -150,14 +152,21 @@ fn out_for<'a>(relay: &'a RelayState, req: &PgRequest, flow: Option<&Arc<PgFlow>
 /// Answers a request of a session the relay does not know (it ended) with a fatal error.
 pub(super) async fn refuse_unknown(relay: &RelayState, req: PgRequest) {
     let mut out = out_for(relay, &req, None);
-    out.buf = compose_error("FATAL", "08006", "pgline: session closed");
+    let e = RelayError::new(
+        Source::Pgline,
+        Retry::Reconnect,
+        sqlstate::CONNECTION_FAILURE,
+        "pgline: session closed",
+    );
+    e.compose_fatal(&mut out.buf);
     out.finish(PgReplyEnd::Close, 0).await;
 }
 
 /// Refuses a startup past `max_sessions`.
 pub(super) async fn refuse_full(relay: &RelayState, req: PgRequest) {
     let mut out = out_for(relay, &req, None);
-    out.buf = compose_error("FATAL", "53300", "sorry, too many clients already");
+    RelayError::busy(Retry::Reconnect, "sorry, too many clients already")
+        .compose_fatal(&mut out.buf);
     out.finish(PgReplyEnd::Close, 0).await;
 }
 
@@ -268,9 +277,9 @@ impl Session {
         }
     }
 
-    async fn fatal(&mut self, req: &PgRequest, code: &str, message: &str) {
+    async fn fatal(&mut self, req: &PgRequest, e: &RelayError) {
         let mut out = out_for(&self.relay, req, self.flow.as_ref());
-        out.buf = compose_error("FATAL", code, message);
+        e.compose_fatal(&mut out.buf);
         out.finish(PgReplyEnd::Close, 0).await;
         self.closed = true;
     }
@@ -285,7 +294,8 @@ impl Session {
             settings,
         }) = parse_startup(&req.messages)
         else {
-            return self.fatal(&req, "08P01", "invalid startup packet").await;
+            let e = RelayError::client(sqlstate::PROTOCOL_VIOLATION, "invalid startup packet");
+            return self.fatal(&req, &e).await;
         };
         self.database = database;
         self.plain_startup = settings.is_empty();
@@ -294,7 +304,8 @@ impl Session {
         self.user = user;
         // At most `max_pending_startups` origin connections in authentication (see `admit`).
         let Some(slot) = self.relay.admission.admit().await else {
-            return self.fatal(&req, "53300", admit::STARTUP_REFUSED).await;
+            let e = RelayError::busy(Retry::Reconnect, admit::STARTUP_REFUSED);
+            return self.fatal(&req, &e).await;
         };
         let cfg = &self.relay.cfg;
         match Backend::connect(&cfg.origin, cfg.connect_timeout).await {
@@ -308,17 +319,23 @@ impl Session {
 
     async fn origin_gone(&mut self, req: &PgRequest, e: &std::io::Error) {
         if admit::is_auth_timeout(e) {
-            return self.fatal(req, "08006", admit::AUTH_TIMED_OUT).await;
+            let e = RelayError::new(
+                Source::Client,
+                Retry::Reconnect,
+                sqlstate::CONNECTION_FAILURE,
+                admit::AUTH_TIMED_OUT,
+            );
+            return self.fatal(req, &e).await;
         }
         let msg = format!("pgline: cannot reach the origin: {e}");
-        self.fatal(req, "08006", &msg).await;
+        self.fatal(req, &RelayError::origin(Retry::Reconnect, msg))
+            .await;
     }
 
     async fn auth(&mut self, req: PgRequest) {
         let Some(mut b) = self.auth.take() else {
-            return self
-                .fatal(&req, "08P01", "unexpected password message")
-                .await;
+            let e = RelayError::client(sqlstate::PROTOCOL_VIOLATION, "unexpected password message");
+            return self.fatal(&req, &e).await;
         };
         match b.write(&req.messages).await {
             Ok(()) => self.relay_auth(req, b).await,
@@ -337,21 +354,21 @@ impl Session {
             match frame[0] {
                 b'R' => {
                     out.buf.extend_from_slice(&frame);
-                    let code = frame
-                        .get(5..9)
-                        .map(|c| i32::from_be_bytes([c[0], c[1], c[2], c[3]]));
-                    match code {
+                    match origin::auth_request(&frame).map(|(code, _)| code) {
                         Some(0 | 12) => {}
                         Some(3 | 5 | 10 | 11) => {
                             self.auth = Some(b);
                             return out.finish(PgReplyEnd::Auth, 0).await;
                         }
                         _ => {
-                            out.buf = compose_error(
-                                "FATAL",
-                                "28000",
+                            out.buf.clear();
+                            RelayError::new(
+                                Source::Pgline,
+                                Retry::Never,
+                                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
                                 "pgline: authentication method not supported",
-                            );
+                            )
+                            .compose_fatal(&mut out.buf);
                             self.closed = true;
                             return out.finish(PgReplyEnd::Close, 0).await;
                         }
@@ -363,11 +380,12 @@ impl Session {
                     return out.finish(PgReplyEnd::Close, 0).await;
                 }
                 b'K' => {
-                    b.pid = i32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]);
-                    b.secret = i32::from_be_bytes([frame[9], frame[10], frame[11], frame[12]]);
-                    let mut body = self.key.0.to_be_bytes().to_vec();
-                    body.extend_from_slice(&self.key.1.to_be_bytes());
-                    out.buf.extend_from_slice(&compose_message(b'K', &body));
+                    let Some((pid, secret)) = origin::backend_key(&frame) else {
+                        let e = std::io::Error::other("malformed BackendKeyData");
+                        return self.origin_gone(&req, &e).await;
+                    };
+                    (b.pid, b.secret) = (pid, secret);
+                    pgwire::compose_backend_key_data(&mut out.buf, self.key.0, self.key.1);
                 }
                 b'Z' => {
                     out.buf.extend_from_slice(&frame);
@@ -375,11 +393,12 @@ impl Session {
                         Ok(Some(s)) => s,
                         Ok(None) => {
                             tokio::spawn(b.terminate());
-                            out.buf = compose_error(
-                                "FATAL",
-                                "08006",
+                            out.buf.clear();
+                            RelayError::origin(
+                                Retry::Reconnect,
                                 "pgline: the origin did not tell the session's state",
-                            );
+                            )
+                            .compose_fatal(&mut out.buf);
                             self.closed = true;
                             return out.finish(PgReplyEnd::Close, 0).await;
                         }
@@ -393,7 +412,9 @@ impl Session {
                     let key = format!("{}\0{}", self.startup_settings, self.login_state);
                     let Some(pool) = self.relay.pool(&self.user, &self.database, &key) else {
                         tokio::spawn(b.terminate());
-                        out.buf = compose_error("FATAL", "53300", admit::POOLS_FULL);
+                        out.buf.clear();
+                        RelayError::busy(Retry::Reconnect, admit::POOLS_FULL)
+                            .compose_fatal(&mut out.buf);
                         self.closed = true;
                         return out.finish(PgReplyEnd::Close, 0).await;
                     };
@@ -429,19 +450,23 @@ impl Session {
     }
 
     /// The backend for the next batch: the pinned one or one from the pool.
-    async fn backend(&mut self) -> Result<Backend, (&'static str, String)> {
+    /// Busy (no connection free in time) is [`Retry::Later`]: the client may try again.
+    async fn backend(&mut self) -> Result<Backend, RelayError> {
         if let Some(b) = self.pinned.take() {
             return Ok(b);
         }
         let Some(pool) = self.pool.clone() else {
-            return Err(("08P01", "pgline: batch before startup".into()));
+            return Err(RelayError::client(
+                sqlstate::PROTOCOL_VIOLATION,
+                "pgline: batch before startup",
+            ));
         };
         pool.take(POOL_WAIT).await.map_err(|e| {
-            let code = match e {
-                PoolError::Timeout => "53300",
-                PoolError::Empty | PoolError::Open => "08006",
-            };
-            (code, format!("pgline: {e}"))
+            let msg = format!("pgline: {e}");
+            match e {
+                PoolError::Timeout => RelayError::busy(Retry::Later, msg),
+                PoolError::Empty | PoolError::Open => RelayError::origin(Retry::Reconnect, msg),
+            }
         })
     }
 
@@ -449,24 +474,24 @@ impl Session {
         let cache = req.cache.take();
         if std::mem::take(&mut self.lost) {
             let mut out = out_for(&self.relay, &req, self.flow.as_ref());
-            out.buf = compose_error(
-                "ERROR",
-                "08006",
+            RelayError::origin(
+                Retry::Later,
                 "pgline: the origin connection of this transaction was lost; it is rolled back",
-            );
-            out.buf.extend_from_slice(&compose_ready(b'I'));
+            )
+            .compose_error(&mut out.buf);
+            compose_ready(&mut out.buf, b'I');
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         }
         let mut b = match self.backend().await {
             Ok(b) => b,
-            Err(("53300", msg)) => {
+            Err(e) if e.retry == Retry::Later => {
                 // Busy, not broken: the client may try again.
                 let mut out = out_for(&self.relay, &req, self.flow.as_ref());
-                out.buf = compose_error("ERROR", "53300", &msg);
-                out.buf.extend_from_slice(&compose_ready(self.status));
+                e.compose_error(&mut out.buf);
+                compose_ready(&mut out.buf, self.status);
                 return out.finish(PgReplyEnd::Ready(self.status), 0).await;
             }
-            Err((code, msg)) => return self.fatal(&req, code, &msg).await,
+            Err(e) => return self.fatal(&req, &e).await,
         };
         let idle_before = self.status == b'I' && !self.sticky;
         // A cacheable statement's answer needs its RowDescription (see `results`).
@@ -487,7 +512,8 @@ impl Session {
                     self.discard();
                     tokio::spawn(b.terminate());
                 }
-                return self.fatal(&req, "08P01", &format!("pgline: {e}")).await;
+                let e = RelayError::client(sqlstate::PROTOCOL_VIOLATION, format!("pgline: {e}"));
+                return self.fatal(&req, &e).await;
             }
         };
         // Behind a COPY the fence query would land in the copy stream, and behind a batch
@@ -540,13 +566,13 @@ impl Session {
             self.status = b'I';
             self.sticky = false;
             if !o.failed {
-                out.buf.extend_from_slice(&compose_error(
-                    "ERROR",
-                    "08006",
+                RelayError::origin(
+                    Retry::Later,
                     "pgline: the origin connection failed during the request",
-                ));
+                )
+                .compose_error(&mut out.buf);
             }
-            out.buf.extend_from_slice(&compose_ready(b'I'));
+            compose_ready(&mut out.buf, b'I');
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         };
         // An answer is kept only if the session's origin state was the cache's before the

@@ -3,13 +3,14 @@
 //! Purpose: open a `replication=database` session, authenticate (cleartext, MD5 or
 //! SCRAM-SHA-256), run replication commands (`IDENTIFY_SYSTEM`, `START_REPLICATION ... LOGICAL`)
 //! and then exchange CopyBoth sub-messages: `XLogData`/keepalives in, Standby Status Updates out.
-//! `tokio-postgres` has no replication API, so this module frames messages itself with
-//! `postgres_protocol` (frontend messages, backend `Header`, SCRAM/MD5 helpers). Backend bodies
-//! are decoded here because `postgres_protocol::message::backend::Message` has no
-//! `CopyBothResponse`.
+//! `tokio-postgres` has no replication API, so this module speaks the protocol itself over the
+//! origin connector ([`crate::origin`]: connection, framing, login) and writes frontend messages
+//! with `postgres_protocol`. Backend bodies are decoded here because
+//! `postgres_protocol::message::backend::Message` has no `CopyBothResponse`.
 //!
 //! Invariants:
-//! - A backend frame larger than [`MAX_FRAME`] is a protocol error (bounded buffering).
+//! - A backend frame larger than [`crate::origin::MAX_FRAME`] is a protocol error (bounded
+//!   buffering).
 //! - [`ReplicationConn::recv`] is cancel-safe: bytes read so far stay in the connection's read
 //!   buffer, so it can sit in a `tokio::select!` next to timers and a shutdown signal.
 //! - All LSNs are plain `u64`; all timestamps on the wire are microseconds since 2000-01-01.
@@ -20,18 +21,12 @@
 //! origin link is the management network), first host that accepts wins.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use postgres_protocol::authentication::{md5_hash, sasl};
-use postgres_protocol::message::{backend::Header, frontend};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_postgres::config::Host;
+use postgres_protocol::message::frontend;
 
 use super::WalError;
 use crate::clock::{unix_now_us, PG_EPOCH_UNIX_US};
 use crate::lsn::{format_lsn, parse_lsn};
-
-/// Largest backend frame accepted (a row can be up to 1 GiB; leave room for headers).
-pub const MAX_FRAME: usize = (1 << 30) + (1 << 20);
+use crate::origin::{self, Credentials, FrameError, LoginError, OriginConn};
 
 /// Quotes an SQL identifier (`my"slot` becomes `"my""slot"`).
 pub fn quote_ident(name: &str) -> String {
@@ -78,6 +73,35 @@ struct ServerMessage {
     message: String,
 }
 
+impl From<FrameError> for WalError {
+    fn from(e: FrameError) -> WalError {
+        match e {
+            FrameError::Closed => WalError::Closed,
+            FrameError::Io(e) => WalError::Io(e),
+            other => WalError::Protocol(other.to_string()),
+        }
+    }
+}
+
+impl From<LoginError> for WalError {
+    fn from(e: LoginError) -> WalError {
+        match e {
+            LoginError::Frame(e) => e.into(),
+            LoginError::Refused {
+                severity,
+                code,
+                message,
+            } => WalError::Server {
+                severity,
+                code,
+                message,
+            },
+            LoginError::Auth(m) => WalError::Auth(m),
+            LoginError::Protocol(m) => WalError::Protocol(m),
+        }
+    }
+}
+
 impl From<ServerMessage> for WalError {
     fn from(m: ServerMessage) -> WalError {
         WalError::Server {
@@ -90,7 +114,6 @@ impl From<ServerMessage> for WalError {
 
 /// The backend messages this module understands; bodies are slices of the frame.
 enum Backend {
-    Auth(i32, Bytes),
     ReadyForQuery,
     Error(ServerMessage),
     Notice(ServerMessage),
@@ -106,8 +129,7 @@ enum Backend {
 
 /// An open replication session.
 pub struct ReplicationConn {
-    stream: TcpStream,
-    rbuf: BytesMut,
+    conn: OriginConn,
     wbuf: BytesMut,
     streaming: bool,
 }
@@ -120,10 +142,17 @@ impl ReplicationConn {
             .get_user()
             .ok_or_else(|| WalError::Config("no user".into()))?
             .to_owned();
-        let stream = open_tcp(config).await?;
+        let conn = origin::open_first(config, 64 * 1024)
+            .await
+            .map_err(|e| match e {
+                Some((addr, source)) => WalError::Connect {
+                    addr: addr.to_string(),
+                    source,
+                },
+                None => WalError::Config("no TCP host in origin config".into()),
+            })?;
         let mut conn = ReplicationConn {
-            stream,
-            rbuf: BytesMut::with_capacity(64 * 1024),
+            conn,
             wbuf: BytesMut::with_capacity(1024),
             streaming: false,
         };
@@ -143,72 +172,14 @@ impl ReplicationConn {
         if let Some(options) = config.get_options() {
             params.push(("options", options));
         }
-        frontend::startup_message(params, &mut conn.wbuf)?;
-        conn.flush().await?;
-        conn.authenticate(&user, config.get_password()).await?;
-        conn.wait_ready().await?;
+        let mut startup = BytesMut::new();
+        frontend::startup_message(params, &mut startup)?;
+        let who = Credentials {
+            user: &user,
+            password: config.get_password(),
+        };
+        origin::login(&mut conn.conn, &startup, who).await?;
         Ok(conn)
-    }
-
-    async fn authenticate(&mut self, user: &str, password: Option<&[u8]>) -> Result<(), WalError> {
-        let need_pw = || password.ok_or_else(|| WalError::Auth("password required".into()));
-        let mut scram: Option<sasl::ScramSha256> = None;
-        loop {
-            let (code, body) = match self.read_message().await? {
-                Backend::Auth(code, body) => (code, body),
-                Backend::Error(e) => return Err(e.into()),
-                Backend::Notice(n) => {
-                    log_notice(&n);
-                    continue;
-                }
-                other => return Err(unexpected("authentication", &other)),
-            };
-            match code {
-                0 => return Ok(()),
-                3 => frontend::password_message(need_pw()?, &mut self.wbuf)?,
-                5 => {
-                    let salt: [u8; 4] = body
-                        .get(..4)
-                        .and_then(|s| s.try_into().ok())
-                        .ok_or_else(|| WalError::Protocol("short MD5 salt".into()))?;
-                    let hash = md5_hash(user.as_bytes(), need_pw()?, salt);
-                    frontend::password_message(hash.as_bytes(), &mut self.wbuf)?;
-                }
-                10 => {
-                    let offers_scram = body
-                        .split(|&b| b == 0)
-                        .any(|m| m == sasl::SCRAM_SHA_256.as_bytes());
-                    if !offers_scram {
-                        return Err(WalError::Auth("server offers no SCRAM-SHA-256".into()));
-                    }
-                    let s = sasl::ScramSha256::new(need_pw()?, sasl::ChannelBinding::unsupported());
-                    frontend::sasl_initial_response(
-                        sasl::SCRAM_SHA_256,
-                        s.message(),
-                        &mut self.wbuf,
-                    )?;
-                    scram = Some(s);
-                }
-                11 | 12 => {
-                    let s = scram.as_mut().ok_or_else(|| {
-                        WalError::Protocol("SASL message before SASL start".into())
-                    })?;
-                    if code == 11 {
-                        s.update(&body).map_err(|e| WalError::Auth(e.to_string()))?;
-                        frontend::sasl_response(s.message(), &mut self.wbuf)?;
-                    } else {
-                        s.finish(&body).map_err(|e| WalError::Auth(e.to_string()))?;
-                        continue;
-                    }
-                }
-                other => {
-                    return Err(WalError::Auth(format!(
-                        "unsupported authentication request {other}"
-                    )))
-                }
-            }
-            self.flush().await?;
-        }
     }
 
     /// Reads until `ReadyForQuery`; an `ErrorResponse` before it is returned as the error.
@@ -356,68 +327,21 @@ impl ReplicationConn {
     }
 
     async fn flush(&mut self) -> Result<(), WalError> {
-        self.stream.write_all(&self.wbuf).await?;
+        self.conn.write_all(&self.wbuf).await?;
         self.wbuf.clear();
         Ok(())
     }
 
-    /// Reads one whole backend message (cancel-safe: partial input stays in `rbuf`).
+    /// Reads one whole backend message (cancel-safe: partial input stays in the connection's
+    /// buffer).
     async fn read_message(&mut self) -> Result<Backend, WalError> {
-        loop {
-            if let Some(header) = Header::parse(&self.rbuf)? {
-                let total = usize::try_from(header.len())
-                    .ok()
-                    .and_then(|l| l.checked_add(1))
-                    .filter(|&t| t <= MAX_FRAME)
-                    .ok_or_else(|| WalError::Protocol("backend frame too large".into()))?;
-                if self.rbuf.len() >= total {
-                    let frame = self.rbuf.split_to(total).freeze();
-                    return parse_backend(header.tag(), frame.slice(5..));
-                }
-                self.rbuf.reserve(total - self.rbuf.len());
-            }
-            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-                return Err(WalError::Closed);
-            }
-        }
+        let frame = self.conn.read_frame().await?;
+        parse_backend(frame[0], frame.slice(5..))
     }
 }
 
-/// Opens a TCP connection to the first reachable TCP host of `config`.
-async fn open_tcp(config: &tokio_postgres::Config) -> Result<TcpStream, WalError> {
-    let ports = config.get_ports();
-    let mut last = WalError::Config("no TCP host in origin config".into());
-    for (i, host) in config.get_hosts().iter().enumerate() {
-        let Host::Tcp(name) = host else { continue };
-        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        let addr = format!("{name}:{port}");
-        let attempt = TcpStream::connect((name.as_str(), port));
-        let result = match config.get_connect_timeout() {
-            Some(t) => tokio::time::timeout(*t, attempt)
-                .await
-                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
-            None => attempt.await,
-        };
-        match result {
-            Ok(stream) => {
-                stream.set_nodelay(true)?;
-                return Ok(stream);
-            }
-            Err(source) => last = WalError::Connect { addr, source },
-        }
-    }
-    Err(last)
-}
-
-fn parse_backend(tag: u8, mut body: Bytes) -> Result<Backend, WalError> {
+fn parse_backend(tag: u8, body: Bytes) -> Result<Backend, WalError> {
     Ok(match tag {
-        b'R' => {
-            if body.len() < 4 {
-                return Err(WalError::Protocol("short authentication message".into()));
-            }
-            let code = body.get_i32();
-            Backend::Auth(code, body)
-        }
         b'Z' => Backend::ReadyForQuery,
         b'E' => Backend::Error(parse_fields(&body)),
         b'N' => Backend::Notice(parse_fields(&body)),
@@ -432,24 +356,12 @@ fn parse_backend(tag: u8, mut body: Bytes) -> Result<Backend, WalError> {
 
 /// Fields of an ErrorResponse/NoticeResponse; malformed trailing bytes are ignored.
 fn parse_fields(body: &[u8]) -> ServerMessage {
-    let mut m = ServerMessage::default();
-    let mut rest = body;
-    while let Some((&kind, tail)) = rest.split_first() {
-        if kind == 0 {
-            break;
-        }
-        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
-        let value = String::from_utf8_lossy(&tail[..end]).into_owned();
-        match kind {
-            b'V' => m.severity = value,
-            b'S' if m.severity.is_empty() => m.severity = value,
-            b'C' => m.code = value,
-            b'M' => m.message = value,
-            _ => {}
-        }
-        rest = tail.get(end + 1..).unwrap_or(&[]);
+    let (severity, code, message) = origin::error_fields(body);
+    ServerMessage {
+        severity,
+        code,
+        message,
     }
-    m
 }
 
 fn parse_data_row(mut body: Bytes) -> Result<Vec<Option<Bytes>>, WalError> {
@@ -521,7 +433,6 @@ fn log_notice(n: &ServerMessage) {
 fn unexpected(during: &str, msg: &Backend) -> WalError {
     let tag = match msg {
         Backend::Other(t) => char::from(*t).to_string(),
-        Backend::Auth(..) => "R".into(),
         Backend::CopyData(_) => "d".into(),
         Backend::CopyBoth => "W".into(),
         Backend::CopyDone => "c".into(),

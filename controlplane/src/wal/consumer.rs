@@ -137,7 +137,7 @@ impl Session<'_> {
         origin: &tokio_postgres::Config,
         streamed_before: bool,
     ) -> Result<bool, WalError> {
-        let (client, connection) = origin.connect(tokio_postgres::NoTls).await?;
+        let (client, connection) = origin.connect(crate::origin::pg_tls()).await?;
         let driver = tokio::spawn(async move {
             let _ = connection.await;
         });

@@ -20,6 +20,18 @@ pub enum TxStatus {
     Failed,
 }
 
+impl TxStatus {
+    /// The status a ReadyForQuery byte stands for (`None`: not one of `I`, `T`, `E`).
+    pub fn from_byte(b: u8) -> Option<TxStatus> {
+        match b {
+            b'I' => Some(TxStatus::Idle),
+            b'T' => Some(TxStatus::InTransaction),
+            b'E' => Some(TxStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
 /// One column of a RowDescription.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FieldDescription<'a> {
@@ -148,6 +160,13 @@ fn put_count(out: &mut Vec<u8>, n: usize) {
 fn compose_empty(out: &mut Vec<u8>, tag: u8) {
     out.push(tag);
     put_i32(out, 4);
+}
+
+/// Any message, from its tag and body (for relaying a message with a field rewritten).
+pub fn compose_message(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
+    let at = begin(out, tag);
+    out.extend_from_slice(body);
+    finish(out, at);
 }
 
 /// The one-byte answer to SSLRequest or GSSENCRequest: `S`/`G` to accept, `N` to refuse.

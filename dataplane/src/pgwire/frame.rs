@@ -1,4 +1,5 @@
-//! Shared framing pieces of the pgwire codec: limits, errors and a checked body reader.
+//! Shared framing pieces of the pgwire codec: limits, errors, a checked body reader, and the
+//! tag-agnostic message splitter the control plane frames with.
 //!
 //! Purpose: every frontend message is `tag:u8 len:i32 body` (the startup packet has no tag);
 //! this file holds what both the startup and the regular parsers need. Invariants: a length
@@ -116,6 +117,44 @@ impl Invalid {
     }
 }
 
+/// One message of either direction, split off a buffer without looking inside it: its tag and
+/// its body (length word stripped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub tag: u8,
+    pub body: &'a [u8],
+}
+
+/// The whole length (tag, length word and body) the message at the start of `buf` claims, once
+/// its five header bytes are there. The claim is not checked.
+pub fn frame_len(buf: &[u8]) -> Option<usize> {
+    let len = u32::from_be_bytes(buf.get(1..5)?.try_into().ok()?);
+    usize::try_from(len).ok()?.checked_add(1)
+}
+
+/// Splits the message at the start of `buf`, whatever its tag: `Ok(Some((frame, consumed)))`
+/// when it is all there, `Ok(None)` while it is not. The length word is judged as soon as it is
+/// seen: below 4 is [`Invalid::BadLength`], above `max_len` (the length word's value, the tag
+/// not counted) is [`Invalid::TooLarge`]. For the tag-agnostic framing of the control plane
+/// (the origin's replies, a batch of client messages already checked by the core); the core
+/// itself parses with [`super::parse_frontend`].
+pub fn split_frame(buf: &[u8], max_len: usize) -> Result<Option<(Frame<'_>, usize)>, Invalid> {
+    let Some(total) = frame_len(buf) else {
+        return Ok(None);
+    };
+    let len = total - 1;
+    if len < 4 {
+        return Err(Invalid::BadLength);
+    }
+    if len > max_len {
+        return Err(Invalid::TooLarge);
+    }
+    Ok(buf.get(5..total).map(|body| {
+        let frame = Frame { tag: buf[0], body };
+        (frame, total)
+    }))
+}
+
 /// A checked cursor over one complete message body.
 pub(crate) struct Body<'a> {
     buf: &'a [u8],
@@ -191,4 +230,36 @@ impl<'a> Body<'a> {
 pub(crate) fn peek_i32(buf: &[u8], pos: usize) -> Option<i32> {
     let b = buf.get(pos..pos.checked_add(4)?)?;
     Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_frame_takes_any_tag_and_judges_the_length_early() {
+        let msg = b"Z\0\0\0\x05I";
+        assert_eq!(
+            split_frame(msg, 100),
+            Ok(Some((
+                Frame {
+                    tag: b'Z',
+                    body: b"I"
+                },
+                6
+            )))
+        );
+        let mut two = msg.to_vec();
+        two.extend_from_slice(b"\xff\0\0\0\x04");
+        assert_eq!(split_frame(&two, 100).map(|f| f.map(|f| f.1)), Ok(Some(6)));
+        for short in 0..msg.len() {
+            assert_eq!(split_frame(&msg[..short], 100), Ok(None), "{short}");
+        }
+        assert_eq!(frame_len(b"Z\0\0\0"), None);
+        assert_eq!(frame_len(b"Z\0\0\0\x05"), Some(6));
+        assert_eq!(split_frame(b"Z\0\0\0\x03", 100), Err(Invalid::BadLength));
+        // A huge claim is refused from its header alone, not waited for.
+        assert_eq!(split_frame(b"D\x40\0\0\0", 1 << 20), Err(Invalid::TooLarge));
+        assert_eq!(split_frame(b"D\xff\xff\xff\xff", usize::MAX), Ok(None));
+    }
 }

@@ -48,16 +48,17 @@ pub use backend::{
     compose_auth_cleartext, compose_auth_md5, compose_auth_ok, compose_auth_sasl,
     compose_auth_sasl_continue, compose_auth_sasl_final, compose_backend_key_data,
     compose_bind_complete, compose_close_complete, compose_command_complete, compose_data_row,
-    compose_empty_query_response, compose_error_response, compose_negotiate_protocol_version,
-    compose_no_data, compose_notice_response, compose_parameter_description,
-    compose_parameter_status, compose_parse_complete, compose_portal_suspended,
-    compose_ready_for_query, compose_row_description, compose_select_complete,
-    compose_ssl_response, ErrorFields, FieldDescription, Severity, TxStatus,
+    compose_empty_query_response, compose_error_response, compose_message,
+    compose_negotiate_protocol_version, compose_no_data, compose_notice_response,
+    compose_parameter_description, compose_parameter_status, compose_parse_complete,
+    compose_portal_suspended, compose_ready_for_query, compose_row_description,
+    compose_select_complete, compose_ssl_response, ErrorFields, FieldDescription, Severity,
+    TxStatus,
 };
 pub use bind::{Bind, Format, Params};
 pub use frame::{
-    Invalid, Limits, ParseError, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_PARAMS,
-    DEFAULT_MAX_STARTUP_BYTES,
+    frame_len, split_frame, Frame, Invalid, Limits, ParseError, DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_PARAMS, DEFAULT_MAX_STARTUP_BYTES,
 };
 pub use frontend::{
     parse_frontend, parse_password_message, parse_sasl_initial_response, Frontend, Oids,
@@ -68,7 +69,7 @@ pub use startup::{
     GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE,
 };
 
-/// SQLSTATE codes the front sends itself.
+/// SQLSTATE codes pgline sends itself (the core and the control plane's relay).
 pub mod sqlstate {
     /// `08P01` protocol_violation.
     pub const PROTOCOL_VIOLATION: &[u8; 5] = b"08P01";
@@ -86,4 +87,8 @@ pub mod sqlstate {
     pub const INVALID_CURSOR_NAME: &[u8; 5] = b"34000";
     /// `53300` too_many_connections.
     pub const TOO_MANY_CONNECTIONS: &[u8; 5] = b"53300";
+    /// `08006` connection_failure.
+    pub const CONNECTION_FAILURE: &[u8; 5] = b"08006";
+    /// `42P05` duplicate_prepared_statement.
+    pub const DUPLICATE_PREPARED_STATEMENT: &[u8; 5] = b"42P05";
 }

@@ -131,7 +131,7 @@ mod tests {
         compose_ready(&mut out, b'T');
         assert_eq!(
             out,
-            b"E\0\0\0\x1fSERROR\0VERROR\0C53300\0Mx\0\0Z\0\0\0\x05T".to_vec()
+            b"E\0\0\0\x1dSERROR\0VERROR\0C53300\0Mx\0\0Z\0\0\0\x05T".to_vec()
         );
     }
 }

@@ -6,7 +6,11 @@
 //!   start, waiting for replication to catch up, and the staleness probe.
 //! - [`resp`]: a raw RESP client (bytes in, whole frames out, unparsed) and RESP encoding.
 //! - [`pg`]: a raw PostgreSQL protocol client (SCRAM-SHA-256 login, whole backend messages
-//!   out), for tests that compare bytes or send what a driver would not.
+//!   out), for tests that compare bytes or send what a driver would not; its [`pg::Login`] is
+//!   the tests' one SCRAM client, also used by the dataplane's tests over their own sockets.
+//!
+//! `lab` and `resp` need the `pgline` feature (on by default); the dataplane's tests use the
+//! crate without it, so that they do not build the control plane.
 //!
 //! Invariants: every test database is dropped, with its replication slots, when its guard
 //! drops, so tests run in parallel without seeing each other's tables, publications or slots.
@@ -15,9 +19,11 @@
 //! needs `#[allow(dead_code)]`: see docs/decisions.md.
 #![deny(unsafe_code)]
 
+#[cfg(feature = "pgline")]
 pub mod lab;
 pub mod origin;
 pub mod pg;
+#[cfg(feature = "pgline")]
 pub mod resp;
 
 pub use origin::TestDb;

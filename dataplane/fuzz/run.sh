@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of the dataplane (fuzz_targets/*.rs) for a bounded time each, with
 # libFuzzer through cargo-fuzz, starting from the committed seeds (seeds/<target>/) and the
-# corpus grown by earlier runs (corpus/<target>/, not committed). Fails if any target finds a
+# corpus grown by earlier runs (corpus/<target>/, not committed), with dicts/<target>.dict as
+# its dictionary when there is one. Fails if any target finds a
 # crash or a broken invariant; the input that did it is in artifacts/<target>/.
 #
 #   dataplane/fuzz/run.sh                      # every target, 60 s each
@@ -48,7 +49,11 @@ for t in "${TARGETS[@]}"; do
     mkdir -p "corpus/$t" "seeds/$t"
     echo "== fuzz $t for ${SECONDS_EACH}s"
     log=$(mktemp)
-    if cargo "${TOOLCHAIN[@]}" fuzz run "$t" "corpus/$t" "seeds/$t" -- \
+    dict=()
+    if [ -f "dicts/$t.dict" ]; then
+        dict=(-dict="dicts/$t.dict")
+    fi
+    if cargo "${TOOLCHAIN[@]}" fuzz run "$t" "corpus/$t" "seeds/$t" -- "${dict[@]}" \
         -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         >"$log" 2>&1; then
         grep -E '^(Done|stat::number_of_executed_units|stat::new_units_added)' "$log" || true

@@ -1,4 +1,5 @@
 //! The `pgline` binary.
+#![deny(unsafe_code)]
 
 mod cli;
 

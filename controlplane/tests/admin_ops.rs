@@ -1,14 +1,12 @@
 //! The admin operations behind the REST API, against a real origin: flushes, key info, tables
 //! added (and warmed) and removed at run time, live config changes.
 
-mod common;
-mod support;
-
 use std::time::Duration;
 
-use common::TestDb;
 use pgline_controlplane::admin::{AdminError, TableState};
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 use redis::AsyncCommands;
 use serde_json::json;
 
@@ -31,8 +29,8 @@ async fn flushes_and_key_info() {
     let db = TestDb::create("adm_flush").await;
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(lab::config(&db, 1)).await;
+    let mut r = lab::redis(&p).await;
 
     // Tables.
     let names: Vec<String> = p.tables().into_iter().map(|t| t.name).collect();
@@ -66,7 +64,7 @@ async fn flushes_and_key_info() {
         .batch_execute("UPDATE users SET name = 'changed' WHERE id = 7")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let info = p.key_info("users:7").await.unwrap();
     assert!(info.cached, "{info:?}");
     let lsn2 = info.lsn.clone().unwrap();
@@ -174,10 +172,10 @@ async fn add_warm_and_remove_a_table_at_run_time() {
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
     // A table list: the publication lists tables, so adding one must ALTER it.
-    let mut cfg = support::config(&db, 2);
+    let mut cfg = lab::config(&db, 2);
     cfg.catalog.tables = vec!["users".into()];
-    let p = support::start(cfg).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(cfg).await;
+    let mut r = lab::redis(&p).await;
 
     origin
         .batch_execute(&format!(
@@ -211,7 +209,7 @@ async fn add_warm_and_remove_a_table_at_run_time() {
     let writes = {
         let conn = db.conn_string();
         tokio::spawn(async move {
-            let c = common::connect(&conn).await;
+            let c = origin::connect(&conn).await;
             let mut n = 0i64;
             loop {
                 let id = (n * 7919) % LATE_ROWS + 1;
@@ -257,7 +255,7 @@ async fn add_warm_and_remove_a_table_at_run_time() {
     let _ = writes.await;
     p.patch_config(&json!({"origin": {"fill_delay_ms": 0}}))
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
 
     let late = p.catalog.snapshot().find("late").unwrap().id;
     assert_eq!(
@@ -265,7 +263,7 @@ async fn add_warm_and_remove_a_table_at_run_time() {
         LATE_ROWS as usize,
         "every row is cached after warming"
     );
-    let stale = support::stale_entries(&p, &origin).await;
+    let stale = lab::stale_entries(&p, &origin).await;
     assert!(
         stale.is_empty(),
         "stale after warming under writes: {stale:?}"
@@ -286,7 +284,7 @@ async fn add_warm_and_remove_a_table_at_run_time() {
         .batch_execute("UPDATE late SET v = -5 WHERE id = 1999")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let v: Option<String> = r.get("late:1999").await.unwrap();
     assert_eq!(v.as_deref(), Some(r#"{"id":1999,"v":-5}"#));
 
@@ -331,10 +329,10 @@ async fn config_patches() {
     let db = TestDb::create("adm_config").await;
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     // A lost stream stays lost for a while, so the lag bound decides whether hits flow.
     cfg.replication.reconnect_backoff_ms = 8_000;
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
 
     // Secrets never leave; sending the effective config back changes nothing.
     let eff = p.effective_config();
@@ -406,7 +404,7 @@ async fn config_patches() {
     assert_eq!(p.pool_status().max_size, 6);
     p.patch_config(&json!({"catalog": {"prefixes": {"users": "u"}}}))
         .unwrap();
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let until = std::time::Instant::now() + Duration::from_secs(15);
     while p.key_info("u:1").await.unwrap().table.is_none() {
         assert!(std::time::Instant::now() < until, "prefix u never resolved");
@@ -468,7 +466,7 @@ async fn config_patches() {
         .execute(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
              WHERE slot_name = $1 AND active_pid IS NOT NULL",
-            &[&support::slot_name(&db)],
+            &[&lab::slot_name(&db)],
         )
         .await
         .unwrap();
@@ -521,9 +519,9 @@ async fn add_table_waits_for_transactions_older_than_its_publication() {
         .batch_execute("CREATE TABLE late (id int8 PRIMARY KEY, v int4 NOT NULL); INSERT INTO late VALUES (1, 0);")
         .await
         .unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.catalog.tables = vec!["users".into()];
-    let p = std::sync::Arc::new(support::start(cfg).await);
+    let p = std::sync::Arc::new(lab::start(cfg).await);
 
     // A transaction open (with an xid) before the table joins the publication.
     let older = db.client().await;
@@ -545,7 +543,7 @@ async fn add_table_waits_for_transactions_older_than_its_publication() {
         .unwrap()
         .unwrap();
     assert_eq!(status.state, TableState::Active);
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let v: Option<String> = r.get("late:1").await.unwrap();
     assert_eq!(v.as_deref(), Some(r#"{"id":1,"v":1}"#));
     p.shutdown().await;
@@ -571,12 +569,12 @@ async fn warming_that_loses_its_table_reports_failed() {
     let db = TestDb::create("adm_fail").await;
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.catalog.tables = vec!["users".into()];
     // The periodic schema check would take the dropped table out of the catalog on its own,
     // racing the warming's failure this test is about.
     cfg.catalog.check_interval_ms = 3_600_000;
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     origin
         .batch_execute(
             "CREATE TABLE doomed (id int4 PRIMARY KEY);

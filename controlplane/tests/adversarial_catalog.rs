@@ -1,21 +1,19 @@
 //! Adversarial tests of what pgline caches and publishes (issue 11: F4, O1, C6, C7, C8), each
 //! against a real origin and a real pgline, through its real ports (HTTP API, RESP).
 
-mod common;
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::lab;
+use pgline_testkit::TestDb;
 use serde_json::{json, Value};
 
 const TOKEN: &str = "adversarial-catalog-token";
 
 /// Starts pgline on `db` with an API token and `sets` layered on the test config.
 async fn start(db: &TestDb, sets: &[&str]) -> Arc<Pgline> {
-    let mut cfg = support::config(db, 1);
+    let mut cfg = lab::config(db, 1);
     let mut all: Vec<String> = vec![
         "api.listen=\"127.0.0.1:0\"".into(),
         format!("api.token=\"{TOKEN}\""),
@@ -28,7 +26,7 @@ async fn start(db: &TestDb, sets: &[&str]) -> Arc<Pgline> {
     cfg.catalog = layered.catalog;
     cfg.origin.query_timeout_ms = layered.origin.query_timeout_ms;
     cfg.validate().expect("valid config");
-    support::start(cfg).await
+    lab::start(cfg).await
 }
 
 /// One API call: (status, body as JSON or the raw text as a JSON string).
@@ -110,7 +108,7 @@ async fn system_catalogs_and_non_tables_are_refused_by_the_api() {
             "{name}: {text}"
         );
     }
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let leaked: Option<String> = redis::cmd("HGET")
         .arg("pg_authid:10")
         .arg("rolpassword")
@@ -135,7 +133,7 @@ async fn system_catalogs_and_non_tables_are_refused_by_the_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn system_catalogs_in_the_config_fail_start_up() {
     let db = TestDb::create("adv_f4cfg").await;
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.catalog.tables = vec!["pg_authid".into()];
     cfg.validate()
         .expect("statically valid: only the origin knows");
@@ -201,7 +199,7 @@ async fn origin_writes_to_tables_without_a_key_still_work() {
         .await
         .unwrap();
     let p = start(&db, &[]).await;
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     assert!(get(&mut r, "users:1").await.unwrap().is_some());
     client
         .execute("UPDATE noc SET b = 'z' WHERE a = 1", &[])
@@ -255,7 +253,7 @@ async fn origin_writes_to_tables_without_a_key_still_work() {
         .execute("UPDATE later SET v = 'm' WHERE id = 7", &[])
         .await
         .unwrap();
-    support::sync(&p, &client).await;
+    lab::sync(&p, &client).await;
     let v = get(&mut r, "later:7").await.unwrap().unwrap_or_default();
     assert!(v.contains("\"m\""), "later:7 = {v}");
     assert_eq!(
@@ -282,7 +280,7 @@ async fn partitioned_tables_read_through_the_parent() {
         .await
         .unwrap();
     let p = start(&db, &[]).await;
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let one = get(&mut r, "m:1")
         .await
         .unwrap()
@@ -298,7 +296,7 @@ async fn partitioned_tables_read_through_the_parent() {
         .execute("DELETE FROM m2 WHERE id = 150", &[])
         .await
         .unwrap();
-    support::sync(&p, &client).await;
+    lab::sync(&p, &client).await;
     let one = get(&mut r, "m:1").await.unwrap().unwrap_or_default();
     assert!(
         one.contains("\"uno\""),
@@ -334,7 +332,7 @@ async fn fill_delay_is_bounded_and_a_fill_never_outlives_the_query_timeout() {
     assert!(body.to_string().contains("origin.fill_delay_ms"), "{body}");
     let (status, body) = patch(json!({"origin": {"fill_delay_ms": 10_000}})).await;
     assert_eq!(status, 200, "{body}");
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let t0 = Instant::now();
     let first = tokio::time::timeout(Duration::from_secs(8), get(&mut r, "users:1"))
         .await

@@ -5,13 +5,11 @@
 //! asserts that every answer through pgline equals the origin's own in the same state, after
 //! the cache was warmed by a clean session (so the old text-matching guard fails these).
 
-mod common;
-mod support;
-
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 /// Rows as text, or the SQLSTATE of the error.
@@ -46,13 +44,13 @@ async fn via_pgline(p: &Pgline, db: &str, user: &str, password: &str, extra: &st
         addr.ip(),
         addr.port()
     );
-    common::connect(&conn).await
+    origin::connect(&conn).await
 }
 
 /// A client straight at the origin.
 async fn at_origin(db: &str, user: &str, password: &str, extra: &str) -> Client {
-    let (host, port, _, _) = common::origin_base();
-    common::connect(&format!(
+    let (host, port, _, _) = origin::origin_base();
+    origin::connect(&format!(
         "host={host} port={port} user={user} password={password} dbname={db} {extra}"
     ))
     .await
@@ -112,8 +110,8 @@ impl Drop for Scope {
     fn drop(&mut self) {
         drop(self.db.take());
         let roles = std::mem::take(&mut self.roles);
-        common::run_cleanup(async move {
-            let admin = common::admin_client().await;
+        origin::run_cleanup(async move {
+            let admin = origin::admin_client().await;
             for r in roles {
                 let _ = admin
                     .batch_execute(&format!("DROP ROLE IF EXISTS {r}"))
@@ -146,8 +144,8 @@ async fn lab(tag: &str) -> Lab {
         ))
         .await
         .unwrap();
-    let p = support::start(support::config(db, 1)).await;
-    let (_, _, user, password) = common::origin_base();
+    let p = lab::start(lab::config(db, 1)).await;
+    let (_, _, user, password) = origin::origin_base();
     scope.roles.push(bob.clone());
     Lab {
         scope,
@@ -417,11 +415,11 @@ async fn row_level_security_is_never_served_from_cache() {
         ))
         .await
         .unwrap();
-    let mut cfg = support::config(db, 1);
+    let mut cfg = lab::config(db, 1);
     cfg.pgwire.cache_users = vec![alice.clone()];
     cfg.catalog.check_interval_ms = 100;
-    let p = support::start(cfg).await;
-    let (_, _, user, password) = common::origin_base();
+    let p = lab::start(cfg).await;
+    let (_, _, user, password) = origin::origin_base();
     let su = via_pgline(&p, &db.name, &user, &password, "").await;
     let as_alice = via_pgline(&p, &db.name, &alice, "alicepw", "").await;
     let alice_origin = at_origin(&db.name, &alice, "alicepw", "").await;
@@ -443,7 +441,7 @@ async fn row_level_security_is_never_served_from_cache() {
         }
     }
     // The store holds both rows (RESP reads as pgline's role, which RLS does not filter).
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let until = Instant::now() + Duration::from_secs(20);
     for key in ["docs:1", "docs:2"] {
         while redis::cmd("GET")

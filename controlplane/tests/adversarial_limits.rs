@@ -6,17 +6,16 @@
 //! The tests take a process-wide lock and run one at a time: the C1 test reads this process's
 //! RSS (pgline runs in-process), which other tests' sockets and buffers would blur.
 
-mod common;
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use pgline_controlplane::config::Config;
 use pgline_controlplane::server::Pgline;
-use support::{encode, show, Raw};
+use pgline_testkit::origin::origin_json;
+use pgline_testkit::resp::{encode, show, Raw};
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -39,7 +38,7 @@ async fn setup(tag: &str) -> (TestDb, tokio_postgres::Client) {
 
 /// The test config for `db` (one core, the API's reads open), changed by `f`.
 fn config(db: &TestDb, f: impl FnOnce(&mut Config)) -> Config {
-    let mut cfg = support::config(db, 1);
+    let mut cfg = lab::config(db, 1);
     cfg.api.open_reads = true;
     f(&mut cfg);
     cfg.validate().expect("valid test config");
@@ -55,14 +54,6 @@ fn rss() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS");
     kb * 1024
-}
-
-async fn origin_json(origin: &tokio_postgres::Client, id: i32) -> String {
-    origin
-        .query_one("SELECT row_to_json(x)::text FROM t x WHERE id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 /// Polls `f` until it holds or `secs` pass; returns whether it held.
@@ -129,8 +120,8 @@ async fn c1_clients_that_never_read_are_bounded_by_the_reply_memory_cap() {
     let _serial = SERIAL.lock().await;
     let (db, origin) = setup("c1mem").await;
     let cap = 64 * MIB;
-    let p = support::start(config(&db, |c| c.resp.max_reply_memory = cap as usize)).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(config(&db, |c| c.resp.max_reply_memory = cap as usize)).await;
+    let mut r = lab::redis(&p).await;
     for id in 1..=200 {
         let v: String = redis::cmd("GET")
             .arg(format!("t:{id}"))
@@ -139,7 +130,7 @@ async fn c1_clients_that_never_read_are_bounded_by_the_reply_memory_cap() {
             .unwrap();
         assert!(!v.is_empty());
     }
-    let row7 = origin_json(&origin, 7).await;
+    let row7 = origin_json(&origin, "t", 7).await.expect("row 7");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let baseline = rss();
 
@@ -248,7 +239,7 @@ async fn c1_clients_that_never_read_are_bounded_by_the_reply_memory_cap() {
 /// A `key=value` connection string to pgline's PostgreSQL port for the test database.
 fn pgline_conn(p: &Pgline, db: &TestDb) -> String {
     let addr = p.pg_addr().expect("the pgwire front is on");
-    let (_, _, user, password) = common::origin_base();
+    let (_, _, user, password) = origin::origin_base();
     format!(
         "host={} port={} user={user} password={password} dbname={} connect_timeout=10",
         addr.ip(),
@@ -277,7 +268,7 @@ fn resp_open(p: &Pgline) -> u64 {
 async fn c1_unauthenticated_connections_get_a_small_budget() {
     let _serial = SERIAL.lock().await;
     let (db, _origin) = setup("c1noauth").await;
-    let p = support::start(config(&db, |c| c.resp.password = "s3cret".into())).await;
+    let p = lab::start(config(&db, |c| c.resp.password = "s3cret".into())).await;
     let mut chunk = Vec::new();
     while chunk.len() < 64 * 1024 {
         chunk.extend_from_slice(&encode(&["GET", "t:1"]));
@@ -329,7 +320,7 @@ async fn c1_unauthenticated_connections_get_a_small_budget() {
 async fn c2_a_resp_flood_at_its_limit_leaves_postgres_clients_in_and_is_not_ready() {
     let _serial = SERIAL.lock().await;
     let (db, origin) = setup("c2flood").await;
-    let p = support::start(config(&db, |c| c.resp.max_connections = 300)).await;
+    let p = lab::start(config(&db, |c| c.resp.max_connections = 300)).await;
     let (code, body) = ready_becomes(&p, 200).await;
     assert_eq!(code, 200, "ready before the flood: {body}");
     let mut idle = Vec::new();
@@ -375,7 +366,7 @@ async fn c2_a_resp_flood_at_its_limit_leaves_postgres_clients_in_and_is_not_read
 async fn c2_the_per_source_limit_refuses_the_next_connection() {
     let _serial = SERIAL.lock().await;
     let (db, _origin) = setup("c2source").await;
-    let p = support::start(config(&db, |c| {
+    let p = lab::start(config(&db, |c| {
         c.resp.max_connections_per_source = 5;
         c.pgwire.max_connections_per_source = 2;
     }))
@@ -422,7 +413,7 @@ async fn c2_the_per_source_limit_refuses_the_next_connection() {
 async fn c2_unauthenticated_and_idle_connections_are_closed_after_their_timeouts() {
     let _serial = SERIAL.lock().await;
     let (db, _origin) = setup("c2timeout").await;
-    let p = support::start(config(&db, |c| {
+    let p = lab::start(config(&db, |c| {
         c.resp.password = "s3cret".into();
         c.resp.auth_timeout_ms = 1_000;
         c.pgwire.startup_timeout_ms = 1_000;
@@ -473,7 +464,7 @@ async fn c2_unauthenticated_and_idle_connections_are_closed_after_their_timeouts
 async fn c3_wrong_auth_pipelines_are_cut_off_after_n_and_counted() {
     let _serial = SERIAL.lock().await;
     let (db, _origin) = setup("c3auth").await;
-    let p = support::start(config(&db, |c| c.resp.password = "s3cret".into())).await;
+    let p = lab::start(config(&db, |c| c.resp.password = "s3cret".into())).await;
     let mut s = TcpStream::connect(p.local_addr()).await.unwrap();
     let one = encode(&["AUTH", "wrong"]);
     let flood: Vec<u8> = one.repeat(100_000);

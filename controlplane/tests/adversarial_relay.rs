@@ -4,24 +4,18 @@
 //! real pgline against the lab origin and measures the origin's side (its processes, its
 //! `pg_stat_activity`) or this process's sockets; each fails on the code before the fix.
 
-mod common;
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::pg::{Wire, PATIENCE};
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin, pg};
 use postgres_protocol::authentication::sasl;
 use postgres_protocol::message::frontend;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_postgres::NoTls;
-
-/// How long a poll for an expected state waits before failing (a loaded 2-core machine).
-const PATIENCE: Duration = Duration::from_secs(30);
 
 fn pg_addr(p: &Pgline) -> SocketAddr {
     p.pg_addr().expect("the pgwire front is on")
@@ -31,7 +25,7 @@ fn pg_addr(p: &Pgline) -> SocketAddr {
 /// superuser), `extra` appended as is.
 fn via_pgline(p: &Pgline, db: &TestDb, login: Option<(&str, &str)>, extra: &str) -> String {
     let addr = pg_addr(p);
-    let (_, _, user, password) = common::origin_base();
+    let (_, _, user, password) = origin::origin_base();
     let (user, password) = login.unwrap_or((&user, &password));
     format!(
         "host={} port={} user={user} password={password} dbname={} {extra}",
@@ -123,101 +117,9 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// A raw protocol-3.0 connection: whole backend messages as (tag, body).
-struct Raw {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Raw {
-    async fn startup(addr: SocketAddr, user: &str, db: &str) -> Raw {
-        let mut s = TcpStream::connect(addr).await.expect("connect");
-        let mut m = BytesMut::new();
-        frontend::startup_message([("user", user), ("database", db)], &mut m).unwrap();
-        s.write_all(&m).await.unwrap();
-        Raw { s, buf: Vec::new() }
-    }
-
-    /// The next message, `None` on EOF or after `wait`.
-    async fn message(&mut self, wait: Duration) -> Option<(u8, Vec<u8>)> {
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            if self.buf.len() >= 5 {
-                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
-                if self.buf.len() > len {
-                    let m: Vec<u8> = self.buf.drain(..1 + len).collect();
-                    return Some((m[0], m[5..].to_vec()));
-                }
-            }
-            let mut chunk = [0u8; 8192];
-            match tokio::time::timeout_at(until, self.s.read(&mut chunk)).await {
-                Ok(Ok(n)) if n > 0 => self.buf.extend_from_slice(&chunk[..n]),
-                _ => return None,
-            }
-        }
-    }
-
-    /// Logs in with SCRAM-SHA-256 (or trust), up to ReadyForQuery.
-    async fn login(addr: SocketAddr, user: &str, password: &str, db: &str) -> Raw {
-        let mut r = Raw::startup(addr, user, db).await;
-        let mut scram = None;
-        loop {
-            let (tag, body) = r.message(PATIENCE).await.expect("login reply");
-            let mut out = BytesMut::new();
-            match (
-                tag,
-                body.get(..4)
-                    .map(|c| i32::from_be_bytes(c.try_into().unwrap())),
-            ) {
-                (b'R', Some(10)) => {
-                    let s = sasl::ScramSha256::new(
-                        password.as_bytes(),
-                        sasl::ChannelBinding::unsupported(),
-                    );
-                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut out)
-                        .unwrap();
-                    scram = Some(s);
-                }
-                (b'R', Some(11)) => {
-                    let s = scram.as_mut().expect("SASL started");
-                    s.update(&body[4..]).unwrap();
-                    frontend::sasl_response(s.message(), &mut out).unwrap();
-                }
-                (b'R', Some(12)) => scram.as_mut().expect("SASL").finish(&body[4..]).unwrap(),
-                (b'E', _) => panic!("login refused: {}", String::from_utf8_lossy(&body)),
-                (b'Z', _) => return r,
-                _ => {}
-            }
-            if !out.is_empty() {
-                r.s.write_all(&out).await.unwrap();
-            }
-        }
-    }
-
-    /// Sends `m` and returns every message up to ReadyForQuery.
-    async fn exchange(&mut self, m: &[u8]) -> Vec<(u8, Vec<u8>)> {
-        self.s.write_all(m).await.unwrap();
-        let mut got = Vec::new();
-        loop {
-            let msg = self
-                .message(PATIENCE)
-                .await
-                .expect("reply up to ReadyForQuery");
-            let done = msg.0 == b'Z';
-            got.push(msg);
-            if done {
-                return got;
-            }
-        }
-    }
-}
-
-/// A field of an ErrorResponse body.
+/// A field of an ErrorResponse body ("" if absent).
 fn field(body: &[u8], code: u8) -> String {
-    body.split(|&b| b == 0)
-        .find(|f| f.first() == Some(&code))
-        .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
-        .unwrap_or_default()
+    pg::error_field(body, code).unwrap_or_default()
 }
 
 /// C4: clients that send a StartupMessage and nothing more cost the origin at most
@@ -238,18 +140,18 @@ async fn startups_that_never_log_in_cost_the_origin_a_bounded_number_of_backends
     let cap = env("PGLINE_ADV_CAP", 4) as usize;
     let sockets = env("PGLINE_ADV_STARTUPS", 40) as usize;
     let db = TestDb::create("adv_relay_c4").await;
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.pgwire.max_pending_startups = cap;
     cfg.pgwire.startup_wait_ms = env("PGLINE_ADV_WAIT_MS", 300);
     cfg.pgwire.auth_timeout_ms = env("PGLINE_ADV_AUTH_MS", 3_000);
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     let relay = Arc::clone(p.pg_relay().expect("relay"));
-    let (_, _, user, _) = common::origin_base();
+    let (_, _, user, _) = origin::origin_base();
 
     let mut raws = Vec::new();
     let started = Instant::now();
     for _ in 0..sockets {
-        raws.push(Raw::startup(pg_addr(&p), &user, &db.name).await);
+        raws.push(Wire::startup(pg_addr(&p), &[("user", &user), ("database", &db.name)]).await);
     }
     // Each gets the origin's password request (admitted) or a 53300 refusal (past the cap).
     let mut peak = 0;
@@ -300,7 +202,7 @@ async fn startups_that_never_log_in_cost_the_origin_a_bounded_number_of_backends
     if let Some(&i) = admitted.first() {
         let mut m = BytesMut::new();
         frontend::sasl_initial_response(sasl::SCRAM_SHA_256, b"n,,n=,r=x", &mut m).unwrap();
-        raws[i].s.write_all(&m).await.unwrap();
+        raws[i].send(&m).await;
         let (tag, body) = raws[i].message(PATIENCE).await.expect("a refusal");
         assert_eq!((tag, field(&body, b'S').as_str()), (b'E', "FATAL"));
         assert_eq!(raws[i].message(PATIENCE).await, None, "closed");
@@ -329,10 +231,10 @@ async fn startups_that_never_log_in_cost_the_origin_a_bounded_number_of_backends
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_pools_are_trimmed_and_their_number_is_bounded() {
     let db = TestDb::create("adv_relay_c5a").await;
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.pgwire.pool_idle_timeout_ms = 1_000;
     cfg.pgwire.max_pools = 3;
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     let relay = Arc::clone(p.pg_relay().expect("relay"));
     let admin = db.client().await;
     let origin_backends = || async {
@@ -428,14 +330,14 @@ async fn idle_pools_are_trimmed_and_their_number_is_bounded() {
 async fn terminated_backends_are_never_handed_to_clients() {
     let db = TestDb::create("adv_relay_c5b").await;
     let role = format!("{}_r", db.name);
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     admin
         .batch_execute(&format!(
             "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw'"
         ))
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 1)).await;
+    let p = lab::start(lab::config(&db, 1)).await;
     let relay = Arc::clone(p.pg_relay().expect("relay"));
     let app = "application_name=adv_dead";
     let mut owners = Vec::new();
@@ -479,7 +381,7 @@ async fn terminated_backends_are_never_handed_to_clients() {
         .await
         .expect("the other user logs in again");
     assert_eq!(answer(&again).await, Ok("42".into()));
-    let (_, port, _, _) = common::origin_base();
+    let (_, port, _, _) = origin::origin_base();
     eventually("no CLOSE-WAIT socket to the origin", || {
         close_wait_sockets_to(port) == 0
     })
@@ -500,17 +402,17 @@ async fn terminated_backends_are_never_handed_to_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bind_error_names_the_clients_statement() {
     let db = TestDb::create("adv_relay_bind").await;
-    let p = support::start(support::config(&db, 1)).await;
-    let (host, port, user, password) = common::origin_base();
-    let origin: SocketAddr = format!("{host}:{port}").parse().unwrap();
+    let p = lab::start(lab::config(&db, 1)).await;
+    let (_, _, user, password) = origin::origin_base();
+    let origin = origin::origin_addr();
     let mut m = BytesMut::new();
     frontend::parse("mine", "SELECT $1::int + $2::int", [], &mut m).unwrap();
-    support::bind_text(&mut m, "mine", &["1"]);
+    pg::bind_text(&mut m, "mine", &["1"]);
     frontend::execute("", 0, &mut m).unwrap();
     frontend::sync(&mut m);
     let mut errors = Vec::new();
     for addr in [origin, pg_addr(&p)] {
-        let mut r = Raw::login(addr, &user, &password, &db.name).await;
+        let mut r = Wire::login(addr, &user, &password, &db.name, &[]).await;
         let got = r.exchange(&m).await;
         let tags: Vec<u8> = got.iter().map(|(t, _)| *t).collect();
         assert_eq!(

@@ -2,16 +2,14 @@
 //! route, auth failures, error shapes (bad JSON, oversized bodies, unknown routes and tables,
 //! wrong methods), the OpenAPI document, and that the token never leaks into logs or config.
 
-mod common;
-mod support;
-
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 use redis::AsyncCommands;
 use reqwest::header;
 use reqwest::{Method, StatusCode};
@@ -170,7 +168,7 @@ impl Answer {
 
 async fn start(db: &TestDb, sets: &[&str]) -> Arc<Pgline> {
     log_buffer();
-    let mut cfg = support::config(db, 1);
+    let mut cfg = lab::config(db, 1);
     let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     sets.insert(0, "api.listen=\"127.0.0.1:0\"".into());
     let layered =
@@ -179,7 +177,7 @@ async fn start(db: &TestDb, sets: &[&str]) -> Arc<Pgline> {
     cfg.api = layered.api;
     cfg.catalog = layered.catalog;
     cfg.validate().expect("valid config");
-    support::start(cfg).await
+    lab::start(cfg).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,7 +454,7 @@ async fn status_config_tables_flush_keys() {
     )
     .await;
     let api = Api::new(&p, Some(token));
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let _: Option<String> = r.get("users:1").await.unwrap();
     let _: Option<String> = r.get("users:2").await.unwrap();
 
@@ -486,7 +484,7 @@ async fn check_status(api: &Api, db: &TestDb) {
     assert_eq!(s["memory"]["budget_bytes"], 64u64 << 20);
     assert_eq!(s["memory"]["page_level"], "4KiB");
     assert!(s["store"]["entries"].as_u64().unwrap() >= 2, "{s}");
-    assert_eq!(s["replication"]["slot"], support::slot_name(db));
+    assert_eq!(s["replication"]["slot"], lab::slot_name(db));
     assert_eq!(s["replication"]["streaming"], true);
     let lsn = s["replication"]["applied_lsn"].as_str().unwrap();
     assert!(
@@ -658,7 +656,7 @@ async fn ready_fails_while_the_origin_refuses_connections() {
     let api = Api::new(&p, None);
     api.get("/v1/ready").await.expect(StatusCode::OK, None);
 
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     let lock_out = format!(
         "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
          SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}';",

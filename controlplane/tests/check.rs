@@ -1,12 +1,10 @@
 //! `pgline check` against real PostgreSQL clusters: the lab origin (passes), a second cluster
 //! started here with `wal_level=replica` (fails with the fix-it line), and nothing at all.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::TestDb;
+use pgline_testkit::TestDb;
 
 fn pgline(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_pgline"))

@@ -4,13 +4,11 @@
 //! and must never keep serving the old table's rows under the name, nor install the new table's
 //! rows under the old table's id.
 
-mod common;
-mod support;
-
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::lab;
+use pgline_testkit::TestDb;
 
 const ROWS: i32 = 40;
 
@@ -25,11 +23,11 @@ fn create_sql(tag: &str) -> String {
 }
 
 async fn start(db: &TestDb, listed: bool) -> std::sync::Arc<Pgline> {
-    let mut cfg = support::config(db, 1);
+    let mut cfg = lab::config(db, 1);
     if listed {
         cfg.catalog.tables = vec!["public.bench_rows".into()];
     }
-    support::start(cfg).await
+    lab::start(cfg).await
 }
 
 /// GETs every key once (fills the cache) and returns what came back.
@@ -74,14 +72,14 @@ async fn check_coherent(p: &Pgline, db: &TestDb, r: &mut redis::aio::Multiplexed
         .batch_execute("UPDATE bench_rows SET v = 'upd' || id WHERE id <= 10")
         .await
         .unwrap();
-    support::sync(p, &origin).await;
+    lab::sync(p, &origin).await;
     let got = get_all(r, "bench_rows").await;
     for (i, g) in got.iter().enumerate() {
         let id = i as i32 + 1;
         let tag = if id <= 10 { "upd" } else { "new" };
         assert!(expect_row(g, tag, id), "bench_rows:{id}: {g:?}");
     }
-    let stale = support::stale_entries(p, &origin).await;
+    let stale = lab::stale_entries(p, &origin).await;
     assert!(
         stale.is_empty(),
         "{} stale entries, e.g. {:?}",
@@ -95,14 +93,14 @@ async fn drop_recreate(listed: bool) {
     let origin = db.client().await;
     origin.batch_execute(&create_sql("old")).await.unwrap();
     let p = start(&db, listed).await;
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     wait_rows(&mut r, "bench_rows", Some("old")).await;
 
     origin
         .batch_execute(&format!("DROP TABLE bench_rows; {}", create_sql("new")))
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     wait_rows(&mut r, "bench_rows", Some("new")).await;
     check_coherent(&p, &db, &mut r).await;
 }
@@ -122,7 +120,7 @@ async fn rename_and_replace(listed: bool) {
     let origin = db.client().await;
     origin.batch_execute(&create_sql("old")).await.unwrap();
     let p = start(&db, listed).await;
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     wait_rows(&mut r, "bench_rows", Some("old")).await;
 
     origin
@@ -132,7 +130,7 @@ async fn rename_and_replace(listed: bool) {
         ))
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     wait_rows(&mut r, "bench_rows", Some("new")).await;
     if !listed {
         // Every table is cached: the renamed one answers to its new name.
@@ -159,11 +157,11 @@ async fn drop_only(listed: bool) {
     let origin = db.client().await;
     origin.batch_execute(&create_sql("old")).await.unwrap();
     let p = start(&db, listed).await;
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     wait_rows(&mut r, "bench_rows", Some("old")).await;
 
     origin.batch_execute("DROP TABLE bench_rows").await.unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     // Unknown table: nil, and nothing of it is left in the store.
     wait_rows(&mut r, "bench_rows", None).await;
     assert!(
@@ -173,7 +171,7 @@ async fn drop_only(listed: bool) {
 
     // Created again later: picked up again, under its new id.
     origin.batch_execute(&create_sql("new")).await.unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     wait_rows(&mut r, "bench_rows", Some("new")).await;
     check_coherent(&p, &db, &mut r).await;
 }
@@ -196,13 +194,13 @@ async fn fill_never_installs_the_new_tables_rows_under_the_old_id() {
     let db = TestDb::create("ddl_fill").await;
     let origin = db.client().await;
     origin.batch_execute(&create_sql("old")).await.unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.catalog.tables = vec!["public.bench_rows".into()];
     // Only the check at start-up runs within the test.
     cfg.catalog.check_interval_ms = 3_600_000;
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut r = support::redis(&p).await;
+    let mut r = lab::redis(&p).await;
     let got: Option<String> = redis::cmd("GET")
         .arg("bench_rows:1")
         .query_async(&mut r)
@@ -214,7 +212,7 @@ async fn fill_never_installs_the_new_tables_rows_under_the_old_id() {
         .batch_execute(&format!("DROP TABLE bench_rows; {}", create_sql("new")))
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     // A miss: the fill names `public.bench_rows`, which is now another table.
     let got: redis::RedisResult<Option<String>> = redis::cmd("GET")
         .arg("bench_rows:2")
@@ -245,10 +243,10 @@ async fn fill_guard_accepts_a_partitioned_table() {
         )
         .await
         .unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.catalog.tables = vec!["public.prows".into()];
-    let p = support::start(cfg).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(cfg).await;
+    let mut r = lab::redis(&p).await;
     let got: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&["prows:1", "prows:150", "prows:7"])
         .query_async(&mut r)
@@ -279,10 +277,10 @@ async fn relation_message_with_a_cached_name_triggers_the_check() {
     let db = TestDb::create("ddl_relmsg").await;
     let origin = db.client().await;
     origin.batch_execute(&create_sql("old")).await.unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.catalog.check_interval_ms = 3_600_000;
-    let p = support::start(cfg).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(cfg).await;
+    let mut r = lab::redis(&p).await;
     wait_rows(&mut r, "bench_rows", Some("old")).await;
     origin
         .batch_execute(&format!(
@@ -292,7 +290,7 @@ async fn relation_message_with_a_cached_name_triggers_the_check() {
         ))
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     wait_rows(&mut r, "bench_rows", Some("new")).await;
     wait_rows(&mut r, "bench_old", Some("old")).await;
     check_coherent(&p, &db, &mut r).await;

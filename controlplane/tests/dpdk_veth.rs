@@ -13,18 +13,17 @@
 //! Run: `cargo test -p pgline-controlplane --features dpdk --release --test dpdk_veth -- --nocapture`
 #![cfg(feature = "dpdk")]
 
-mod common;
 mod netns;
-mod support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use netns::Netns;
 use pgline_controlplane::config::NicMode;
 use pgline_dataplane::plane::CoreStats;
+use pgline_testkit::lab;
+use pgline_testkit::TestDb;
 
 const RESP_PORT: u16 = 6379;
 const ROWS: i64 = 500;
@@ -139,7 +138,7 @@ async fn run(r: Run) {
             .expect("net.core.txrehash=0 in the namespace");
     }
 
-    let mut cfg = support::config(&db, cores);
+    let mut cfg = lab::config(&db, cores);
     cfg.resp.listen = format!("0.0.0.0:{RESP_PORT}");
     cfg.nic.mode = NicMode::Dpdk;
     cfg.nic.ip = net.app_ip.to_string();
@@ -150,7 +149,7 @@ async fn run(r: Run) {
         .to_vec();
     cfg.nic.rx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
     cfg.nic.tx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     eprintln!(
         "[{port}] pgline ({cores} cores) serving after {:?}",
         t0.elapsed()

@@ -1,12 +1,10 @@
 //! `metrics::render` over a real running pgline: the counters and the service-time histogram
 //! move with real RESP traffic, and replication shows as streaming.
 
-mod common;
-mod support;
-
-use common::TestDb;
 use pgline_controlplane::metrics::{render, MetricsSnapshot};
 use pgline_dataplane::store::StoreStats;
+use pgline_testkit::lab;
+use pgline_testkit::TestDb;
 use std::time::Duration;
 
 /// The value of sample `series` (exact name and labels) in `text`.
@@ -42,7 +40,7 @@ async fn counters_and_latency_follow_real_traffic() {
         )
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 2)).await;
+    let p = lab::start(lab::config(&db, 2)).await;
     let before = scrape(&p);
     assert_eq!(sample(&before, "pgline_replication_streaming"), 1.0);
     assert_eq!(sample(&before, "pgline_replication_serve_hits"), 1.0);

@@ -5,23 +5,21 @@
 //! built with `postgres_protocol`'s frontend encoders on `queues[0].pg_requests` and reading
 //! the `PgReply`s.
 
-mod common;
-mod support;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
-use common::TestDb;
 use pgline_controlplane::pgfront::{self, RelayConfig, RelayState};
 use pgline_controlplane::server::Pgline;
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
 use pgline_dataplane::plane::{
     PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, Shared, Wake, PG_FLOW_WINDOW,
 };
-use postgres_protocol::authentication::sasl;
+use pgline_testkit::pg::{frames, msgs, Login};
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin, pg};
 use postgres_protocol::message::frontend;
 use tokio::sync::{watch, Notify};
 
@@ -151,56 +149,21 @@ impl Driver {
             .unwrap()
         });
         let mut r = self.request(session, PgRequestKind::Startup, m).await;
-        let mut scram: Option<sasl::ScramSha256> = None;
+        let mut login = Login::new(password);
         while r.end == PgReplyEnd::Auth {
             let (_, body) = frames(&r.bytes).into_iter().last().expect("auth request");
-            let code = i32::from_be_bytes(body[..4].try_into().unwrap());
-            let answer = msgs(|b| match code {
-                10 => {
-                    let s = sasl::ScramSha256::new(
-                        password.as_bytes(),
-                        sasl::ChannelBinding::unsupported(),
-                    );
-                    frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), b).unwrap();
-                    scram = Some(s);
-                }
-                11 => {
-                    let s = scram.as_mut().unwrap();
-                    s.update(&body[4..]).unwrap();
-                    frontend::sasl_response(s.message(), b).unwrap();
-                }
-                3 => frontend::password_message(password.as_bytes(), b).unwrap(),
-                other => panic!("auth request {other}"),
-            });
+            let answer = login.answer(&body);
             r = self.request(session, PgRequestKind::Auth, answer).await;
         }
-        if let (Some(s), PgReplyEnd::Ready(_)) = (scram.as_mut(), r.end) {
+        if let PgReplyEnd::Ready(_) = r.end {
             // The server's final SCRAM message passed the relay intact: it verifies.
-            let (_, body) = frames(&r.bytes)
-                .into_iter()
-                .find(|(t, b)| *t == b'R' && b[..4] == 12i32.to_be_bytes())
-                .expect("SASLFinal");
-            s.finish(&body[4..]).expect("server signature verifies");
+            for (_, body) in frames(&r.bytes).into_iter().filter(|(t, _)| *t == b'R') {
+                login.answer(&body);
+            }
+            assert!(login.done(), "SASLFinal verified");
         }
         r
     }
-}
-
-fn msgs(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
-    let mut b = BytesMut::new();
-    f(&mut b);
-    b.to_vec()
-}
-
-fn frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
-    let mut out = Vec::new();
-    while b.len() >= 5 {
-        let len = u32::from_be_bytes(b[1..5].try_into().unwrap()) as usize;
-        out.push((b[0], b[5..1 + len].to_vec()));
-        b = &b[1 + len..];
-    }
-    assert!(b.is_empty(), "trailing bytes");
-    out
 }
 
 fn tags(b: &[u8]) -> String {
@@ -209,15 +172,7 @@ fn tags(b: &[u8]) -> String {
 
 fn error_code(b: &[u8]) -> Option<String> {
     let (_, body) = frames(b).into_iter().find(|(t, _)| *t == b'E')?;
-    let mut rest = &body[..];
-    while let Some((&k, tail)) = rest.split_first() {
-        let end = tail.iter().position(|&c| c == 0)?;
-        if k == b'C' {
-            return Some(String::from_utf8_lossy(&tail[..end]).into_owned());
-        }
-        rest = &tail[end + 1..];
-    }
-    None
+    pg::error_field(&body, b'C')
 }
 
 /// First column of each DataRow.
@@ -246,7 +201,7 @@ fn backend_key(b: &[u8]) -> (i32, i32) {
 async fn setup(tag: &str) -> (TestDb, Driver, String) {
     let db = TestDb::create(tag).await;
     let role = format!("{}_r", db.name);
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     admin
         .batch_execute(&format!(
             "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'"
@@ -262,7 +217,7 @@ async fn setup(tag: &str) -> (TestDb, Driver, String) {
         ))
         .await
         .unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.pgwire.listen = "127.0.0.1:0".into();
     let relay_cfg = RelayConfig::from_config(&cfg).unwrap();
     let p = Pgline::start(cfg).await.expect("pgline starts");
@@ -298,7 +253,7 @@ async fn teardown(db: TestDb, d: Driver, role: &str) {
     let _ = client.batch_execute(&format!("DROP OWNED BY {role}")).await;
     drop(client);
     drop(db);
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     let _ = admin
         .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
         .await;
@@ -380,7 +335,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             PgRequestKind::Batch,
             msgs(|b| {
                 frontend::parse("s1", sql, [23u32], b).unwrap();
-                support::bind_text(b, "s1", &["1"]);
+                pg::bind_text(b, "s1", &["1"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -405,7 +360,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             1,
             PgRequestKind::Batch,
             msgs(|b| {
-                support::bind_text(b, "s1", &["2"]);
+                pg::bind_text(b, "s1", &["2"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -443,7 +398,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             1,
             PgRequestKind::Batch,
             msgs(|b| {
-                support::bind_text(b, "s1", &["2"]);
+                pg::bind_text(b, "s1", &["2"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -471,7 +426,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
             PgRequestKind::Batch,
             msgs(|b| {
                 parse_s9(b);
-                support::bind_text(b, "s9", &[]);
+                pg::bind_text(b, "s9", &[]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -491,7 +446,7 @@ async fn pooling_prepared_statements_pinning_fence_and_chunks() {
         "fence {} <= LSN before the commit {during}",
         r.fence
     );
-    let origin_now = support::origin_lsn(&db.client().await).await;
+    let origin_now = origin::origin_lsn(&db.client().await).await;
     assert!(r.fence <= origin_now);
     assert!(d.p.wait_applied(r.fence, Duration::from_secs(20)).await);
 
@@ -606,7 +561,7 @@ async fn cancel_reaches_the_running_query() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
     let db = TestDb::create("pgf_wiring").await;
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.pgwire.listen = "127.0.0.1:0".into();
     let p = Pgline::start(cfg.clone()).await.expect("pgline starts");
     // A request on the real cores' queue is drained by pgline's relay once woken (a cancel
@@ -642,7 +597,7 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pools_of_the_origin_user_refill_themselves() {
     let (db, d, role) = setup("pgf_refill").await;
-    let (_, _, user, password) = common::origin_base();
+    let (_, _, user, password) = origin::origin_base();
     let r = d.startup(1, &user, &db.name, &password).await;
     assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
     let r = d.startup(2, &role, &db.name, PASSWORD).await;
@@ -705,7 +660,7 @@ async fn failures_leave_the_bookkeeping_true() {
             PgRequestKind::Batch,
             msgs(|b| {
                 frontend::parse("s9", "SELECT v FROM t WHERE id = $1", [23u32], b).unwrap();
-                support::bind_text(b, "s9", &["4"]);
+                pg::bind_text(b, "s9", &["4"]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),
@@ -746,7 +701,7 @@ async fn failures_leave_the_bookkeeping_true() {
             PgRequestKind::Batch,
             msgs(|b| {
                 frontend::parse("", "COPY t FROM STDIN", [], b).unwrap();
-                support::bind_text(b, "", &[]);
+                pg::bind_text(b, "", &[]);
                 frontend::execute("", 0, b).unwrap();
                 frontend::sync(b);
             }),

@@ -2,15 +2,13 @@
 //! origin: statements sent through the pg port appear in `GET /v1/queries` (calls, errors,
 //! bytes, mean/p99) and `pgline queries`, and the relay's figures in `/metrics`.
 
-mod common;
-mod support;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 use serde_json::Value;
 use tokio_postgres::NoTls;
 
@@ -21,7 +19,7 @@ INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 20) g;
 
 async fn connect(p: &Pgline, db: &TestDb) -> tokio_postgres::Client {
     let addr = p.pg_addr().expect("the pgwire front is on");
-    let (_, _, user, password) = common::origin_base();
+    let (_, _, user, password) = origin::origin_base();
     let conn = format!(
         "host={} port={} user={user} password={password} dbname={}",
         addr.ip(),
@@ -56,9 +54,9 @@ fn samples(text: &str) -> HashMap<String, f64> {
 async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
     let db = TestDb::create("pgw_api").await;
     db.client().await.batch_execute(SCHEMA).await.unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.api.open_reads = true;
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     let base = format!("http://{}", p.api_addr().expect("the API is on"));
     let c = connect(&p, &db).await;
 
@@ -129,7 +127,7 @@ async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
     let errors: u64 = list.iter().map(|q| q["errors"].as_u64().unwrap()).sum();
     assert_eq!(m["pgline_pgwire_batch_errors_total"], errors as f64);
     assert!(m["pgline_pgwire_origin_seconds_total"] > 0.0);
-    let (_, _, user, _) = common::origin_base();
+    let (_, _, user, _) = origin::origin_base();
     let pool = |state: &str| {
         let k = format!(
             r#"pgline_pgwire_pool_connections{{user="{user}",database="{}",state="{state}"}}"#,

@@ -10,15 +10,14 @@
 //! Run: `cargo test -p pgline-controlplane --test pgwire_diff -- --nocapture` (the lab origin up:
 //! `deploy/lab/pg.sh start`; psycopg is installed on first use into `target/pgwire-venv`).
 
-mod common;
 mod pgwire_corpus;
-mod support;
 
 use pgline_controlplane::config::Config;
+use pgline_testkit::{lab, origin};
 use pgwire_corpus::{Diff, Endpoint, Stmt};
 
-fn origin_endpoint(db: &common::TestDb) -> Endpoint {
-    let (host, port, user, password) = common::origin_base();
+fn origin_endpoint(db: &origin::TestDb) -> Endpoint {
+    let (host, port, user, password) = origin::origin_base();
     Endpoint {
         host,
         port,
@@ -28,8 +27,8 @@ fn origin_endpoint(db: &common::TestDb) -> Endpoint {
     }
 }
 
-async fn create_db(tag: &str) -> common::TestDb {
-    let db = common::TestDb::create(tag).await;
+async fn create_db(tag: &str) -> origin::TestDb {
+    let db = origin::TestDb::create(tag).await;
     db.client()
         .await
         .batch_execute(&pgwire_corpus::schema_sql())
@@ -151,11 +150,11 @@ async fn corpus_self_check() {
 
 /// A config for `db` with pgline's PostgreSQL port on an ephemeral port (where the build knows
 /// the `[pgwire]` section).
-fn config(db: &common::TestDb) -> Config {
+fn config(db: &origin::TestDb) -> Config {
     let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
     let sets = vec![
         format!("origin.url={}", quote(&db.conn_string())),
-        format!("replication.slot={}", quote(&support::slot_name(db))),
+        format!("replication.slot={}", quote(&lab::slot_name(db))),
         "resp.listen=\"127.0.0.1:0\"".to_string(),
         "api.listen=\"127.0.0.1:0\"".to_string(),
         "resp.cores=2".to_string(),
@@ -171,7 +170,7 @@ fn config(db: &common::TestDb) -> Config {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("config without [pgwire] ({e}): this build has no PostgreSQL port");
-            support::config(db, 2)
+            lab::config(db, 2)
         }
     }
 }
@@ -179,7 +178,7 @@ fn config(db: &common::TestDb) -> Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corpus_through_pgline_matches_the_origin() {
     let db = create_db("pgdiff").await;
-    let p = support::start(config(&db)).await;
+    let p = lab::start(config(&db)).await;
     let addr = p.pg_addr().expect("the PostgreSQL front is on");
     let origin = origin_endpoint(&db);
     let pgline = Endpoint {

@@ -3,17 +3,11 @@
 //! typlen, typmod), since the PostgreSQL front composes cached answers from it. The origin's
 //! RowDescription is read raw off the wire (tokio-postgres does not expose typlen).
 
-mod common;
-mod support;
-
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
-use bytes::BytesMut;
 use pgline_controlplane::catalog::Catalog;
 use pgline_controlplane::config::CatalogConfig;
 use pgline_dataplane::keyspace::{PgColumn, PgTable};
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use pgline_testkit::pg::Wire;
+use pgline_testkit::{lab, origin, pg};
 use postgres_protocol::message::frontend as fe;
 
 /// One field of a RowDescription, with the table OID it names.
@@ -25,84 +19,20 @@ struct Field {
     format: i16,
 }
 
-/// A blocking protocol-3 client that keeps the raw backend messages.
-struct Raw {
-    stream: TcpStream,
-}
-
-impl Raw {
-    fn connect(db: &str) -> Raw {
-        let (host, port, user, password) = common::origin_base();
-        let stream = TcpStream::connect((host.as_str(), port)).expect("origin is up");
-        let mut raw = Raw { stream };
-        let mut b = BytesMut::new();
-        fe::startup_message([("user", user.as_str()), ("database", db)], &mut b).expect("enc");
-        raw.send(&b);
-        raw.authenticate(&password);
-        while raw.read().0 != b'Z' {}
-        raw
-    }
-
-    fn send(&mut self, b: &[u8]) {
-        self.stream.write_all(b).expect("write");
-    }
-
-    /// One backend message: (tag, body without the length).
-    fn read(&mut self) -> (u8, Vec<u8>) {
-        let mut head = [0u8; 5];
-        self.stream.read_exact(&mut head).expect("read header");
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let mut body = vec![0u8; len - 4];
-        self.stream.read_exact(&mut body).expect("read body");
-        (head[0], body)
-    }
-
-    fn authenticate(&mut self, password: &str) {
-        loop {
-            let (tag, body) = self.read();
-            assert_eq!(tag, b'R', "expected an authentication request");
-            let code = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
-            let mut out = BytesMut::new();
-            match code {
-                0 => return,
-                3 => fe::password_message(password.as_bytes(), &mut out).expect("enc"),
-                10 => {
-                    let mut scram =
-                        ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
-                    fe::sasl_initial_response("SCRAM-SHA-256", scram.message(), &mut out)
-                        .expect("enc");
-                    self.send(&out);
-                    out.clear();
-                    let (_, cont) = self.read();
-                    scram.update(&cont[4..]).expect("server-first");
-                    fe::sasl_response(scram.message(), &mut out).expect("enc");
-                    self.send(&out);
-                    let (_, fin) = self.read();
-                    scram.finish(&fin[4..]).expect("server-final");
-                    continue;
-                }
-                other => panic!("auth method {other} not supported by this test"),
-            }
-            self.send(&out);
+/// The RowDescription the origin sends for simple query `sql`.
+async fn row_description(raw: &mut Wire, sql: &str) -> Vec<Field> {
+    let reply = raw
+        .exchange(&pg::msgs(|b| fe::query(sql, b).expect("enc")))
+        .await;
+    let mut fields = None;
+    for (tag, body) in reply {
+        match tag {
+            b'T' => fields = Some(parse_row_description(&body)),
+            b'E' => panic!("{sql}: {}", String::from_utf8_lossy(&body)),
+            _ => {}
         }
     }
-
-    /// The RowDescription the origin sends for simple query `sql`.
-    fn row_description(&mut self, sql: &str) -> Vec<Field> {
-        let mut b = BytesMut::new();
-        fe::query(sql, &mut b).expect("enc");
-        self.send(&b);
-        let mut fields = None;
-        loop {
-            let (tag, body) = self.read();
-            match tag {
-                b'T' => fields = Some(parse_row_description(&body)),
-                b'E' => panic!("{sql}: {}", String::from_utf8_lossy(&body)),
-                b'Z' => return fields.expect("a RowDescription"),
-                _ => {}
-            }
-        }
-    }
+    fields.expect("a RowDescription")
 }
 
 fn parse_row_description(body: &[u8]) -> Vec<Field> {
@@ -133,8 +63,8 @@ fn parse_row_description(body: &[u8]) -> Vec<Field> {
 }
 
 /// `table` describes the columns of `sql`'s RowDescription exactly.
-fn assert_describes(raw: &mut Raw, table: &PgTable, sql: &str) {
-    let fields = raw.row_description(sql);
+async fn assert_describes(raw: &mut Wire, table: &PgTable, sql: &str) {
+    let fields = row_description(raw, sql).await;
     assert_eq!(fields.len(), table.columns.len(), "{sql}: column count");
     for (f, c) in fields.iter().zip(table.columns.iter()) {
         assert_eq!(f.table_oid, table.id, "{sql}: table OID of {}", f.name);
@@ -156,21 +86,21 @@ const SCHEMA: &str = "\
 
 #[tokio::test]
 async fn pg_tables_match_the_origin_row_description() {
-    let db = common::TestDb::create("pgmeta").await;
+    let db = origin::TestDb::create("pgmeta").await;
     let client = db.client().await;
     client.batch_execute(SCHEMA).await.expect("schema");
     let catalog = Catalog::load(&client, &CatalogConfig::default())
         .await
         .expect("catalog");
     let ks = catalog.keyspace();
-    let mut raw = Raw::connect(&db.name);
+    let mut raw = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
 
     for (schema, name, sql) in [
         (None, "t", "SELECT * FROM t"),
         (Some("other"), "Mixed", "SELECT * FROM other.\"Mixed\""),
     ] {
         let table = ks.pg_table_named(schema, name).expect("published");
-        assert_describes(&mut raw, table, sql);
+        assert_describes(&mut raw, table, sql).await;
         // tokio-postgres agrees on the types and typmods (extended protocol, Describe).
         let stmt = client.prepare(sql).await.expect("prepare");
         for (col, c) in stmt.columns().iter().zip(table.columns.iter()) {
@@ -215,7 +145,7 @@ async fn pg_tables_match_the_origin_row_description() {
 /// table whose definition changed (a typmod change alone included) once the WAL shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_pg_tables_follow_ddl() {
-    let db = common::TestDb::create("pgmeta_ddl").await;
+    let db = origin::TestDb::create("pgmeta_ddl").await;
     let origin = db.client().await;
     origin
         .batch_execute(
@@ -224,8 +154,8 @@ async fn published_pg_tables_follow_ddl() {
         )
         .await
         .expect("schema");
-    let p = support::start(support::config(&db, 1)).await;
-    let mut raw = Raw::connect(&db.name);
+    let p = lab::start(lab::config(&db, 1)).await;
+    let mut raw = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
     let published = || {
         p.shared
             .keyspace
@@ -234,7 +164,7 @@ async fn published_pg_tables_follow_ddl() {
             .cloned()
     };
     let t = published().expect("t published at start");
-    assert_describes(&mut raw, &t, "SELECT * FROM t");
+    assert_describes(&mut raw, &t, "SELECT * FROM t").await;
 
     for (ddl, check) in [
         ("ALTER TABLE t ALTER COLUMN label TYPE varchar(30)", "label"),
@@ -250,10 +180,10 @@ async fn published_pg_tables_follow_ddl() {
             .batch_execute("UPDATE t SET label = label WHERE id = 1")
             .await
             .expect("write");
-        support::sync(&p, &origin).await;
+        lab::sync(&p, &origin).await;
         let t = published().expect("t still published");
         assert!(t.columns.iter().any(|c| &*c.name == check), "{ddl}");
-        assert_describes(&mut raw, &t, "SELECT * FROM t");
+        assert_describes(&mut raw, &t, "SELECT * FROM t").await;
     }
     p.shutdown().await;
 }

@@ -2,21 +2,19 @@
 //! consistency (a session never reads older than it wrote), cancel through pgline, and
 //! `pgbench` (select-only from cache, TPC-B-like through pass-through).
 
-mod common;
-mod support;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 use tokio_postgres::NoTls;
 
 /// A `key=value` connection string to pgline's PostgreSQL port for the test database.
 fn pgline_conn(p: &Pgline, db: &TestDb) -> String {
     let addr = p.pg_addr().expect("the pgwire front is on");
-    let (_, _, user, password) = common::origin_base();
+    let (_, _, user, password) = origin::origin_base();
     format!(
         "host={} port={} user={user} password={password} dbname={}",
         addr.ip(),
@@ -44,7 +42,7 @@ INSERT INTO counters SELECT g, 0, 'row ' || g FROM generate_series(1, 100) g;
 async fn a_session_never_reads_older_than_it_wrote() {
     let db = TestDb::create("pgw_consistency").await;
     db.client().await.batch_execute(SCHEMA).await.unwrap();
-    let p = support::start(support::config(&db, 1)).await;
+    let p = lab::start(lab::config(&db, 1)).await;
     let c = connect(&pgline_conn(&p, &db)).await;
     let update = c
         .prepare("UPDATE counters SET n = $1 WHERE id = $2")
@@ -113,7 +111,7 @@ async fn a_session_never_reads_older_than_it_wrote() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_reaches_the_origin_backend() {
     let db = TestDb::create("pgw_cancel").await;
-    let p = support::start(support::config(&db, 1)).await;
+    let p = lab::start(lab::config(&db, 1)).await;
     let conn = pgline_conn(&p, &db);
     let origin = db.client().await;
     let mut cancelled = 0;
@@ -201,7 +199,7 @@ fn pgbench(args: &[&str], conn_env: &[(&str, String)]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_runs_through_pgline() {
     let db = TestDb::create("pgw_pgbench").await;
-    let (host, port, user, password) = common::origin_base();
+    let (host, port, user, password) = origin::origin_base();
     let origin_env = vec![
         ("PGHOST", host),
         ("PGPORT", port.to_string()),
@@ -210,7 +208,7 @@ async fn pgbench_runs_through_pgline() {
         ("PGDATABASE", db.name.clone()),
     ];
     pgbench(&["-i", "-s", "1", "-q"], &origin_env);
-    let p = support::start(support::config(&db, 1)).await;
+    let p = lab::start(lab::config(&db, 1)).await;
     let addr = p.pg_addr().unwrap();
     let pgline_env = vec![
         ("PGHOST", addr.ip().to_string()),
@@ -294,7 +292,7 @@ async fn only_the_cached_identity_reads_the_cache() {
         .await
         .unwrap();
     let role = format!("{}_reader", db.name);
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     admin
         .batch_execute(&format!(
             "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw';
@@ -309,9 +307,9 @@ async fn only_the_cached_identity_reads_the_cache() {
         .await
         .unwrap();
 
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.pgwire.cache_users = Vec::new();
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     let addr = p.pg_addr().unwrap();
     let (host, port) = (addr.ip(), addr.port());
     let owner = connect(&pgline_conn(&p, &db)).await;
@@ -347,7 +345,7 @@ async fn only_the_cached_identity_reads_the_cache() {
     );
 
     // Another database: its own row, not the cached one.
-    let (_, _, user, password) = common::origin_base();
+    let (_, _, user, password) = origin::origin_base();
     let elsewhere = connect(&format!(
         "host={host} port={port} user={user} password={password} dbname={}",
         other_db.name

@@ -3,136 +3,12 @@
 //! a join + aggregate served from cache, an UPDATE never followed by the old answer, tenant
 //! scoped invalidation, volatile queries and oversized answers never cached.
 
-mod common;
-mod support;
-
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use common::TestDb;
 use pgline_controlplane::server::Pgline;
-use postgres_protocol::authentication::sasl;
-use postgres_protocol::message::frontend;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// A raw PostgreSQL protocol connection: sends bytes, returns everything up to ReadyForQuery.
-struct Wire {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-fn msgs(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
-    let mut b = BytesMut::new();
-    f(&mut b);
-    b.to_vec()
-}
-
-impl Wire {
-    async fn connect(addr: SocketAddr, db: &str) -> Wire {
-        Wire::connect_with(addr, db, &[]).await
-    }
-
-    /// Connects with more startup parameters.
-    async fn connect_with(addr: SocketAddr, db: &str, extra: &[(&str, &str)]) -> Wire {
-        let (_, _, user, password) = common::origin_base();
-        let s = TcpStream::connect(addr).await.expect("connect");
-        s.set_nodelay(true).unwrap();
-        let mut w = Wire { s, buf: Vec::new() };
-        let mut params = vec![("user", &*user), ("database", db)];
-        params.extend_from_slice(extra);
-        let m = msgs(|b| frontend::startup_message(params, b).unwrap());
-        w.s.write_all(&m).await.unwrap();
-        let mut scram: Option<sasl::ScramSha256> = None;
-        loop {
-            let (tag, body) = w.frame().await;
-            match tag {
-                b'R' => {
-                    let code = i32::from_be_bytes(body[..4].try_into().unwrap());
-                    let answer = match code {
-                        0 | 12 => continue,
-                        10 => {
-                            let s = sasl::ScramSha256::new(
-                                password.as_bytes(),
-                                sasl::ChannelBinding::unsupported(),
-                            );
-                            let m = msgs(|b| {
-                                frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), b)
-                                    .unwrap()
-                            });
-                            scram = Some(s);
-                            m
-                        }
-                        11 => {
-                            let s = scram.as_mut().unwrap();
-                            s.update(&body[4..]).unwrap();
-                            msgs(|b| frontend::sasl_response(s.message(), b).unwrap())
-                        }
-                        other => panic!("auth request {other}"),
-                    };
-                    w.s.write_all(&answer).await.unwrap();
-                }
-                b'Z' => return w,
-                b'E' => panic!("startup failed: {}", String::from_utf8_lossy(&body)),
-                _ => {}
-            }
-        }
-    }
-
-    async fn frame(&mut self) -> (u8, Vec<u8>) {
-        loop {
-            if self.buf.len() >= 5 {
-                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
-                if self.buf.len() > len {
-                    let f: Vec<u8> = self.buf.drain(..1 + len).collect();
-                    return (f[0], f[5..].to_vec());
-                }
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let n = tokio::time::timeout(Duration::from_secs(20), self.s.read(&mut chunk))
-                .await
-                .expect("reply in time")
-                .expect("read");
-            assert!(n > 0, "connection closed");
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    /// Sends `bytes`, returns the raw reply up to and including ReadyForQuery.
-    async fn exchange(&mut self, bytes: &[u8]) -> Vec<u8> {
-        self.s.write_all(bytes).await.unwrap();
-        let mut out = Vec::new();
-        loop {
-            let (tag, body) = self.frame().await;
-            out.push(tag);
-            out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
-            out.extend_from_slice(&body);
-            if tag == b'Z' {
-                return out;
-            }
-        }
-    }
-
-    async fn simple(&mut self, sql: &str) -> Vec<u8> {
-        self.exchange(&msgs(|b| frontend::query(sql, b).unwrap()))
-            .await
-    }
-
-    /// Unnamed Parse, Bind of text parameters (text results), Describe portal, Execute, Sync.
-    async fn extended(&mut self, sql: &str, params: &[&str], describe: bool) -> Vec<u8> {
-        let m = msgs(|b| {
-            frontend::parse("", sql, std::iter::empty(), b).unwrap();
-            support::bind_text(b, "", params);
-            if describe {
-                frontend::describe(b'P', "", b).unwrap();
-            }
-            frontend::execute("", 0, b).unwrap();
-            frontend::sync(b);
-        });
-        self.exchange(&m).await
-    }
-}
+use pgline_testkit::origin::origin_addr;
+use pgline_testkit::pg::Wire;
+use pgline_testkit::{lab, TestDb};
 
 fn hits(p: &Pgline) -> u64 {
     p.shared.total(|s| &s.keys_hit)
@@ -146,11 +22,12 @@ enum Q<'a> {
     Ext(&'a str, &'a [&'a str], bool),
 }
 
-impl Wire {
-    async fn run(&mut self, q: Q<'_>) -> Vec<u8> {
-        match q {
-            Q::Simple(sql) => self.simple(sql).await,
-            Q::Ext(sql, params, describe) => self.extended(sql, params, describe).await,
+impl Q<'_> {
+    /// Sends the statement on `c`; the raw reply up to ReadyForQuery.
+    async fn run(self, c: &mut Wire) -> Vec<u8> {
+        match self {
+            Q::Simple(sql) => c.simple(sql).await,
+            Q::Ext(sql, params, describe) => c.extended(sql, params, describe).await,
         }
     }
 }
@@ -161,7 +38,7 @@ async fn until_hit(p: &Pgline, c: &mut Wire, q: Q<'_>, expected: &[u8]) -> usize
     let until = Instant::now() + Duration::from_secs(10);
     for i in 1.. {
         let before = hits(p);
-        let got = c.run(q).await;
+        let got = q.run(c).await;
         assert_eq!(
             got,
             expected,
@@ -180,7 +57,7 @@ async fn until_hit(p: &Pgline, c: &mut Wire, q: Q<'_>, expected: &[u8]) -> usize
 /// Runs `sql` on the origin directly and waits until pgline applied it.
 async fn write(origin: &tokio_postgres::Client, p: &Pgline, sql: &str) {
     origin.batch_execute(sql).await.unwrap();
-    support::sync(p, origin).await;
+    lab::sync(p, origin).await;
 }
 
 const SCHEMA: &str = "
@@ -193,11 +70,6 @@ INSERT INTO orders SELECT g, g % 3 + 1, (g * 7 % 100)::numeric / 4, CASE WHEN g 
 ";
 
 /// The origin's address, for raw connections.
-fn origin_addr() -> SocketAddr {
-    let (host, port, _, _) = common::origin_base();
-    format!("{host}:{port}").parse().unwrap()
-}
-
 /// A test database holding [`SCHEMA`], a pgline on it, and raw connections to both.
 struct Lab {
     db: TestDb,
@@ -211,9 +83,9 @@ async fn lab(tag: &str) -> Lab {
     let db = TestDb::create(tag).await;
     let origin_client = db.client().await;
     origin_client.batch_execute(SCHEMA).await.unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let origin = Wire::connect(origin_addr(), &db.name).await;
-    let c = Wire::connect(p.pg_addr().unwrap(), &db.name).await;
+    let p = lab::start(lab::config(&db, 1)).await;
+    let origin = Wire::connect(origin_addr(), &db.name, &[]).await;
+    let c = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
     Lab {
         db,
         origin_client,
@@ -287,7 +159,7 @@ async fn join_aggregate_is_cached_byte_for_byte_and_never_stale() {
         .batch_execute("UPDATE tenants SET name = 'acme2' WHERE id = 1")
         .await
         .unwrap();
-    support::sync(&p, &origin_client).await;
+    lab::sync(&p, &origin_client).await;
     let expected = origin.simple(JOIN_AGG).await;
     assert!(String::from_utf8_lossy(&expected).contains("acme2"));
     until_hit(&p, &mut c, Q::Simple(JOIN_AGG), &expected).await;
@@ -400,8 +272,8 @@ async fn volatile_and_oversized_answers_are_not_cached() {
         )
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let mut c = Wire::connect(p.pg_addr().unwrap(), &db.name).await;
+    let p = lab::start(lab::config(&db, 1)).await;
+    let mut c = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
     let before = hits(&p);
     for _ in 0..30 {
         let r = c
@@ -458,7 +330,7 @@ async fn answers_converge_after_concurrent_writes() {
     }
     writer.await.unwrap();
     let during = hits(&p) - before;
-    support::sync(&p, &origin_client).await;
+    lab::sync(&p, &origin_client).await;
     // Whatever was installed while writes ran, every answer now is the origin's.
     for _ in 0..3 {
         assert_eq!(c.simple(JOIN_AGG).await, origin.simple(JOIN_AGG).await);
@@ -486,19 +358,22 @@ async fn startup_settings_never_reach_the_result_cache() {
         )
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 1)).await;
+    let p = lab::start(lab::config(&db, 1)).await;
     let origin_addr = origin_addr();
     let q = "SELECT id, at FROM events WHERE id < 6 ORDER BY id";
-    let expected = Wire::connect(origin_addr, &db.name).await.simple(q).await;
-    let zoned_expected = Wire::connect_with(origin_addr, &db.name, &[("TimeZone", "Asia/Tokyo")])
+    let expected = Wire::connect(origin_addr, &db.name, &[])
+        .await
+        .simple(q)
+        .await;
+    let zoned_expected = Wire::connect(origin_addr, &db.name, &[("TimeZone", "Asia/Tokyo")])
         .await
         .simple(q)
         .await;
     assert_ne!(expected, zoned_expected);
 
     let pg = p.pg_addr().unwrap();
-    let mut zoned = Wire::connect_with(pg, &db.name, &[("TimeZone", "Asia/Tokyo")]).await;
-    let mut plain = Wire::connect(pg, &db.name).await;
+    let mut zoned = Wire::connect(pg, &db.name, &[("TimeZone", "Asia/Tokyo")]).await;
+    let mut plain = Wire::connect(pg, &db.name, &[]).await;
     for _ in 0..3 {
         // The zoned session's connection is the most recently used one each time.
         assert_eq!(zoned.simple(q).await, zoned_expected);

@@ -3,15 +3,14 @@
 //! outage and RESP3 through the `redis` crate. Replies are checked byte for byte where the raw
 //! protocol matters (over a plain TCP stream), and against the origin's `row_to_json` otherwise.
 
-mod common;
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use pgline_testkit::origin::origin_json;
+use pgline_testkit::resp::{bulk, encode, show, Raw};
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 use redis::AsyncCommands;
-use support::{bulk, encode, show, Raw};
 
 /// `t`: 100 rows; ids above 100 are absent.
 const SCHEMA: &str = "
@@ -20,17 +19,6 @@ INSERT INTO t SELECT g, 'value ' || g, g * 10 FROM generate_series(1, 100) g;
 ";
 
 // ---- origin helpers ---------------------------------------------------------------------------
-
-async fn origin_json(client: &tokio_postgres::Client, table: &str, id: i32) -> Option<String> {
-    client
-        .query_opt(
-            &format!("SELECT row_to_json(x)::text FROM {table} x WHERE id = $1"),
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .map(|r| r.get(0))
-}
 
 /// The RESP2 reply GET gives for row `id` of `t`: its JSON as a bulk string, or nil.
 async fn get_reply(client: &tokio_postgres::Client, id: i32) -> Vec<u8> {
@@ -56,9 +44,9 @@ async fn setup(tag: &str) -> (TestDb, tokio_postgres::Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_is_required_and_hello_3_authenticates_and_switches_protocol() {
     let (db, origin) = setup("auth").await;
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.resp.password = "s3cret".into();
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     let row1 = get_reply(&origin, 1).await;
 
     let mut c = Raw::connect(&p).await;
@@ -136,9 +124,9 @@ async fn auth_is_required_and_hello_3_authenticates_and_switches_protocol() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_limit_are_refused_and_closed() {
     let (db, origin) = setup("maxconn").await;
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.resp.max_connections = 2;
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
 
     let mut a = Raw::connect(&p).await;
     assert_eq!(a.cmd(&["PING"]).await, b"+PONG\r\n");
@@ -183,7 +171,7 @@ async fn connections_past_the_limit_are_refused_and_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_of_hits_misses_and_absent_rows_answers_in_request_order() {
     let (db, origin) = setup("pipeline").await;
-    let p = support::start(support::config(&db, 1)).await;
+    let p = lab::start(lab::config(&db, 1)).await;
     let mut c = Raw::connect(&p).await;
     // Rows 1..=10 cached beforehand; the rest are misses on the first pass.
     for id in 1..=10 {
@@ -288,8 +276,8 @@ async fn a_pipeline_of_hits_misses_and_absent_rows_answers_in_request_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_added_column_reaches_cached_rows_after_the_next_write() {
     let (db, origin) = setup("addcol").await;
-    let p = support::start(support::config(&db, 1)).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(lab::config(&db, 1)).await;
+    let mut r = lab::redis(&p).await;
     for id in [1, 2] {
         let v: Option<String> = r.get(format!("t:{id}")).await.unwrap();
         assert_eq!(v, origin_json(&origin, "t", id).await);
@@ -303,7 +291,7 @@ async fn an_added_column_reaches_cached_rows_after_the_next_write() {
         .batch_execute("UPDATE t SET n = n + 1 WHERE id = 50")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     for id in [1, 2, 50] {
         let v: Option<String> = r.get(format!("t:{id}")).await.unwrap();
         let want = origin_json(&origin, "t", id).await;
@@ -317,11 +305,11 @@ async fn an_added_column_reaches_cached_rows_after_the_next_write() {
         .batch_execute("UPDATE t SET extra = 8 WHERE id = 1")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let v: Option<String> = r.get("t:1").await.unwrap();
     assert_eq!(v, origin_json(&origin, "t", 1).await);
     assert!(v.unwrap().contains("\"extra\":8"));
-    let stale = support::stale_entries(&p, &origin).await;
+    let stale = lab::stale_entries(&p, &origin).await;
     assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
 }
@@ -339,8 +327,8 @@ async fn a_column_type_change_reaches_cached_rows_after_the_next_write() {
         )
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(lab::config(&db, 1)).await;
+    let mut r = lab::redis(&p).await;
     for id in [1, 2] {
         let v: Option<String> = r.get(format!("c:{id}")).await.unwrap();
         assert_eq!(v, origin_json(&origin, "c", id).await);
@@ -353,7 +341,7 @@ async fn a_column_type_change_reaches_cached_rows_after_the_next_write() {
         .batch_execute("UPDATE c SET v = v + 100 WHERE id IN (2, 3)")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let mut wrong = Vec::new();
     for id in [1, 2, 3] {
         let v: Option<String> = r.get(format!("c:{id}")).await.unwrap();
@@ -391,8 +379,8 @@ async fn an_update_leaving_a_toasted_value_unchanged_refills_the_row() {
         .unwrap()
         .get(0);
     assert!(toasted > 0, "the big values must live in the TOAST table");
-    let p = support::start(support::config(&db, 1)).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(lab::config(&db, 1)).await;
+    let mut r = lab::redis(&p).await;
     for id in [1, 2] {
         let v: Option<String> = r.get(format!("big:{id}")).await.unwrap();
         assert_eq!(v, origin_json(&origin, "big", id).await);
@@ -405,31 +393,25 @@ async fn an_update_leaving_a_toasted_value_unchanged_refills_the_row() {
         .batch_execute("UPDATE big SET n = n + 1000 WHERE id = 1")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     assert_eq!(
         dbsize(&mut r).await,
         1,
         "the row with an unchanged TOAST value is evicted"
     );
-    let misses = support::info_field(&mut r, "keyspace_misses").await;
+    let misses = lab::info_field(&mut r, "keyspace_misses").await;
     let v: Option<String> = r.get("big:1").await.unwrap();
     let want = origin_json(&origin, "big", 1).await;
     assert!(want.as_deref().unwrap().contains("\"n\":1001"));
     assert_eq!(v, want, "refilled from the origin");
-    assert_eq!(
-        support::info_field(&mut r, "keyspace_misses").await,
-        misses + 1
-    );
+    assert_eq!(lab::info_field(&mut r, "keyspace_misses").await, misses + 1);
     let n: Option<String> = r.hget("big:1", "n").await.unwrap();
     assert_eq!(n.as_deref(), Some("1001"));
     // The untouched row is still a hit and still right.
     let v: Option<String> = r.get("big:2").await.unwrap();
     assert_eq!(v, origin_json(&origin, "big", 2).await);
-    assert_eq!(
-        support::info_field(&mut r, "keyspace_misses").await,
-        misses + 1
-    );
-    let stale = support::stale_entries(&p, &origin).await;
+    assert_eq!(lab::info_field(&mut r, "keyspace_misses").await, misses + 1);
+    let stale = lab::stale_entries(&p, &origin).await;
     assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
 }
@@ -439,12 +421,12 @@ async fn an_update_leaving_a_toasted_value_unchanged_refills_the_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_slot_is_recreated_and_the_cache_flushed() {
     let (db, origin) = setup("slotdrop").await;
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     // A wide window between losing the stream and reconnecting, to write into the gap.
     cfg.replication.reconnect_backoff_ms = 1_000;
-    let p = support::start(cfg).await;
-    let slot = support::slot_name(&db);
-    let mut r = support::redis(&p).await;
+    let p = lab::start(cfg).await;
+    let slot = lab::slot_name(&db);
+    let mut r = lab::redis(&p).await;
     let keys: Vec<String> = (1..=20).map(|i| format!("t:{i}")).collect();
     let _: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&keys)
@@ -524,12 +506,12 @@ async fn a_dropped_slot_is_recreated_and_the_cache_flushed() {
         .batch_execute("UPDATE t SET v = 'after reset' WHERE id IN (2, 3)")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     for id in [2, 3] {
         let v: Option<String> = r.get(format!("t:{id}")).await.unwrap();
         assert_eq!(v, origin_json(&origin, "t", id).await);
     }
-    let stale = support::stale_entries(&p, &origin).await;
+    let stale = lab::stale_entries(&p, &origin).await;
     assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
 }
@@ -546,7 +528,7 @@ impl Role {
 
     async fn create(tag: &str) -> Role {
         let name = format!("r_{tag}_{}", std::process::id());
-        let admin = common::admin_client().await;
+        let admin = origin::admin_client().await;
         let _ = admin
             .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
             .await;
@@ -561,7 +543,7 @@ impl Role {
     }
 
     async fn set_login(&self, login: bool) {
-        let admin = common::admin_client().await;
+        let admin = origin::admin_client().await;
         let attr = if login { "LOGIN" } else { "NOLOGIN" };
         admin
             .batch_execute(&format!("ALTER ROLE {} {attr}", self.name))
@@ -571,7 +553,7 @@ impl Role {
 
     /// Terminates every backend of the role (fills and the walsender); how many.
     async fn terminate_backends(&self) -> u64 {
-        let admin = common::admin_client().await;
+        let admin = origin::admin_client().await;
         admin
             .execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
@@ -585,8 +567,8 @@ impl Role {
 impl Drop for Role {
     fn drop(&mut self) {
         let name = self.name.clone();
-        common::run_cleanup(async move {
-            let admin = common::admin_client().await;
+        origin::run_cleanup(async move {
+            let admin = origin::admin_client().await;
             let _ = admin
                 .execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
@@ -613,8 +595,8 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
         ))
         .await
         .unwrap();
-    let mut cfg = support::config(&db, 1);
-    let (host, port, _, _) = common::origin_base();
+    let mut cfg = lab::config(&db, 1);
+    let (host, port, _, _) = origin::origin_base();
     cfg.origin.url = format!(
         "host={host} port={port} user={} password={} dbname={}",
         role.name,
@@ -623,8 +605,8 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
     );
     cfg.origin.connect_timeout_ms = 1_000;
     cfg.replication.max_lag_ms = 60_000;
-    let p = support::start(cfg).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(cfg).await;
+    let mut r = lab::redis(&p).await;
     let keys: Vec<String> = (1..=5).map(|i| format!("t:{i}")).collect();
     let cached: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&keys)
@@ -649,7 +631,7 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Hits keep flowing within max_lag_ms.
-    let hits = support::info_field(&mut r, "keyspace_hits").await;
+    let hits = lab::info_field(&mut r, "keyspace_hits").await;
     let again: Vec<Option<String>> = redis::cmd("MGET")
         .arg(&keys)
         .query_async(&mut r)
@@ -658,7 +640,7 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
     assert_eq!(again, cached);
     let v: Option<String> = r.get("t:2").await.unwrap();
     assert_eq!(v, cached[1]);
-    assert_eq!(support::info_field(&mut r, "keyspace_hits").await, hits + 6);
+    assert_eq!(lab::info_field(&mut r, "keyspace_hits").await, hits + 6);
     // A miss needs the origin: a clear error, promptly.
     let started = Instant::now();
     let err = r
@@ -693,7 +675,7 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
         .batch_execute("UPDATE t SET v = 'after outage' WHERE id IN (1, 50)")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     for id in [1, 50] {
         let v: Option<String> = r.get(format!("t:{id}")).await.unwrap();
         assert_eq!(v, origin_json(&origin, "t", id).await);
@@ -709,7 +691,7 @@ async fn an_origin_outage_keeps_hits_flowing_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resp3_clients_read_the_same_values() {
     let (db, origin) = setup("resp3").await;
-    let p = support::start(support::config(&db, 1)).await;
+    let p = lab::start(lab::config(&db, 1)).await;
     let addr = p.local_addr();
     let client = redis::Client::open(format!(
         "redis://{}:{}/?protocol=resp3",
@@ -718,7 +700,7 @@ async fn resp3_clients_read_the_same_values() {
     ))
     .unwrap();
     let mut r3 = client.get_multiplexed_async_connection().await.unwrap();
-    let mut r2 = support::redis(&p).await;
+    let mut r2 = lab::redis(&p).await;
     let keys = ["t:1", "t:2000", "t:3", "t:4"];
     // Twice: misses first, hits after.
     for _ in 0..2 {

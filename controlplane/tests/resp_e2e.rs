@@ -1,11 +1,10 @@
 //! End to end over RESP against a real origin: reads, misses, WAL coherence, the fill race.
 
-mod common;
-mod support;
-
 use std::time::Duration;
 
-use common::TestDb;
+use pgline_testkit::lab;
+use pgline_testkit::origin::origin_json;
+use pgline_testkit::TestDb;
 use redis::AsyncCommands;
 
 const SCHEMA: &str = "
@@ -19,30 +18,19 @@ CREATE TABLE orders (tenant int4, id int4, total numeric, PRIMARY KEY (tenant, i
 INSERT INTO orders SELECT g % 3, g, g * 10 FROM generate_series(1, 30) g;
 ";
 
-async fn origin_json(client: &tokio_postgres::Client, id: i64) -> Option<String> {
-    client
-        .query_opt(
-            "SELECT row_to_json(u)::text FROM users u WHERE id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .map(|r| r.get(0))
-}
-
 async fn e2e(cores: usize) {
     let db = TestDb::create("e2e").await;
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
-    let mut cfg = support::config(&db, cores);
+    let mut cfg = lab::config(&db, cores);
     cfg.catalog.prefixes.insert("users".into(), "u".into());
-    let p = support::start(cfg).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(cfg).await;
+    let mut r = lab::redis(&p).await;
 
     // GET: miss, then hit; both the origin's row_to_json text.
     for _ in 0..2 {
         let v: Option<String> = r.get("users:1").await.unwrap();
-        assert_eq!(v, origin_json(&origin, 1).await);
+        assert_eq!(v, origin_json(&origin, "users", 1).await);
     }
     // The real redis-cli, as a user would type it.
     let addr = p.local_addr();
@@ -59,15 +47,15 @@ async fn e2e(cores: usize) {
         .expect("redis-cli (Debian package redis-tools) runs");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim_end(),
-        origin_json(&origin, 1).await.unwrap(),
+        origin_json(&origin, "users", 1).await.unwrap(),
         "redis-cli GET users:1"
     );
     let v: Option<String> = r.get("public.users:2").await.unwrap();
-    assert_eq!(v, origin_json(&origin, 2).await);
+    assert_eq!(v, origin_json(&origin, "users", 2).await);
     let v: Option<String> = r.get("u:2").await.unwrap();
     assert_eq!(
         v,
-        origin_json(&origin, 2).await,
+        origin_json(&origin, "users", 2).await,
         "configured prefix names the same table"
     );
     let v: Option<String> = r.get("orders:1:4").await.unwrap();
@@ -94,7 +82,7 @@ async fn e2e(cores: usize) {
         for (i, id) in ids.iter().enumerate() {
             assert_eq!(
                 got[i],
-                origin_json(&origin, *id).await,
+                origin_json(&origin, "users", *id).await,
                 "MGET element {i} (users:{id})"
             );
         }
@@ -160,14 +148,14 @@ async fn e2e(cores: usize) {
         .batch_execute("UPDATE users SET name = 'renamed' WHERE id = 1")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:1").await.unwrap();
-    assert_eq!(v, origin_json(&origin, 1).await);
+    assert_eq!(v, origin_json(&origin, "users", 1).await);
     assert!(v.unwrap().contains("renamed"));
-    let hits_before = support::info_field(&mut r, "keyspace_hits").await;
+    let hits_before = lab::info_field(&mut r, "keyspace_hits").await;
     let _: Option<String> = r.get("users:1").await.unwrap();
     assert!(
-        support::info_field(&mut r, "keyspace_hits").await > hits_before,
+        lab::info_field(&mut r, "keyspace_hits").await > hits_before,
         "refreshed in place: still a hit"
     );
 
@@ -175,7 +163,7 @@ async fn e2e(cores: usize) {
         .batch_execute("DELETE FROM users WHERE id = 2")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:2").await.unwrap();
     assert_eq!(v, None);
 
@@ -184,26 +172,26 @@ async fn e2e(cores: usize) {
         .batch_execute("INSERT INTO users (id, name) VALUES (5000, 'new')")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:5000").await.unwrap();
-    assert_eq!(v, origin_json(&origin, 5000).await);
+    assert_eq!(v, origin_json(&origin, "users", 5000).await);
 
     origin
         .batch_execute("UPDATE users SET id = 6000 WHERE id = 5000")
         .await
         .unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let v: Option<String> = r.get("users:5000").await.unwrap();
     assert_eq!(v, None);
     let v: Option<String> = r.get("users:6000").await.unwrap();
-    assert_eq!(v, origin_json(&origin, 6000).await);
+    assert_eq!(v, origin_json(&origin, "users", 6000).await);
 
     origin.batch_execute("TRUNCATE orders").await.unwrap();
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let v: Option<String> = r.get("orders:1:4").await.unwrap();
     assert_eq!(v, None);
 
-    let stale = support::stale_entries(&p, &origin).await;
+    let stale = lab::stale_entries(&p, &origin).await;
     assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
 }
@@ -225,14 +213,14 @@ async fn fill_race_never_installs_an_older_row() {
     let db = TestDb::create("race").await;
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     cfg.origin.fill_delay_ms = 1500;
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     let mut forced = 0;
     for id in 10..16i64 {
-        let mut r = support::redis(&p).await;
+        let mut r = lab::redis(&p).await;
         let key = format!("users:{id}");
-        let before = origin_json(&origin, id).await;
+        let before = origin_json(&origin, "users", id).await;
         let get = tokio::spawn(async move {
             let v: Option<String> = r.get(key).await.unwrap();
             v
@@ -246,16 +234,16 @@ async fn fill_race_never_installs_an_older_row() {
             )
             .await
             .unwrap();
-        support::sync(&p, &origin).await;
+        lab::sync(&p, &origin).await;
         let first = get.await.unwrap();
         if first == before {
             forced += 1; // the read really happened before the write
         }
-        let mut r = support::redis(&p).await;
+        let mut r = lab::redis(&p).await;
         let now: Option<String> = r.get(format!("users:{id}")).await.unwrap();
         assert_eq!(
             now,
-            origin_json(&origin, id).await,
+            origin_json(&origin, "users", id).await,
             "stale row installed by a raced fill"
         );
     }
@@ -274,12 +262,12 @@ async fn origin_errors_are_clear_and_hits_keep_flowing() {
     let db = TestDb::create("down").await;
     let origin = db.client().await;
     origin.batch_execute(SCHEMA).await.unwrap();
-    let mut cfg = support::config(&db, 1);
+    let mut cfg = lab::config(&db, 1);
     // The periodic schema check would notice the rename and drop `orders` from the catalog
     // (turning the GET into an unknown-prefix nil): only the failing fill is tested here.
     cfg.catalog.check_interval_ms = 3_600_000;
-    let p = support::start(cfg).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(cfg).await;
+    let mut r = lab::redis(&p).await;
     let v: Option<String> = r.get("users:7").await.unwrap();
     assert!(v.is_some());
     origin
@@ -296,6 +284,6 @@ async fn origin_errors_are_clear_and_hits_keep_flowing() {
         "the SQLSTATE is named: {err}"
     );
     let v: Option<String> = r.get("users:7").await.unwrap();
-    assert_eq!(v, origin_json(&origin, 7).await);
+    assert_eq!(v, origin_json(&origin, "users", 7).await);
     p.shutdown().await;
 }

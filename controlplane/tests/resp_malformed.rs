@@ -1,13 +1,11 @@
 //! Bad input closes only the offending connection; everyone else keeps being served.
 
-mod common;
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::TestDb;
+use pgline_testkit::lab;
+use pgline_testkit::TestDb;
 use redis::AsyncCommands;
 
 /// Sends `bytes`, then reads until the server closes; returns what it answered.
@@ -40,9 +38,9 @@ async fn malformed_input_closes_only_that_connection() {
         )
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 2)).await;
+    let p = lab::start(lab::config(&db, 2)).await;
     let addr = p.local_addr();
-    let mut good = support::redis(&p).await;
+    let mut good = lab::redis(&p).await;
     let v: Option<String> = good.get("t:1").await.unwrap();
     assert_eq!(v.as_deref(), Some(r#"{"id":1,"v":"one"}"#));
 

@@ -4,13 +4,12 @@
 //! origin's `row_to_json(t)::text`; `check_key_text` must say `Canonical` exactly when
 //! `'<text>'::type::text = '<text>'` on the origin.
 
-mod common;
-
-use common::TestDb;
 use pgline_controlplane::keytext::{check_key_text, KeyCheck};
 use pgline_controlplane::rowjson::{
     array_element_oid, encode_row_json, escape_json_string, json_kind, JsonColumn, JsonKind,
 };
+use pgline_testkit::origin;
+use pgline_testkit::TestDb;
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -29,7 +28,7 @@ async fn create_db(tag: &str) -> TestDb {
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     );
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     for sql in [
         format!("DROP DATABASE IF EXISTS {name}"),
         format!("CREATE DATABASE {name}"),
@@ -43,7 +42,7 @@ async fn create_db(tag: &str) -> TestDb {
 }
 
 async fn session(conn: &str) -> Client {
-    common::connect(&format!("{conn} {SESSION_OPTIONS}")).await
+    origin::connect(&format!("{conn} {SESSION_OPTIONS}")).await
 }
 
 const SCHEMA: &str = r#"
@@ -329,7 +328,7 @@ async fn zoo_diffs(client: &Client, exprs: &[&str]) -> Vec<String> {
 /// `array_element_oid` agrees with the origin's catalog for every built-in array type.
 #[tokio::test]
 async fn array_oids_match_catalog() {
-    let client = session(&common::conn_string("postgres")).await;
+    let client = session(&origin::conn_string("postgres")).await;
     let rows = simple_rows(
         &client,
         "SELECT t.oid::text, CASE WHEN t.typsubscript = 'array_subscript_handler'::regproc \
@@ -369,7 +368,7 @@ proptest! {
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
         rt.block_on(async {
-            let client = session(&common::conn_string("postgres")).await;
+            let client = session(&origin::conn_string("postgres")).await;
             let rows = client
                 .query("SELECT s, to_json(s)::text FROM unnest($1::text[]) s", &[&strings])
                 .await

@@ -2,14 +2,12 @@
 //! stop and the WAL is drained, every cached entry must equal the origin's row. Run once plainly
 //! and once with the replication connection killed mid-run.
 
-mod common;
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use pgline_testkit::lab;
+use pgline_testkit::TestDb;
 use rand::Rng;
 
 const ROWS: i64 = 2_000;
@@ -36,7 +34,7 @@ async fn probe(kill_stream: bool) {
         ))
         .await
         .unwrap();
-    let p = Arc::new(support::start(support::config(&db, 2)).await);
+    let p = Arc::new(lab::start(lab::config(&db, 2)).await);
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicU64::new(0));
     let reads = Arc::new(AtomicU64::new(0));
@@ -57,7 +55,7 @@ async fn probe(kill_stream: bool) {
         }));
     }
     for _ in 0..32 {
-        let mut r = support::redis(&p).await;
+        let mut r = lab::redis(&p).await;
         let (stop, reads) = (stop.clone(), reads.clone());
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
@@ -95,9 +93,9 @@ async fn probe(kill_stream: bool) {
     for t in tasks {
         t.await.unwrap();
     }
-    support::sync(&p, &origin).await;
+    lab::sync(&p, &origin).await;
     let entries = p.dump().await.len();
-    let stale = support::stale_entries(&p, &origin).await;
+    let stale = lab::stale_entries(&p, &origin).await;
     let hits = p.shared.total(|s| &s.keys_hit) + p.shared.total(|s| &s.keys_negative_hit);
     let misses = p.shared.total(|s| &s.keys_miss);
     let bypass = p.shared.total(|s| &s.keys_bypass);

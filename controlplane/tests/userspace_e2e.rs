@@ -3,20 +3,19 @@
 //! is a client `net::Stack` on the other end, speaking raw RESP. GET/MGET hits and misses,
 //! pipelined requests answered in order, a malformed request closing only its connection.
 
-mod common;
-mod support;
-
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
 use pgline_dataplane::net::{ConnId, NetConfig, NetEvent, Stack};
 use pgline_dataplane::plane::CoreStats;
 use pgline_nic::mem::MemQueue;
-use support::{bulk, encode, frame_len, show};
+use pgline_testkit::lab;
+use pgline_testkit::origin::origin_json;
+use pgline_testkit::resp::{bulk, encode, frame_len, show};
+use pgline_testkit::TestDb;
 
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
@@ -124,17 +123,6 @@ impl Wire {
     }
 }
 
-async fn origin_json(client: &tokio_postgres::Client, id: i64) -> Option<String> {
-    client
-        .query_opt(
-            "SELECT row_to_json(t)::text FROM items t WHERE id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap()
-        .map(|r| r.get(0))
-}
-
 fn reply_of(json: &Option<String>) -> Vec<u8> {
     match json {
         Some(j) => bulk(j),
@@ -162,11 +150,11 @@ async fn userspace(cores: usize) {
         )
         .await
         .unwrap();
-    let mut cfg = support::config(&db, cores);
+    let mut cfg = lab::config(&db, cores);
     cfg.resp.listen = format!("127.0.0.1:{PORT}");
     cfg.nic.mode = pgline_controlplane::config::NicMode::Mem;
     cfg.nic.ip = SERVER_IP.to_string();
-    let p = support::start(cfg).await;
+    let p = lab::start(cfg).await;
     assert_eq!(
         p.local_addr(),
         std::net::SocketAddr::from((SERVER_IP, PORT))
@@ -177,7 +165,7 @@ async fn userspace(cores: usize) {
     // Expected replies, from the origin.
     let mut want = HashMap::new();
     for id in (1..=40).chain([299, 300, 5000, 5001]) {
-        want.insert(id, reply_of(&origin_json(&origin, id).await));
+        want.insert(id, reply_of(&origin_json(&origin, "items", id).await));
     }
     let want = Arc::new(want);
     // One client stack per core's port, each on its own thread.

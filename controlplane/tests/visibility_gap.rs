@@ -3,13 +3,11 @@
 //! few rows, and misses forced continuously (flush, then read every key) so fills keep taking
 //! leases right after WAL changes were applied; afterwards no entry may be older than the origin.
 
-mod common;
-mod support;
-
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use common::TestDb;
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
 
 const KEYS: i64 = 16;
 const WRITERS: usize = 6;
@@ -33,8 +31,8 @@ async fn fills_never_install_a_row_older_than_an_applied_change() {
         ))
         .await
         .unwrap();
-    let p = support::start(support::config(&db, 1)).await;
-    let mut r = support::redis(&p).await;
+    let p = lab::start(lab::config(&db, 1)).await;
+    let mut r = lab::redis(&p).await;
 
     let round = Arc::new(AtomicI64::new(0));
     let mut writers = Vec::new();
@@ -42,7 +40,7 @@ async fn fills_never_install_a_row_older_than_an_applied_change() {
         let conn = db.conn_string();
         let round = round.clone();
         writers.push(tokio::spawn(async move {
-            let c = common::connect(&conn).await;
+            let c = origin::connect(&conn).await;
             let mut n = w as i64;
             loop {
                 let k = round.load(Ordering::Relaxed);
@@ -84,8 +82,8 @@ async fn fills_never_install_a_row_older_than_an_applied_change() {
     for w in writers {
         w.await.unwrap();
     }
-    support::sync(&p, &origin).await;
-    let stale = support::stale_entries(&p, &origin).await;
+    lab::sync(&p, &origin).await;
+    let stale = lab::stale_entries(&p, &origin).await;
     assert!(stale.is_empty(), "after {rounds} rounds: stale {stale:?}");
     p.shutdown().await;
 }

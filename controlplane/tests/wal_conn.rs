@@ -1,9 +1,7 @@
 //! The replication connection and slot helpers against the lab PostgreSQL.
 
-mod common;
-
-use common::TestDb;
 use pgline_controlplane::wal::{slot, PublicationScope, ReplicationConn, WalError};
+use pgline_testkit::TestDb;
 
 fn origin(db: &TestDb) -> tokio_postgres::Config {
     db.conn_string().parse().expect("test conn string")

@@ -1,18 +1,17 @@
 //! The WAL consumer task against the lab PostgreSQL, with a fake applier in each test.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::TestDb;
 use pgline_controlplane::lsn::parse_lsn;
 use pgline_controlplane::wal::{
     run_consumer, slot, Change, PublicationScope, ReplicationState, TupleValue, WalConfig,
     WalEvent, WalTxn,
 };
+use pgline_testkit::origin;
+use pgline_testkit::TestDb;
 use tokio::sync::{mpsc, watch};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -433,7 +432,7 @@ async fn reconnects_without_losing_txns() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     let mut seen = vec![0u32; N as usize];
     let mut kills = 0;
     let mut redelivered = 0;
@@ -514,7 +513,7 @@ async fn dropped_slot_resets_and_resumes() {
         .expect("insert");
     h.next_txn().await;
 
-    let admin = common::admin_client().await;
+    let admin = origin::admin_client().await;
     let deadline = Instant::now() + WAIT;
     loop {
         terminate_walsender(&admin, &h.slot).await;

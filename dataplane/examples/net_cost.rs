@@ -8,6 +8,7 @@
 //! number of requests answered.
 //!
 //! `cargo run --release -p pgline-dataplane --example net_cost [conns...] [--secs S]`
+#![deny(unsafe_code)]
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
@@ -136,6 +137,7 @@ fn run(conns: usize, dur: Duration) {
 }
 
 /// This thread's CPU time.
+#[allow(unsafe_code)]
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,

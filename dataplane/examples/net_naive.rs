@@ -4,6 +4,7 @@
 //! turn. The client is our `Stack`, as in `net_cost`; only the server's thread CPU time counts.
 //!
 //! `cargo run --release -p pgline-dataplane --example net_naive [conns...] [--secs S]`
+#![deny(unsafe_code)]
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
@@ -231,6 +232,7 @@ fn run(conns: usize, dur: Duration) {
 }
 
 /// This thread's CPU time.
+#[allow(unsafe_code)]
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -15,6 +15,8 @@
 //! Dependencies point one way: `resp` and `store` know nothing of each other or of I/O;
 //! `transport` knows nothing of protocols; `engine` ties them together.
 
+#![deny(unsafe_code)]
+
 pub mod engine;
 pub mod keyspace;
 pub mod net;

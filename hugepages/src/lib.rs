@@ -30,6 +30,7 @@
 //! - Linux only. THP is a request, not a guarantee: [`Region::anon_huge_bytes`] reads
 //!   `/proc/self/smaps` to tell how much of the region the kernel really backs with huge pages.
 //! - The THP page size is taken as 2 MiB (x86-64 and most arm64 kernels).
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::fmt;
@@ -156,8 +157,10 @@ pub struct Region {
 // SAFETY: `Region` owns its mapping exclusively and only exposes a raw pointer; it holds no
 // thread-affine state, so moving it or sharing `&Region` between threads is sound. Accesses
 // through the pointer are the caller's responsibility.
+#[allow(unsafe_code)]
 unsafe impl Send for Region {}
 // SAFETY: see `Send`: `&Region` only allows reading the immutable fields.
+#[allow(unsafe_code)]
 unsafe impl Sync for Region {}
 
 impl Region {
@@ -230,6 +233,7 @@ impl Region {
     }
 
     /// Writes one zero byte to every base page so that every page is faulted in now.
+    #[allow(unsafe_code)]
     fn prefault(&self) {
         // Huge levels fault a whole huge page per touch; THP may fall back to base pages per
         // 2 MiB extent, so touch each base page there.
@@ -249,6 +253,7 @@ impl Region {
     }
 }
 
+#[allow(unsafe_code)]
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` describe exactly the mapping created in `map_anon` (or trimmed
@@ -316,6 +321,7 @@ fn try_level(level: PageLevel, bytes: usize) -> Result<Region, LevelError> {
     }
 }
 
+#[allow(unsafe_code)]
 fn base_page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -326,6 +332,7 @@ fn base_page_size() -> usize {
 }
 
 /// Private anonymous read-write mapping of `len` bytes with extra `flags`.
+#[allow(unsafe_code)]
 fn map_anon(len: usize, flags: libc::c_int) -> io::Result<NonNull<u8>> {
     // SAFETY: a fresh anonymous mapping with a null hint cannot alias any existing memory;
     // the result is checked against MAP_FAILED before use.
@@ -346,6 +353,7 @@ fn map_anon(len: usize, flags: libc::c_int) -> io::Result<NonNull<u8>> {
 }
 
 /// A `len`-byte mapping aligned to [`THP_PAGE_SIZE`] and advised `MADV_HUGEPAGE`.
+#[allow(unsafe_code)]
 fn map_thp(len: usize) -> io::Result<NonNull<u8>> {
     let over = len
         .checked_add(THP_PAGE_SIZE)
@@ -431,6 +439,7 @@ fn parse_anon_huge_bytes(smaps: &str, start: usize, len: usize) -> Option<usize>
 /// second per core. It walks every arena under its lock: a few milliseconds for a heap of a
 /// few hundred MiB; other threads' allocations wait meanwhile. On other C libraries (musl has
 /// no `malloc_trim`) it does nothing and returns false.
+#[allow(unsafe_code)]
 pub fn release_free_heap() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -445,4 +454,5 @@ pub fn release_free_heap() -> bool {
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)]
 mod tests;

@@ -2,6 +2,7 @@
 //!
 //! Prints a one-line summary, or with `--json` the JSONL row. Exits non-zero on any wrong reply,
 //! a stall, or zero throughput.
+#![deny(unsafe_code)]
 
 use clap::Parser;
 use pgline_wire_bench::{run, WireConfig};

@@ -2,7 +2,6 @@
 //! namespace end has an address and the kernel's TCP stack (the clients); the root-namespace end
 //! is up without an address, for a DPDK vdev (`net_af_packet`, `net_af_xdp`) to own. Names are
 //! unique per process and per call; everything is removed on drop, also when a test panics.
-#![allow(dead_code)]
 
 use std::net::Ipv4Addr;
 use std::process::{Command, Output, Stdio};

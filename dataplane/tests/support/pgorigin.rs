@@ -1,4 +1,4 @@
-//! A raw PostgreSQL connection to the lab origin (SCRAM via `postgres-protocol`), and a
+//! A raw PostgreSQL connection to the lab origin (SCRAM by `pgline_testkit::pg::Login`), and a
 //! stand-in relay thread that answers a core's `PgRequest`s by relaying them to the origin:
 //! test scaffolding for the core side of the pgwire front (the product relay lives in the
 //! control plane).
@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use pgline_dataplane::pgwire::compose_auth_ok;
 use pgline_dataplane::plane::{MissRequest, PgReply, PgReplyEnd, PgRequestKind, Shared};
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
-use postgres_protocol::message::backend::Message;
+use pgline_testkit::pg::Login;
 use postgres_protocol::message::frontend as fe;
 
 pub const ORIGIN: &str = "127.0.0.1:54329";
@@ -50,43 +49,20 @@ pub fn connect_origin(database: &str) -> (TcpStream, Vec<u8>) {
     let mut b = BytesMut::new();
     fe::startup_message([("user", "postgres"), ("database", database)], &mut b).expect("encode");
     s.write_all(&b).expect("write");
+    let mut login = Login::new(PASSWORD);
     loop {
-        let (_, msg) = read_message(&mut s);
-        let mut buf = BytesMut::from(&msg[..]);
-        let mut out = BytesMut::new();
-        match Message::parse(&mut buf).expect("parse").expect("complete") {
-            Message::AuthenticationOk => break,
-            Message::AuthenticationSasl(_) => {
-                let mut scram =
-                    ScramSha256::new(PASSWORD.as_bytes(), ChannelBinding::unsupported());
-                fe::sasl_initial_response("SCRAM-SHA-256", scram.message(), &mut out)
-                    .expect("encode");
-                s.write_all(&out).expect("write");
-                out.clear();
-                let (_, m) = read_message(&mut s);
-                let Message::AuthenticationSaslContinue(c) =
-                    Message::parse(&mut BytesMut::from(&m[..]))
-                        .expect("p")
-                        .expect("c")
-                else {
-                    panic!("expected SASLContinue")
-                };
-                scram.update(c.data()).expect("server-first");
-                fe::sasl_response(scram.message(), &mut out).expect("encode");
-                s.write_all(&out).expect("write");
-                let (_, m) = read_message(&mut s);
-                let Message::AuthenticationSaslFinal(f) =
-                    Message::parse(&mut BytesMut::from(&m[..]))
-                        .expect("p")
-                        .expect("c")
-                else {
-                    panic!("expected SASLFinal")
-                };
-                scram.finish(f.data()).expect("server signature");
-            }
-            _ => panic!("unexpected auth message (lab origin uses SCRAM)"),
+        let (tag, msg) = read_message(&mut s);
+        assert_eq!(tag, b'R', "expected an authentication request");
+        if msg[5..9] == [0, 0, 0, 0] {
+            break;
         }
+        let reply = login.answer(&msg[5..]);
+        s.write_all(&reply).expect("write");
     }
+    assert!(
+        login.done(),
+        "AuthenticationOk before the SCRAM exchange ended"
+    );
     let tail = until_ready(&mut s);
     (s, tail)
 }

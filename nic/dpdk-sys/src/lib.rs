@@ -20,8 +20,10 @@
 //! are plugins that `librte_eal` loads from its built-in directory at `rte_eal_init`.
 
 #![allow(clippy::missing_safety_doc)]
+#![deny(unsafe_code)]
 
 #[cfg(pgline_dpdk)]
+#[allow(unsafe_code)]
 mod imp;
 #[cfg(pgline_dpdk)]
 pub use imp::*;

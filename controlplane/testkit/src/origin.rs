@@ -1,13 +1,10 @@
-//! Shared set-up for tests that need a real PostgreSQL origin.
-//!
-//! The origin is the lab cluster started by `deploy/lab/pg.sh start` (`.ci/run` does it). Each
-//! test gets a database of its own, dropped (with its replication slots) when the guard drops,
-//! so tests can run in parallel without seeing each other's tables, publications or slots.
-#![allow(dead_code)]
+//! The lab origin: connection settings, a database of its own per test, direct queries.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Connection settings of the lab origin, overridable with `PGLINE_TEST_PG_*`.
+/// Connection settings of the lab origin, overridable with `PGLINE_TEST_PG_*`:
+/// (host, port, user, password).
 pub fn origin_base() -> (String, u16, String, String) {
     let host = std::env::var("PGLINE_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
     let port = std::env::var("PGLINE_TEST_PG_PORT")
@@ -17,6 +14,14 @@ pub fn origin_base() -> (String, u16, String, String) {
     let user = std::env::var("PGLINE_TEST_PG_USER").unwrap_or_else(|_| "postgres".into());
     let password = std::env::var("PGLINE_TEST_PG_PASSWORD").unwrap_or_else(|_| "pgline".into());
     (host, port, user, password)
+}
+
+/// The lab origin's socket address (its host must be an IP address).
+pub fn origin_addr() -> SocketAddr {
+    let (host, port, _, _) = origin_base();
+    format!("{host}:{port}")
+        .parse()
+        .unwrap_or_else(|e| panic!("PGLINE_TEST_PG_HOST {host:?} is not an IP address: {e}"))
 }
 
 /// A `key=value` connection string for database `db` on the lab origin.
@@ -117,10 +122,12 @@ pub fn run_cleanup(work: impl std::future::Future<Output = ()> + Send + 'static)
     .join();
 }
 
+/// A client of the lab origin's `postgres` database, as its superuser.
 pub async fn admin_client() -> tokio_postgres::Client {
     connect(&conn_string("postgres")).await
 }
 
+/// A client for connection string `conn`; its connection task runs on the current runtime.
 pub async fn connect(conn: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(conn, tokio_postgres::NoTls)
         .await
@@ -131,4 +138,30 @@ pub async fn connect(conn: &str) -> tokio_postgres::Client {
         let _ = connection.await;
     });
     client
+}
+
+/// The origin's `row_to_json` of row `id` of `table` (a table with an integer column `id`),
+/// or `None` if there is no such row: what pgline must answer for `table:id`.
+pub async fn origin_json(
+    client: &tokio_postgres::Client,
+    table: &str,
+    id: impl Into<i64>,
+) -> Option<String> {
+    client
+        .query_opt(
+            &format!("SELECT row_to_json(x)::text FROM {table} x WHERE id = $1::int8"),
+            &[&id.into()],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("row_to_json of {table}: {e}"))
+        .map(|r| r.get(0))
+}
+
+/// The origin's current WAL insert position.
+pub async fn origin_lsn(client: &tokio_postgres::Client) -> u64 {
+    let row = client
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8", &[])
+        .await
+        .expect("pg_current_wal_lsn");
+    row.get::<_, i64>(0) as u64
 }

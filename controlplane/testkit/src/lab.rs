@@ -1,0 +1,115 @@
+//! A real pgline booted in-process against a test database, and what tests ask it.
+
+use std::time::Duration;
+
+use pgline_controlplane::config::Config;
+use pgline_controlplane::server::Pgline;
+
+use crate::origin::{origin_lsn, TestDb};
+
+/// A config for `db` with a unique slot (named after the database: slot names are cluster-wide,
+/// so a shared name would make parallel tests, or other users of the lab cluster, collide), an
+/// ephemeral port and a small store. The publication lives in the test's database.
+pub fn config(db: &TestDb, cores: usize) -> Config {
+    let url = db.conn_string();
+    let sets = vec![
+        format!("origin.url={}", toml_str(&url)),
+        format!("replication.slot={}", toml_str(&slot_name(db))),
+        "resp.listen=\"127.0.0.1:0\"".to_string(),
+        "api.listen=\"127.0.0.1:0\"".to_string(),
+        "pgwire.listen=\"127.0.0.1:0\"".to_string(),
+        format!("resp.cores={cores}"),
+        "resp.spin_polls=50".to_string(),
+        "store.memory=\"64MiB\"".to_string(),
+        "store.max_page=\"4KiB\"".to_string(),
+        "replication.status_interval_ms=100".to_string(),
+        "replication.reconnect_backoff_ms=100".to_string(),
+        "origin.pool_size=4".to_string(),
+    ];
+    Config::load(None, Vec::<(String, String)>::new(), &sets).expect("test config")
+}
+
+/// The replication slot [`config`] gives the test database `db`.
+pub fn slot_name(db: &TestDb) -> String {
+    db.name.clone()
+}
+
+fn toml_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// Starts pgline and waits until it serves hits (replication streaming).
+pub async fn start(cfg: Config) -> std::sync::Arc<Pgline> {
+    let p = Pgline::start(cfg).await.expect("pgline starts");
+    assert!(
+        p.wait_serving(Duration::from_secs(20)).await,
+        "pgline never started serving hits"
+    );
+    p
+}
+
+/// Waits until pgline has applied everything the origin has written so far.
+pub async fn sync(p: &Pgline, client: &tokio_postgres::Client) {
+    let lsn = origin_lsn(client).await;
+    let r = &p.repl;
+    assert!(
+        p.wait_applied(lsn, Duration::from_secs(30)).await,
+        "applied LSN {} never reached origin LSN {lsn} (received {}, server end {}, streaming {}, txns {}, reconnects {})",
+        p.applied_lsn(),
+        r.received_lsn.load(std::sync::atomic::Ordering::Relaxed),
+        r.server_wal_end.load(std::sync::atomic::Ordering::Relaxed),
+        r.streaming.load(std::sync::atomic::Ordering::Relaxed),
+        r.txns.load(std::sync::atomic::Ordering::Relaxed),
+        r.reconnects.load(std::sync::atomic::Ordering::Relaxed),
+    );
+}
+
+pub async fn redis(p: &Pgline) -> redis::aio::MultiplexedConnection {
+    let addr = p.local_addr();
+    let client = redis::Client::open(format!("redis://{}:{}/", addr.ip(), addr.port())).unwrap();
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connect")
+}
+
+/// Compares every cached entry with the origin's `row_to_json`; returns the stale ones.
+pub async fn stale_entries(p: &Pgline, client: &tokio_postgres::Client) -> Vec<String> {
+    let mut stale = Vec::new();
+    for pgline_controlplane::writer::DumpedEntry { table, pk, json } in p.dump().await {
+        let t = p
+            .catalog
+            .get(table)
+            .expect("dumped table is in the catalog")
+            .clone();
+        let key_col = &t.columns[t.key_columns[0]];
+        let sql = format!(
+            "SELECT row_to_json(t)::text FROM {} t WHERE {}::text = $1",
+            t.qualified(),
+            pgline_controlplane::catalog::quote_ident(&key_col.name)
+        );
+        let pk_text = String::from_utf8(pk.clone()).unwrap();
+        let row = client
+            .query_opt(&sql, &[&pk_text])
+            .await
+            .expect("probe query");
+        let origin: Option<String> = row.map(|r| r.get(0));
+        let cached = json.map(|j| String::from_utf8(j).unwrap());
+        if origin != cached {
+            stale.push(format!(
+                "{}:{pk_text}: cached {cached:?}, origin {origin:?}",
+                t.name
+            ));
+        }
+    }
+    stale
+}
+
+/// A numeric field of `INFO`.
+pub async fn info_field(r: &mut redis::aio::MultiplexedConnection, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").query_async(r).await.unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("INFO has no {field}: {info}"))
+}

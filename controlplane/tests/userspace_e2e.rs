@@ -21,6 +21,7 @@ const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 const PORT: u16 = 6380;
 const WAIT: Duration = Duration::from_secs(10);
+const TOKEN: &str = "userspace-e2e-token";
 
 /// A client stack driven by the test thread.
 struct Wire {
@@ -154,6 +155,7 @@ async fn userspace(cores: usize) {
     cfg.resp.listen = format!("127.0.0.1:{PORT}");
     cfg.nic.mode = pgline_controlplane::config::NicMode::Mem;
     cfg.nic.ip = SERVER_IP.to_string();
+    cfg.api.token = Some(TOKEN.to_string());
     let p = lab::start(cfg).await;
     assert_eq!(
         p.local_addr(),
@@ -190,7 +192,32 @@ async fn userspace(cores: usize) {
         "the malformed ones"
     );
     assert_eq!(total(|s| &s.connections_open), cores as u64);
+    check_status_transport(&p, cores).await;
     p.shutdown().await;
+}
+
+/// `GET /v1/status` names the transport each core runs: here the userspace stack on the
+/// in-memory ports (`mem`), not the kernel's sockets.
+async fn check_status_transport(p: &pgline_controlplane::server::Pgline, cores: usize) {
+    let addr = p.api_addr().expect("the API is enabled");
+    let s: serde_json::Value = reqwest::Client::new()
+        .get(format!("http://{addr}/v1/status"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("GET /v1/status")
+        .error_for_status()
+        .expect("status 200")
+        .json()
+        .await
+        .expect("status JSON");
+    let transports: Vec<&str> = s["cores"]
+        .as_array()
+        .expect("cores")
+        .iter()
+        .map(|c| c["transport"].as_str().expect("transport"))
+        .collect();
+    assert_eq!(transports, vec!["mem"; cores], "{s}");
 }
 
 fn drive(queue: MemQueue, want: &HashMap<i64, Vec<u8>>) {

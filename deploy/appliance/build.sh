@@ -7,11 +7,18 @@
 #   deploy/appliance/build.sh [--deb PATH] [--hugepage-size 2M|1G] [--hugepages N]
 #                             [--isolate-cpus LIST] [--disk-size 3G] [--out DIR]
 #
-# Without --deb, deploy/package/build-deb.sh builds the package. No loop devices and no mounts:
-# the root filesystem is made with `mkfs.ext4 -d`, /boot with mtools, SYSLINUX with its mtools
-# installer. The result is cached under --out (default /var/tmp/pgline-appliance) in a
-# directory named by a hash of every input (this script, files/, the .deb, the parameters);
-# an unchanged input set reuses it. Prints the image directory on the last line.
+# Without --deb, deploy/package/build-deb.sh builds the package. Two cached stages, under --out
+# (default /var/tmp/pgline-appliance):
+#   base   base-<hash>.tar: the mmdebstrap root filesystem with every package of the image and
+#          every dependency of the .deb (its Depends line, through `apt-get satisfy`), but not
+#          pgline itself. Keyed by the suite, the mirror, the package list, the .deb's Depends and
+#          this script: a change of pgline's code does not rebuild it (minutes).
+#   image  image-<hash>/: the base unpacked, the .deb installed with dpkg inside it (chroot,
+#          no network), the first-boot files, then the disk: /boot made with mtools and
+#          SYSLINUX's mtools installer, the root with `mkfs.ext4 -d` (no loop devices), raw and
+#          qcow2. Keyed by the base, files/, the .deb and the parameters (tens of seconds).
+# An unchanged input set reuses either stage; only the newest few of each are kept. Prints the
+# image directory on the last line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -48,21 +55,32 @@ cmdline="console=ttyS0,115200 console=tty0 net.ifnames=0 no_timer_check intel_io
 cmdline="$cmdline default_hugepagesz=$hp_size hugepagesz=$hp_size hugepages=$hp_count"
 [ -z "$isolate" ] || cmdline="$cmdline isolcpus=$isolate nohz_full=$isolate rcu_nocbs=$isolate"
 
-key=$( {
-    echo "$suite $mirror $packages $cmdline $disk_size"
-    sha256sum "$0" "$here"/files/* "$deb" | cut -d' ' -f1
+# The .deb's run-time dependencies go into the base (apt-get satisfy takes the Depends syntax).
+depends=$(dpkg-deb -f "$deb" Depends)
+base_key=$( {
+    echo "$suite $mirror $packages"
+    echo "$depends"
+    sha256sum "$0" | cut -d' ' -f1
 } | sha256sum | cut -c1-16)
-dir="$out/$key"
+key=$( {
+    echo "$base_key $cmdline $disk_size"
+    sha256sum "$here"/files/* "$deb" | cut -d' ' -f1
+} | sha256sum | cut -c1-16)
+dir="$out/image-$key"
+base="$out/base-$base_key.tar"
 if [ -f "$dir/pgline-appliance.qcow2" ] && [ -f "$dir/pgline-appliance.raw" ]; then
     echo "image cached: $dir (inputs unchanged)" >&2
+    touch "$dir"
     echo "$dir"
     exit 0
 fi
 start=$SECONDS
+mkdir -p "$out"
 work=$(mktemp -d /var/tmp/pgline-appliance-build.XXXXXX)
 # mmdebstrap bind-mounts host paths (/dev/shm, device nodes, /proc, /sys) into the root while it
-# runs: if it is interrupted, unmount whatever is left before deleting, and never cross into
-# another filesystem (a stray bind mount of the host's /dev/shm must not be emptied).
+# runs, and the image stage mounts a proc there: if either is interrupted, unmount whatever is
+# left before deleting, and never cross into another filesystem (a stray bind mount of the
+# host's /dev/shm must not be emptied).
 cleanup() {
     { grep -o " $work/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do
         umount -l "$m" || true
@@ -73,26 +91,54 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 rootfs="$work/rootfs"
 
-# The root filesystem. The customize hooks run inside it (chroot): install the .deb (apt pulls
-# its dependencies from the mirror), the first-boot files, lock root, clear the machine id.
-cp "$deb" "$work/pgline.deb"
-# Downloaded .debs are kept in $out/apt-cache between builds (mmdebstrap's documented recipe).
-mkdir -p "$out/apt-cache"
-mmdebstrap --variant=minbase --include="$packages" \
-    --components=main \
-    --skip=download/empty --skip=essential/unlink \
-    --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
-    --setup-hook="sync-in '$out/apt-cache' /var/cache/apt/archives/" \
-    --customize-hook="copy-in '$work/pgline.deb' /tmp" \
-    --customize-hook='chroot "$1" apt-get install -y -q /tmp/pgline.deb' \
-    --customize-hook="copy-in '$here/files/pgline-appliance-setup' /usr/lib/pgline" \
-    --customize-hook="copy-in '$here/files/90-pgline.cfg' /etc/cloud/cloud.cfg.d" \
-    --customize-hook="sync-out /var/cache/apt/archives '$out/apt-cache'" \
-    --customize-hook='chroot "$1" sh -c "rm /tmp/pgline.deb; systemctl disable pgline.service pgline-nic-bind.service; passwd -l root; : >/etc/machine-id; rm -f /var/lib/dbus/machine-id /etc/ssh/ssh_host_*; apt-get clean; rm -rf /var/lib/apt/lists/*"' \
-    "$suite" "$rootfs" \
-    "deb $mirror $suite main" \
-    "deb $mirror $suite-updates main" \
-    "deb ${mirror%/debian}/debian-security $suite-security main"
+# Units that only cost boot time on an appliance (TCG guests feel each one): filesystem scrubs,
+# apt's timers (upgrades come as a new .deb or image) and module loads for hardware it has not.
+masked="e2scrub_reap.service e2scrub_all.timer apt-daily.timer apt-daily-upgrade.timer"
+masked="$masked modprobe@drm.service modprobe@fuse.service modprobe@efi_pstore.service"
+masked="$masked modprobe@dm_mod.service modprobe@loop.service"
+
+# Stage 1, the base: packages from the mirror. Downloaded .debs are kept in $out/apt-cache
+# between builds (mmdebstrap's documented recipe).
+if [ -f "$base" ]; then
+    echo "base cached: $base" >&2
+    touch "$base"
+else
+    base_start=$SECONDS
+    mkdir -p "$out/apt-cache"
+    mmdebstrap --variant=minbase --include="$packages" --format=tar \
+        --components=main \
+        --skip=download/empty --skip=essential/unlink \
+        --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
+        --setup-hook="sync-in '$out/apt-cache' /var/cache/apt/archives/" \
+        --customize-hook="chroot \"\$1\" apt-get satisfy -y -q '$depends'" \
+        --customize-hook="sync-out /var/cache/apt/archives '$out/apt-cache'" \
+        --customize-hook="chroot \"\$1\" systemctl mask $masked" \
+        --customize-hook='chroot "$1" sh -c "passwd -l root; : >/etc/machine-id; rm -f /var/lib/dbus/machine-id /etc/ssh/ssh_host_*; apt-get clean; rm -rf /var/lib/apt/lists/*"' \
+        "$suite" "$work/base.tar" \
+        "deb $mirror $suite main" \
+        "deb $mirror $suite-updates main" \
+        "deb ${mirror%/debian}/debian-security $suite-security main"
+    mv "$work/base.tar" "$base.tmp.$$"
+    mv "$base.tmp.$$" "$base"
+    echo "base built in $((SECONDS - base_start)) s: $base" >&2
+fi
+base_seconds=$((SECONDS - start))
+
+# Stage 2, the image: the base, pgline's .deb (its dependencies are all in the base, so dpkg
+# needs no network), the first-boot files.
+layer_start=$SECONDS
+mkdir "$rootfs"
+tar -C "$rootfs" --numeric-owner --xattrs --xattrs-include='*' -xpf "$base"
+[ -c "$rootfs/dev/null" ] || { rm -f "$rootfs/dev/null"; mknod -m 666 "$rootfs/dev/null" c 1 3; }
+mount -t proc proc "$rootfs/proc"
+cp "$deb" "$rootfs/tmp/pgline.deb"
+chroot "$rootfs" dpkg -i /tmp/pgline.deb >&2
+install -m 755 "$here/files/pgline-appliance-setup" "$rootfs/usr/lib/pgline/"
+install -m 644 "$here/files/90-pgline.cfg" "$rootfs/etc/cloud/cloud.cfg.d/"
+# pgline-appliance-setup enables them once the seed has configured pgline.
+chroot "$rootfs" systemctl disable pgline.service pgline-nic-bind.service >&2
+rm -f "$rootfs/tmp/pgline.deb"
+umount "$rootfs/proc"
 
 root_uuid=$(cat /proc/sys/kernel/random/uuid)
 echo "UUID=$root_uuid / ext4 errors=remount-ro 0 1" >"$rootfs/etc/fstab"
@@ -138,17 +184,25 @@ dd if="$work/boot.img" of="$raw" bs=1M seek=1 conv=notrunc,sparse status=none
 dd if="$work/root.img" of="$raw" bs=1M seek=$((1 + boot_mb)) conv=notrunc,sparse status=none
 qemu-img convert -c -f raw -O qcow2 "$raw" "$work/pgline-appliance.qcow2"
 
-mkdir -p "$dir"
-mv "$raw" "$work/pgline-appliance.qcow2" "$dir/"
-cp "$deb" "$dir/"
+mkdir -p "$work/out"
+mv "$raw" "$work/pgline-appliance.qcow2" "$work/out/"
+cp "$deb" "$work/out/"
 {
     echo "kernel=$kernel"
     echo "cmdline=$cmdline"
+    echo "base=$(basename "$base")"
+    echo "base_seconds=$base_seconds"
+    echo "image_seconds=$((SECONDS - layer_start))"
     echo "build_seconds=$((SECONDS - start))"
-    echo "raw_bytes=$(stat -c %s "$dir/pgline-appliance.raw")"
-    echo "raw_allocated_bytes=$(($(stat -c %b "$dir/pgline-appliance.raw") * 512))"
-    echo "qcow2_bytes=$(stat -c %s "$dir/pgline-appliance.qcow2")"
+    echo "raw_bytes=$(stat -c %s "$work/out/pgline-appliance.raw")"
+    echo "raw_allocated_bytes=$(($(stat -c %b "$work/out/pgline-appliance.raw") * 512))"
+    echo "qcow2_bytes=$(stat -c %s "$work/out/pgline-appliance.qcow2")"
     echo "rootfs_used_bytes=$(du -sb "$rootfs" | cut -f1)"
-} >"$dir/build-info"
+} >"$work/out/build-info"
+rm -rf "$dir"
+mv "$work/out" "$dir"
 cat "$dir/build-info" >&2
+# Keep the newest few of each stage (an image is about 1.3 GB, a base about 0.8 GB).
+ls -1dt "$out"/image-* 2>/dev/null | tail -n +4 | while read -r old; do rm -rf --one-file-system "$old"; done
+ls -1t "$out"/base-*.tar 2>/dev/null | tail -n +3 | while read -r old; do rm -f "$old"; done
 echo "$dir"

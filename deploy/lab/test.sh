@@ -39,19 +39,18 @@ bench/scenarios/run.sh --smoke all
 bench/scenarios/run.sh --dry-run --loadgen bench@192.0.2.10 all >/tmp/pgline-two-machine.txt
 grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pgline-two-machine.txt
 
-# The appliance (docs/appliance.md): the .deb, the VM image (mmdebstrap; cached under
-# /var/tmp/pgline-appliance by a hash of its inputs) and a QEMU boot (KVM if usable, else TCG)
-# with the client NIC on DPDK's net_virtio (vfio-pci behind an emulated IOMMU) on a tap in a
-# namespace the test creates; the origin is the lab PostgreSQL. Needs root. Not yet part of the
-# default run: under TCG it adds 10-15 minutes (image build and two boots), which would take
-# .ci/run past its 40-minute budget (issue 12 is open on exactly this). PGLINE_APPLIANCE_TEST=1
-# runs it.
-if [ "${PGLINE_APPLIANCE_TEST:-0}" = 1 ]; then
-    step "appliance: .deb, VM image and the QEMU end-to-end test"
-    if [ "$(id -u)" = 0 ]; then
-        deploy/appliance/test.sh
-    else
-        echo "the appliance test needs root (mmdebstrap, network namespaces, taps): skipped"
-    fi
+# The appliance (docs/appliance.md): the .deb (its release build of pgline with the dpdk feature
+# reuses what the DPDK tests above compiled: only pgline-controlplane is compiled again, without
+# the tests' fault-injection feature), the VM image (two cached stages under
+# /var/tmp/pgline-appliance: the mmdebstrap base, rebuilt only when the package list or the
+# scripts change, and the image, the fresh .deb installed onto a copy of the base) and a QEMU
+# boot (KVM if usable, else TCG) with the client NIC on DPDK's net_virtio (vfio-pci behind an
+# emulated IOMMU) on a tap in a namespace the test creates; the origin is the lab PostgreSQL.
+# Needs root (mmdebstrap, chroot, network namespaces, taps).
+step "appliance: .deb, VM image and the QEMU end-to-end test"
+if [ "$(id -u)" = 0 ]; then
+    deploy/appliance/test.sh
+else
+    echo "SKIPPED: the appliance end-to-end test needs root (mmdebstrap, chroot, network namespaces, taps); run deploy/lab/test.sh as root to include it"
 fi
 step "done"

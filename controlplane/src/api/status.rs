@@ -30,7 +30,9 @@ pub struct Status {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct CoreStatus {
     pub core: u32,
-    /// `kernel` (sockets) or `nic` (userspace TCP on a DPDK port).
+    /// The client transport the core runs (`nic.mode`): `kernel` (sockets), `dpdk` (the
+    /// userspace TCP stack on a DPDK port's queue pair) or `mem` (the userspace stack on an
+    /// in-memory port, for tests).
     #[schema(example = "kernel")]
     pub transport: String,
     pub connections_open: u64,
@@ -105,13 +107,16 @@ pub async fn status(Node(node): Node) -> Json<Status> {
 
 fn compose_status(node: &Pgline) -> Status {
     let shared = &node.shared;
+    let cfg = node.effective_config();
+    // `nic.mode` is not a live setting: the configured transport is the one the cores run.
+    let transport = cfg.nic.mode.to_string();
     let cores = shared
         .stats
         .iter()
         .enumerate()
         .map(|(i, s)| CoreStatus {
             core: i as u32,
-            transport: "kernel".into(),
+            transport: transport.clone(),
             connections_open: s.connections_open.load(Ordering::Relaxed),
             commands: s.commands.load(Ordering::Relaxed),
             keys_hit: s.keys_hit.load(Ordering::Relaxed)
@@ -120,7 +125,6 @@ fn compose_status(node: &Pgline) -> Status {
         })
         .collect();
     let st = node.store_stats();
-    let cfg = node.effective_config();
     let repl = &node.repl;
     let applied = repl.applied_lsn.load(Ordering::Acquire);
     let pool = node.pool_status();

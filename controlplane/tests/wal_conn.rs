@@ -31,6 +31,19 @@ async fn wrong_password_is_a_server_error() {
     }
 }
 
+/// A FATAL the origin sends after AuthenticationOk (here: no such database) is the error, not
+/// the closed connection that follows it.
+#[tokio::test]
+async fn a_missing_database_is_the_origins_fatal() {
+    let db = TestDb::create("walconn_nodb").await;
+    let mut cfg = origin(&db);
+    cfg.dbname("pgline_no_such_database");
+    match ReplicationConn::connect(&cfg).await {
+        Err(e) => assert_eq!(e.sqlstate(), Some("3D000"), "{e}"),
+        Ok(_) => panic!("connected to a database that does not exist"),
+    }
+}
+
 #[tokio::test]
 async fn missing_slot_surfaces_sqlstate() {
     let db = TestDb::create("walconn_noslot").await;

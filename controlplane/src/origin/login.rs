@@ -14,6 +14,7 @@ use postgres_protocol::authentication::{md5_hash, sasl};
 use postgres_protocol::message::frontend;
 
 use super::conn::{FrameError, OriginConn};
+use super::message::{auth_request, backend_key, error_fields};
 
 /// Who logs in.
 #[derive(Clone, Copy, Debug)]
@@ -59,48 +60,6 @@ impl From<std::io::Error> for LoginError {
     fn from(e: std::io::Error) -> LoginError {
         LoginError::Frame(FrameError::Io(e))
     }
-}
-
-/// The authentication request code of an `R` message (tag included), and its data.
-pub fn auth_request(frame: &[u8]) -> Option<(i32, &[u8])> {
-    if frame.first() != Some(&b'R') {
-        return None;
-    }
-    let code = i32::from_be_bytes(frame.get(5..9)?.try_into().ok()?);
-    Some((code, &frame[9..]))
-}
-
-/// The process id and secret key of a BackendKeyData message (tag included).
-pub fn backend_key(frame: &[u8]) -> Option<(i32, i32)> {
-    if frame.first() != Some(&b'K') {
-        return None;
-    }
-    let pid = i32::from_be_bytes(frame.get(5..9)?.try_into().ok()?);
-    let secret = i32::from_be_bytes(frame.get(9..13)?.try_into().ok()?);
-    Some((pid, secret))
-}
-
-/// Severity, SQLSTATE and message of an ErrorResponse or NoticeResponse body; malformed
-/// trailing bytes are ignored.
-pub fn error_fields(body: &[u8]) -> (String, String, String) {
-    let (mut severity, mut code, mut message) = (String::new(), String::new(), String::new());
-    let mut rest = body;
-    while let Some((&kind, tail)) = rest.split_first() {
-        if kind == 0 {
-            break;
-        }
-        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
-        let value = String::from_utf8_lossy(&tail[..end]).into_owned();
-        match kind {
-            b'V' => severity = value,
-            b'S' if severity.is_empty() => severity = value,
-            b'C' => code = value,
-            b'M' => message = value,
-            _ => {}
-        }
-        rest = tail.get(end + 1..).unwrap_or(&[]);
-    }
-    (severity, code, message)
 }
 
 /// Sends `startup` (a whole StartupMessage) on `conn` and logs in as `who`, up to
@@ -208,35 +167,5 @@ pub async fn login(
             }
         }
         conn.write_all(&reply).await?;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn message_readers_refuse_short_input() {
-        assert_eq!(
-            auth_request(b"R\0\0\0\x0c\0\0\0\x05abcd"),
-            Some((5, &b"abcd"[..]))
-        );
-        assert_eq!(auth_request(b"R\0\0\0\x08\0\0"), None);
-        assert_eq!(auth_request(b"K\0\0\0\x08\0\0\0\0"), None);
-        assert_eq!(
-            backend_key(b"K\0\0\0\x0c\0\0\0\x07\xff\xff\xff\xfe"),
-            Some((7, -2))
-        );
-        assert_eq!(backend_key(b"K\0\0\0\x0c\0\0\0\x07\xff"), None);
-        assert_eq!(backend_key(b""), None);
-    }
-
-    #[test]
-    fn error_fields_are_read_leniently() {
-        let (s, c, m) = error_fields(b"SERROR\0VERROR\0C42704\0Mslot \"x\" does not exist\0\0");
-        assert_eq!((s.as_str(), c.as_str()), ("ERROR", "42704"));
-        assert_eq!(m, "slot \"x\" does not exist");
-        // Unterminated input does not panic.
-        let _ = error_fields(b"Cabc");
     }
 }

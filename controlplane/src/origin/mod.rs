@@ -6,7 +6,7 @@
 //! cleartext password, md5 or SCRAM-SHA-256, then the origin's parameters and BackendKeyData
 //! up to ReadyForQuery). A relayed login (the client answers the origin's authentication) runs
 //! over the same connection type and reads the same messages with [`auth_request`] and
-//! [`backend_key`]. The fills, the catalog reads and the slot management run on
+//! [`backend_key`]; [`data_row`] and [`error_fields`] read what queries return. The fills, the catalog reads and the slot management run on
 //! `tokio-postgres`, which logs in by itself; they take their TLS setting from [`pg_tls`].
 //!
 //! ```text
@@ -27,6 +27,7 @@
 
 mod conn;
 mod login;
+mod message;
 
 use std::io;
 use std::time::Duration;
@@ -35,9 +36,8 @@ use tokio::net::TcpStream;
 use tokio_postgres::config::Host;
 
 pub use conn::{FrameError, OriginConn, MAX_FRAME};
-pub use login::{
-    auth_request, backend_key, error_fields, login, Credentials, LoggedIn, LoginError,
-};
+pub use login::{login, Credentials, LoggedIn, LoginError};
+pub use message::{auth_request, backend_key, data_row, error_fields};
 
 /// Where the origin listens.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -243,22 +243,12 @@ impl Backend {
 /// The columns of a DataRow message (whole frame, tag included) as text (lossy UTF-8; `None`
 /// for NULL); `None` if the message is malformed.
 pub fn row_texts(frame: &[u8]) -> Option<Row> {
-    let body = frame.get(5..)?;
-    let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
-    let mut at = 2;
-    let mut cols = Vec::with_capacity(usize::try_from(count).ok()?);
-    for _ in 0..count {
-        let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
-        at += 4;
-        if len < 0 {
-            cols.push(None);
-            continue;
-        }
-        let text = body.get(at..at + usize::try_from(len).ok()?)?;
-        at += text.len();
-        cols.push(Some(String::from_utf8_lossy(text).into_owned()));
-    }
-    Some(cols)
+    let cols = origin::data_row(frame.get(5..)?)?;
+    Some(
+        cols.into_iter()
+            .map(|c| c.map(|t| String::from_utf8_lossy(t).into_owned()))
+            .collect(),
+    )
 }
 
 /// What became of a CancelRequest.

@@ -605,11 +605,10 @@ fn parse_fence_row(frame: &[u8]) -> Option<u64> {
     crate::lsn::parse_lsn(&parse_text_row(frame)?)
 }
 
-/// The text of a DataRow with one non-null column.
+/// The text of a DataRow's first column, if it is not NULL and is UTF-8.
 fn parse_text_row(frame: &[u8]) -> Option<String> {
-    let body = frame.get(5..)?;
-    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
-    let text = body.get(6..6 + usize::try_from(len).ok()?)?;
+    let cols = crate::origin::data_row(frame.get(5..)?)?;
+    let text = cols.into_iter().next()??;
     std::str::from_utf8(text).ok().map(str::to_owned)
 }
 

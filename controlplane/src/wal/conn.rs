@@ -364,29 +364,13 @@ fn parse_fields(body: &[u8]) -> ServerMessage {
     }
 }
 
-fn parse_data_row(mut body: Bytes) -> Result<Vec<Option<Bytes>>, WalError> {
-    let short = || WalError::Protocol("malformed DataRow".into());
-    if body.len() < 2 {
-        return Err(short());
-    }
-    let n = body.get_i16();
-    let mut cols = Vec::with_capacity(usize::try_from(n).unwrap_or(0).min(body.len() / 4));
-    for _ in 0..n {
-        if body.len() < 4 {
-            return Err(short());
-        }
-        let len = body.get_i32();
-        if len < 0 {
-            cols.push(None);
-            continue;
-        }
-        let len = usize::try_from(len).map_err(|_| short())?;
-        if body.len() < len {
-            return Err(short());
-        }
-        cols.push(Some(body.split_to(len)));
-    }
-    Ok(cols)
+fn parse_data_row(body: Bytes) -> Result<Vec<Option<Bytes>>, WalError> {
+    let cols =
+        origin::data_row(&body).ok_or_else(|| WalError::Protocol("malformed DataRow".into()))?;
+    Ok(cols
+        .into_iter()
+        .map(|c| c.map(|c| body.slice_ref(c)))
+        .collect())
 }
 
 /// Decodes a CopyData payload received while streaming.

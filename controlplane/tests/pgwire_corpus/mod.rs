@@ -20,7 +20,6 @@
 //! answered and what pgline answered. Transaction blocks in the corpus are read-only (a write
 //! inside one could not be rolled back on the origin side alone); their control statements run
 //! once per side and client.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Command;

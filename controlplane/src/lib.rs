@@ -17,6 +17,7 @@ pub mod fill;
 pub mod keytext;
 pub mod metrics;
 pub mod pgfront;
+pub mod result_plane;
 pub mod rowjson;
 pub mod server;
 pub mod wal;

@@ -228,7 +228,7 @@ async fn published_pg_tables_follow_ddl() {
     let mut raw = Raw::connect(&db.name);
     let published = || {
         p.shared
-            .keyspace
+            .keyspace()
             .snapshot()
             .pg_table_named(None, "t")
             .cloned()

@@ -227,7 +227,7 @@ fn postgres_clients_on_the_pg_port_get_cached_lookups() {
     c.read_pg_until_ready();
 
     let t = lab.table.clone();
-    let hits = |lab: &pglab::Lab| lab.shared.stats[0].keys_hit.load(Ordering::Relaxed);
+    let hits = |lab: &pglab::Lab| lab.shared.stats(0).keys_hit.load(Ordering::Relaxed);
     // Simple protocol: a hit, the origin's bytes.
     let sql = format!("SELECT * FROM {t} WHERE id = 1");
     let mut q = BytesMut::new();

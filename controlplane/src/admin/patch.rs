@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-/// Settings that change at run time (see `config::Runtime` and `Pgline::patch_config`).
+/// Settings that change at run time (see `config::Runtime` and `Admin::patch_config`).
 /// `origin.query_timeout_ms` bounds each fill query from the next fill on; the pool's wait for
 /// a free connection keeps the start-up value (deadpool fixes it at build time).
 pub const LIVE_KEYS: &[&str] = &[

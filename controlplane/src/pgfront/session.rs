@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use pgline_dataplane::pgwire;
 use pgline_dataplane::plane::{
-    PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultFill, PG_FLOW_WINDOW,
+    ConnToken, PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, PG_FLOW_WINDOW,
     RESULT_MAX_BYTES,
 };
 use tokio::sync::mpsc;
@@ -37,6 +37,7 @@ use super::pool::{Pool, PoolError};
 use super::results;
 use super::state::{self, OriginState};
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
+use crate::result_plane::ResultFill;
 
 /// How a batch went on its backend.
 #[derive(Default)]
@@ -61,7 +62,7 @@ struct Outcome {
 struct Out<'a> {
     relay: &'a RelayState,
     core: usize,
-    conn: u64,
+    conn: ConnToken,
     seq: u64,
     buf: Vec<u8>,
     /// Bytes sent so far.
@@ -126,7 +127,7 @@ impl Out<'_> {
             fence_lsn,
             serve_cached: self.serve_cached && matches!(end, PgReplyEnd::Ready(_)),
         };
-        self.relay.push_reply(self.core, reply).await;
+        self.relay.push_reply(self.core, reply);
     }
 }
 
@@ -513,7 +514,7 @@ impl Session {
             .filter(|_| idle_before && !copy && self.plain_startup)
             .map(|key| {
                 plan::add_snapshot(&mut plan);
-                let lease = self.relay.shared.results.lease(&key.tables);
+                let lease = self.relay.results.lease(&key.tables);
                 (key, lease)
             });
         let sql = std::mem::take(&mut plan.sql);
@@ -567,13 +568,12 @@ impl Session {
                 .take()
                 .and_then(|c| results::answer_of(&c, o.described.as_deref()));
             if let (Some(bytes), Some(snapshot)) = (answer, o.snapshot.clone()) {
-                relay.shared.results.push(ResultFill {
+                relay.results.push(ResultFill {
                     key,
                     bytes,
                     snapshot,
                     lease,
                 });
-                relay.shared.control_waker.wake();
             }
         }
         out.serve_cached = self.serve_cached;

@@ -74,7 +74,7 @@ impl Exec<'_> {
                 pk: pk.into(),
             });
         }
-        match self.shared.store.read(table, pk, section, out) {
+        match self.shared.store().read(table, pk, section, out) {
             Lookup::Hit => {
                 CoreStats::add(&self.stats.keys_hit, 1);
                 Found::Hit
@@ -219,7 +219,7 @@ impl Exec<'_> {
         if !self.serve_hits || keys.len() < 2 {
             return;
         }
-        let store = &self.shared.store;
+        let store = self.shared.store();
         for key in keys.iter() {
             if let Some((table, pk)) = self.keyspace.resolve(key) {
                 store.prefetch_bucket(table, pk);
@@ -343,7 +343,7 @@ impl Exec<'_> {
             Command::Select { db: 0 } => compose_simple(out, b"OK"),
             Command::Select { .. } => compose_error(out, b"ERR DB index is out of range"),
             Command::DbSize => {
-                let stats = self.shared.store.stats();
+                let stats = self.shared.store().stats();
                 compose_integer(
                     out,
                     stats.entries.saturating_sub(stats.negative_entries) as i64,
@@ -426,7 +426,7 @@ impl Exec<'_> {
     /// `CONFIG GET`: the settings Redis tools ask about, as pgline has them.
     fn config_get(&self, patterns: Args<'_>, proto: Protocol, out: &mut Vec<u8>) {
         let budget = itoa::Buffer::new()
-            .format(self.shared.store.stats().budget_bytes)
+            .format(self.shared.store().stats().budget_bytes)
             .to_owned();
         let clients = itoa::Buffer::new().format(self.max_connections).to_owned();
         let params: [(&[u8], &[u8]); 6] = [

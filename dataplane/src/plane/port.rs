@@ -1,0 +1,201 @@
+//! The two sides' handles on [`Shared`]: what a core may do, and what the control plane may do.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::keyspace::{KeySpace, KeySpaceCell};
+use crate::store::StoreReader;
+
+use super::{CoreStats, MissReply, MissRequest, PgReply, PgRequest, Replication, Shared, Wake};
+
+/// One core's side of the plane, owned by that core's thread.
+pub struct CorePort {
+    shared: Arc<Shared>,
+    id: usize,
+    /// Misses were sent this turn: wake the miss consumer at the turn's end.
+    misses_sent: Cell<bool>,
+    /// PostgreSQL requests were sent this turn: wake the relay at the turn's end.
+    pg_sent: Cell<bool>,
+}
+
+impl CorePort {
+    pub(super) fn new(shared: Arc<Shared>, id: usize) -> CorePort {
+        CorePort {
+            shared,
+            id,
+            misses_sent: Cell::new(false),
+            pg_sent: Cell::new(false),
+        }
+    }
+
+    /// The core this port belongs to.
+    #[inline]
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The read-only view every party has (other cores' counters, for `INFO`).
+    #[inline]
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// This core's counters (this core is their only writer).
+    #[inline]
+    pub fn stats(&self) -> &CoreStats {
+        &self.shared.stats[self.id]
+    }
+
+    #[inline]
+    pub fn store(&self) -> &StoreReader {
+        &self.shared.store
+    }
+
+    #[inline]
+    pub fn keyspace(&self) -> &KeySpaceCell {
+        &self.shared.keyspace
+    }
+
+    /// Whether hits may be served. Relaxed: a core acts on a value at most one turn old.
+    #[inline]
+    pub fn serve_hits(&self) -> bool {
+        self.shared.serve_hits.load(Ordering::Relaxed)
+    }
+
+    /// The LSN up to which WAL changes are applied to the store.
+    #[inline]
+    pub fn applied_lsn(&self) -> u64 {
+        self.shared.replication.applied_lsn()
+    }
+
+    /// A client id, unique for the process lifetime.
+    pub fn next_client_id(&self) -> u64 {
+        self.shared.next_client_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers what wakes this core from its sleep (once, at start).
+    pub fn set_waker(&self, waker: Arc<dyn Wake>) {
+        let _ = self.shared.core_wakers[self.id].set(waker);
+    }
+
+    /// Records the transport the cores run (`kernel`, `userspace`; the first call wins).
+    pub fn set_transport(&self, transport: &'static str) {
+        let _ = self.shared.transport.set(transport);
+    }
+
+    /// Sends a miss; a full queue gives it back (the caller answers `-BUSY` or skips the fill).
+    #[inline]
+    pub fn send_miss(&self, request: MissRequest) -> Result<(), MissRequest> {
+        self.shared.lanes[self.id].misses.try_push(request)?;
+        self.misses_sent.set(true);
+        Ok(())
+    }
+
+    /// Sends a PostgreSQL request; a full queue gives it back (the step waits for a later
+    /// turn).
+    #[inline]
+    pub fn send_pg(&self, request: PgRequest) -> Result<(), PgRequest> {
+        self.shared.lanes[self.id].pg_requests.try_push(request)?;
+        self.pg_sent.set(true);
+        Ok(())
+    }
+
+    /// Sends a PostgreSQL request that must arrive (a session's Close): never refused, it
+    /// waits in order behind a full queue.
+    pub fn send_pg_always(&self, request: PgRequest) {
+        self.shared.lanes[self.id].pg_requests.push(request);
+        self.pg_sent.set(true);
+    }
+
+    /// The next fill reply for this core.
+    #[inline]
+    pub fn recv_reply(&self) -> Option<MissReply> {
+        self.shared.lanes[self.id].replies.pop()
+    }
+
+    /// The next PostgreSQL reply (or chunk) for this core.
+    #[inline]
+    pub fn recv_pg_reply(&self) -> Option<PgReply> {
+        self.shared.lanes[self.id].pg_replies.pop()
+    }
+
+    /// How many replies of one kind a turn takes at most (the queue's bound).
+    #[inline]
+    pub fn replies_per_turn(&self) -> usize {
+        self.shared.lanes[self.id].replies.capacity()
+    }
+
+    /// Wakes each control-side consumer this turn sent something to, once.
+    #[inline]
+    pub fn end_turn(&self) {
+        if self.misses_sent.replace(false) {
+            self.shared.control_wakers.misses.wake();
+        }
+        if self.pg_sent.replace(false) {
+            self.shared.control_wakers.pg.wake();
+        }
+    }
+}
+
+/// The control plane's side of the plane (cheap to clone; any task may hold one).
+#[derive(Clone)]
+pub struct ControlPort {
+    shared: Arc<Shared>,
+}
+
+impl ControlPort {
+    pub(super) fn new(shared: Arc<Shared>) -> ControlPort {
+        ControlPort { shared }
+    }
+
+    /// The read-only view every party has.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub fn cores(&self) -> usize {
+        self.shared.cores()
+    }
+
+    /// The next miss core `core` sent.
+    pub fn recv_miss(&self, core: usize) -> Option<MissRequest> {
+        self.shared.lanes[core].misses.pop()
+    }
+
+    /// The next PostgreSQL request core `core` sent.
+    pub fn recv_pg_request(&self, core: usize) -> Option<PgRequest> {
+        self.shared.lanes[core].pg_requests.pop()
+    }
+
+    /// Sends a fill reply to core `core` and wakes it; never refused (see [`super::lane`]).
+    pub fn send_reply(&self, core: usize, reply: MissReply) {
+        if let Some(lanes) = self.shared.lanes.get(core) {
+            lanes.replies.push(reply);
+            self.shared.wake_core(core);
+        }
+    }
+
+    /// Sends a PostgreSQL reply (or chunk) to core `core` and wakes it; never refused.
+    pub fn send_pg_reply(&self, core: usize, reply: PgReply) {
+        if let Some(lanes) = self.shared.lanes.get(core) {
+            lanes.pg_replies.push(reply);
+            self.shared.wake_core(core);
+        }
+    }
+
+    /// Allows or stops hits (the replication bound).
+    pub fn set_serve_hits(&self, serve: bool) {
+        self.shared.serve_hits.store(serve, Ordering::Release);
+    }
+
+    /// Publishes the replication gauge the cores and `INFO` read.
+    pub fn publish_replication(&self, r: Replication) {
+        self.shared.replication.publish(r);
+    }
+
+    /// Publishes a new key space (the cores pick it up at their next turn).
+    pub fn publish_keyspace(&self, keyspace: KeySpace) {
+        self.shared.keyspace.publish(keyspace);
+    }
+}

@@ -83,6 +83,16 @@ pub struct MetricsSnapshot<'a> {
     pub pool: deadpool_postgres::Status,
     /// Current time in microseconds since the Unix epoch (for the lag in seconds).
     pub now_us: i64,
+    /// The HTTP API's access-control refusals (counted by `api::auth`, copied by the caller).
+    pub api_refusals: ApiRefusals,
+}
+
+/// API calls refused by access control, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApiRefusals {
+    pub missing_token: u64,
+    pub wrong_token: u64,
+    pub no_token_configured: u64,
 }
 
 /// The PostgreSQL front's figures, copied from the relay (`pgfront::RelayState`) by the caller;
@@ -282,6 +292,7 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
 /// Everything one scrape reports, owned (the registry wants a `'static` collector).
 #[derive(Debug)]
 struct Sample {
+    api_refusals: ApiRefusals,
     cores: Vec<CoreSample>,
     store: StoreStats,
     pool: deadpool_postgres::Status,
@@ -373,6 +384,7 @@ impl Sample {
             uptime_s: shared.uptime().as_secs_f64(),
             pgwire: PgwireSnapshot::default(),
             nic: Vec::new(),
+            api_refusals: src.api_refusals,
         }
     }
 }
@@ -706,13 +718,16 @@ impl Collector for Sample {
         self.encode_replication(&mut enc)?;
         self.encode_pgwire(&mut enc)?;
         self.encode_nic(&mut enc)?;
-        encode_api_refusals(&mut enc)?;
+        encode_api_refusals(&mut enc, self.api_refusals)?;
         self.encode_process(&mut enc)
     }
 }
 
-/// `pgline_api_request_refused_total{reason}` from [`crate::api::auth::REFUSALS`].
-fn encode_api_refusals(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+/// `pgline_api_request_refused_total{reason}` (the counts `api::auth` keeps).
+fn encode_api_refusals(
+    enc: &mut DescriptorEncoder,
+    refusals: ApiRefusals,
+) -> Result<(), std::fmt::Error> {
     let mut m = enc.encode_descriptor(
         "pgline_api_request_refused",
         "API calls refused by access control, by reason (missing_token, wrong_token, \
@@ -720,7 +735,11 @@ fn encode_api_refusals(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
         None,
         MetricType::Counter,
     )?;
-    for (reason, n) in crate::api::auth::REFUSALS.by_reason() {
+    for (reason, n) in [
+        ("missing_token", refusals.missing_token),
+        ("wrong_token", refusals.wrong_token),
+        ("no_token_configured", refusals.no_token_configured),
+    ] {
         let labels = [("reason", reason)];
         m.encode_family(&labels)?
             .encode_counter::<(), _, f64>(&n, None)?;
@@ -885,6 +904,7 @@ mod nic_tests {
                 waiting: 0,
             },
             now_us: 0,
+            api_refusals: ApiRefusals::default(),
         };
         let pg = PgwireSnapshot::default();
         let bare = render_with_pgwire(&src, &pg);

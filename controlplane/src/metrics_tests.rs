@@ -49,6 +49,7 @@ fn snapshot<'a>(shared: &'a Shared, repl: &'a ReplicationState) -> MetricsSnapsh
             waiting: 0,
         },
         now_us: 0,
+        api_refusals: ApiRefusals::default(),
     }
 }
 

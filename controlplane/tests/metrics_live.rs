@@ -28,6 +28,7 @@ fn scrape(p: &pgline_controlplane::server::Pgline) -> String {
             waiting: 0,
         },
         now_us: pgline_controlplane::wal::conn::unix_now_us(),
+        api_refusals: Default::default(),
     })
 }
 

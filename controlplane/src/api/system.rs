@@ -244,6 +244,7 @@ pub async fn metrics(Node(node): Node) -> Response {
         store: node.store_stats(),
         pool: node.pool_status(),
         now_us: crate::wal::conn::unix_now_us(),
+        api_refusals: super::auth::REFUSALS.snapshot(),
     };
     let body = crate::metrics::render_all(&snapshot, &pg, node.nic_ports());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()

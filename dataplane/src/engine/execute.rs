@@ -180,12 +180,15 @@ impl Exec<'_> {
                     return Outcome::Done;
                 }
                 Found::Miss(first) => {
-                    // Slow path: keep what is known so far, collect the rest.
+                    // Slow path: the replies composed so far stay as they are, one part; the
+                    // rest is collected key by key.
                     let header = itoa_len(keys.len());
                     let mut held = out.split_off(start + header);
                     out.truncate(start);
-                    let mut parts = Vec::with_capacity(keys.len());
-                    split_held(&held, i, &mut parts);
+                    let mut parts = Vec::with_capacity(keys.len() - i + 1);
+                    if i > 0 {
+                        parts.push(Part::Held(0..held.len()));
+                    }
                     let mut missing = vec![first];
                     parts.push(Part::Missing(0));
                     for (_, key) in iter {
@@ -207,7 +210,8 @@ impl Exec<'_> {
                             }
                         }
                     }
-                    return deferred(missing, Deferred::MGet { parts, held });
+                    let keys = keys.len();
+                    return deferred(missing, Deferred::MGet { keys, parts, held });
                 }
             }
         }
@@ -490,31 +494,6 @@ fn itoa_len(n: usize) -> usize {
     1 + itoa::Buffer::new().format(n).len() + 2
 }
 
-/// Splits the `count` replies already composed in `held` into parts (each a bulk string or nil).
-fn split_held(held: &[u8], count: usize, parts: &mut Vec<Part>) {
-    let mut at = 0;
-    for _ in 0..count {
-        let len = reply_len(&held[at..]);
-        parts.push(Part::Held(at..at + len));
-        at += len;
-    }
-}
-
-/// Length of the single bulk string or nil reply at the start of `bytes` (composed by us).
-fn reply_len(bytes: &[u8]) -> usize {
-    let line_end = memchr::memchr(b'\n', bytes).map_or(bytes.len(), |i| i + 1);
-    if bytes.first() == Some(&b'$') {
-        let digits = &bytes[1..line_end.saturating_sub(2).max(1)];
-        if let Some(n) = std::str::from_utf8(digits)
-            .ok()
-            .and_then(|d| d.parse::<usize>().ok())
-        {
-            return (line_end + n + 2).min(bytes.len());
-        }
-    }
-    line_end
-}
-
 /// Compares without an early exit, so timing does not tell how many leading bytes matched.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
@@ -535,20 +514,5 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secret1"));
         assert!(!constant_time_eq(b"", b"x"));
         assert!(constant_time_eq(b"", b""));
-    }
-
-    #[test]
-    fn reply_len_walks_bulk_and_nil() {
-        let held = b"$3\r\nabc\r\n$-1\r\n_\r\n$0\r\n\r\n";
-        let mut parts = Vec::new();
-        split_held(held, 4, &mut parts);
-        let ranges: Vec<_> = parts
-            .iter()
-            .map(|p| match p {
-                Part::Held(r) => r.clone(),
-                Part::Missing(_) => unreachable!(),
-            })
-            .collect();
-        assert_eq!(ranges, vec![0..9, 9..14, 14..17, 17..23]);
     }
 }

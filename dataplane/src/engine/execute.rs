@@ -295,45 +295,20 @@ impl Exec<'_> {
         outcome
     }
 
+    /// Every command but the data commands: the connection's own (this function) and the
+    /// server's ([`Exec::execute_server`]).
     fn execute_admin(
         &mut self,
         cmd: Command<'_>,
         session: &mut Session,
         out: &mut Vec<u8>,
     ) -> Outcome {
-        let proto = session.proto;
         match cmd {
-            Command::Ping { message: None } => compose_simple(out, b"PONG"),
-            Command::Ping { message: Some(m) } | Command::Echo { message: m } => {
-                compose_bulk(out, m)
-            }
             Command::Hello {
                 protover,
                 auth,
                 setname,
-            } => {
-                if let Some((user, pass)) = auth {
-                    if !self.check_password(Some(user), pass) {
-                        return self.wrong_password(session, out);
-                    }
-                    session.authenticated = true;
-                }
-                if !session.authenticated {
-                    compose_error(out, b"NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
-                    return Outcome::Done;
-                }
-                if let Some(v) = protover {
-                    session.proto = if v == 3 {
-                        Protocol::Resp3
-                    } else {
-                        Protocol::Resp2
-                    };
-                }
-                if let Some(name) = setname {
-                    session.name = Some(name.into());
-                }
-                info::compose_hello(out, session);
-            }
+            } => return self.hello(protover, auth, setname, session, out),
             Command::Auth { username, password } => {
                 if self.password.is_none() {
                     compose_error(out, b"ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
@@ -346,6 +321,63 @@ impl Exec<'_> {
             }
             Command::Select { db: 0 } => compose_simple(out, b"OK"),
             Command::Select { .. } => compose_error(out, b"ERR DB index is out of range"),
+            Command::Client { sub } => execute_client(sub, session, out),
+            Command::Quit => {
+                compose_simple(out, b"OK");
+                return Outcome::Close;
+            }
+            Command::Reset => {
+                session.proto = Protocol::Resp2;
+                session.name = None;
+                session.authenticated = self.password.is_none();
+                compose_simple(out, b"RESET");
+            }
+            other => self.execute_server(other, session.proto, out),
+        }
+        Outcome::Done
+    }
+
+    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`.
+    fn hello(
+        &mut self,
+        protover: Option<u8>,
+        auth: Option<(&[u8], &[u8])>,
+        setname: Option<&[u8]>,
+        session: &mut Session,
+        out: &mut Vec<u8>,
+    ) -> Outcome {
+        if let Some((user, pass)) = auth {
+            if !self.check_password(Some(user), pass) {
+                return self.wrong_password(session, out);
+            }
+            session.authenticated = true;
+        }
+        if !session.authenticated {
+            compose_error(out, b"NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+            return Outcome::Done;
+        }
+        if let Some(v) = protover {
+            session.proto = if v == 3 {
+                Protocol::Resp3
+            } else {
+                Protocol::Resp2
+            };
+        }
+        if let Some(name) = setname {
+            session.name = Some(name.into());
+        }
+        info::compose_hello(out, session);
+        Outcome::Done
+    }
+
+    /// The commands about the server rather than the connection: PING, ECHO, DBSIZE, INFO,
+    /// COMMAND, CONFIG, and the refusals (writes, unknown commands).
+    fn execute_server(&self, cmd: Command<'_>, proto: Protocol, out: &mut Vec<u8>) {
+        match cmd {
+            Command::Ping { message: None } => compose_simple(out, b"PONG"),
+            Command::Ping { message: Some(m) } | Command::Echo { message: m } => {
+                compose_bulk(out, m)
+            }
             Command::DbSize => {
                 let stats = self.shared.store().stats();
                 compose_integer(
@@ -364,40 +396,6 @@ impl Exec<'_> {
                     b"ERR unknown subcommand or wrong number of arguments for 'COMMAND'",
                 ),
             },
-            Command::Client { sub } => match sub {
-                ClientSub::SetName { name } => {
-                    session.name = (!name.is_empty()).then(|| name.into());
-                    compose_simple(out, b"OK");
-                }
-                ClientSub::GetName => match &session.name {
-                    Some(n) => compose_bulk(out, n),
-                    None => compose_null(out, proto),
-                },
-                ClientSub::SetInfo { attr, value } => {
-                    if attr.eq_ignore_ascii_case(b"lib-name") {
-                        session.lib_name = Some(value.into());
-                    } else if attr.eq_ignore_ascii_case(b"lib-ver") {
-                        session.lib_ver = Some(value.into());
-                    }
-                    compose_simple(out, b"OK");
-                }
-                ClientSub::Id => compose_integer(out, session.client_id as i64),
-                ClientSub::Info => info::compose_client_info(out, session),
-                ClientSub::Other { .. } => compose_error(
-                    out,
-                    b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'",
-                ),
-            },
-            Command::Quit => {
-                compose_simple(out, b"OK");
-                return Outcome::Close;
-            }
-            Command::Reset => {
-                session.proto = Protocol::Resp2;
-                session.name = None;
-                session.authenticated = self.password.is_none();
-                compose_simple(out, b"RESET");
-            }
             Command::Write { name } => {
                 let mut msg = b"READONLY pgline is a read cache of PostgreSQL: '".to_vec();
                 msg.extend(name.iter().map(u8::to_ascii_lowercase));
@@ -414,17 +412,20 @@ impl Exec<'_> {
                 compose_error(out, &msg);
             }
             Command::Unknown { name, args } => compose_unknown_command(out, name, args),
-            // The data commands are handled by `execute`.
+            // The data commands are handled by `execute`, the connection's by `execute_admin`.
             Command::Get { .. }
             | Command::MGet { .. }
             | Command::Exists { .. }
             | Command::HGet { .. }
             | Command::HMGet { .. }
-            | Command::HGetAll { .. } => {
-                compose_error(out, b"ERR internal: data command in the admin path")
-            }
+            | Command::HGetAll { .. }
+            | Command::Hello { .. }
+            | Command::Auth { .. }
+            | Command::Select { .. }
+            | Command::Client { .. }
+            | Command::Quit
+            | Command::Reset => compose_error(out, b"ERR internal: command in the wrong path"),
         }
-        Outcome::Done
     }
 
     /// `CONFIG GET`: the settings Redis tools ask about, as pgline has them.
@@ -484,6 +485,34 @@ impl Exec<'_> {
 const WRONGPASS: &[u8] = b"WRONGPASS invalid username-password pair or user is disabled.";
 const TOO_MANY_FAILURES: &[u8] =
     b"ERR too many failed authentication attempts on this connection: closing it";
+
+/// `CLIENT SETNAME | GETNAME | SETINFO | ID | INFO`.
+fn execute_client(sub: ClientSub<'_>, session: &mut Session, out: &mut Vec<u8>) {
+    match sub {
+        ClientSub::SetName { name } => {
+            session.name = (!name.is_empty()).then(|| name.into());
+            compose_simple(out, b"OK");
+        }
+        ClientSub::GetName => match &session.name {
+            Some(n) => compose_bulk(out, n),
+            None => compose_null(out, session.proto),
+        },
+        ClientSub::SetInfo { attr, value } => {
+            if attr.eq_ignore_ascii_case(b"lib-name") {
+                session.lib_name = Some(value.into());
+            } else if attr.eq_ignore_ascii_case(b"lib-ver") {
+                session.lib_ver = Some(value.into());
+            }
+            compose_simple(out, b"OK");
+        }
+        ClientSub::Id => compose_integer(out, session.client_id as i64),
+        ClientSub::Info => info::compose_client_info(out, session),
+        ClientSub::Other { .. } => compose_error(
+            out,
+            b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'",
+        ),
+    }
+}
 
 fn deferred(keys: Vec<MissKey>, deferred: Deferred) -> Outcome {
     Outcome::Deferred { keys, deferred }

@@ -199,3 +199,165 @@ impl ControlPort {
         self.shared.keyspace.publish(keyspace);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::keyspace::KeySpace;
+    use crate::plane::{ConnToken, ControlWakers, FillResult, PgReplyEnd, PgRequestKind};
+    use crate::store::{self, StoreConfig};
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(&self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    impl Count {
+        fn get(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    /// A plane of one core whose queues hold two messages, with counting wakers.
+    fn plane() -> (Arc<Shared>, Arc<Count>, Arc<Count>) {
+        let cfg = StoreConfig {
+            memory_bytes: 8 << 20,
+            segment_bytes: 1 << 20,
+            max_page_level: pgline_hugepages::PageLevel::Base,
+            prefault: false,
+        };
+        let (writer, reader) = store::open(&cfg).expect("store");
+        // The reader's region must outlive the test.
+        std::mem::forget(writer);
+        let (misses, pg) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let wakers = ControlWakers {
+            misses: misses.clone(),
+            pg: pg.clone(),
+        };
+        let shared = Shared::new(reader, KeySpaceCell::new(KeySpace::new()), 1, 2, wakers);
+        (Arc::new(shared), misses, pg)
+    }
+
+    fn miss(seq: u64) -> MissRequest {
+        MissRequest {
+            core: 0,
+            conn: ConnToken::new(1, 1),
+            seq,
+            keys: Vec::new(),
+            bypass: false,
+        }
+    }
+
+    fn pg(seq: u64, kind: PgRequestKind) -> PgRequest {
+        PgRequest {
+            core: 0,
+            conn: ConnToken::new(2, 1),
+            seq,
+            session: 7,
+            kind,
+            messages: Vec::new(),
+            cache: None,
+            flow: None,
+        }
+    }
+
+    #[test]
+    fn each_consumer_is_woken_once_per_turn_and_only_for_its_own_requests() {
+        let (shared, misses, pgw) = plane();
+        let core = shared.core_port(0);
+        core.end_turn();
+        assert_eq!(
+            (misses.get(), pgw.get()),
+            (0, 0),
+            "nothing sent, nobody woken"
+        );
+        core.send_miss(miss(1)).unwrap();
+        core.send_miss(miss(2)).unwrap();
+        core.end_turn();
+        assert_eq!((misses.get(), pgw.get()), (1, 0));
+        core.send_pg(pg(3, PgRequestKind::Batch)).unwrap();
+        core.end_turn();
+        core.end_turn();
+        assert_eq!((misses.get(), pgw.get()), (1, 1));
+    }
+
+    #[test]
+    fn a_full_queue_refuses_requests_but_never_a_close_or_a_reply() {
+        let (shared, _, _) = plane();
+        let (core, control) = (shared.core_port(0), shared.control_port());
+        // Misses: two fit, the third comes back (the core answers -BUSY).
+        core.send_miss(miss(1)).unwrap();
+        core.send_miss(miss(2)).unwrap();
+        assert_eq!(core.send_miss(miss(3)).map_err(|m| m.seq), Err(3));
+        assert_eq!(shared.queue_depths(0).misses, 2);
+        // PostgreSQL: a step is refused when full, a Close waits behind the queue, and a step
+        // cannot overtake the waiting Close even once the queue has room.
+        core.send_pg(pg(1, PgRequestKind::Batch)).unwrap();
+        core.send_pg(pg(2, PgRequestKind::Batch)).unwrap();
+        assert!(core.send_pg(pg(3, PgRequestKind::Batch)).is_err());
+        core.send_pg_always(pg(4, PgRequestKind::Close));
+        assert_eq!(control.recv_pg_request(0).map(|r| r.seq), Some(1));
+        assert!(core.send_pg(pg(5, PgRequestKind::Batch)).is_err());
+        let rest: Vec<u64> = std::iter::from_fn(|| control.recv_pg_request(0))
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(rest, [2, 4]);
+        core.send_pg(pg(6, PgRequestKind::Batch)).unwrap();
+        // Replies: five into a queue of two, all arrive, in order.
+        for seq in 0..5 {
+            control.send_reply(
+                0,
+                MissReply {
+                    conn: ConnToken::new(1, 1),
+                    seq,
+                    results: vec![FillResult::Absent],
+                },
+            );
+            control.send_pg_reply(
+                0,
+                PgReply {
+                    conn: ConnToken::new(2, 1),
+                    seq,
+                    bytes: Vec::new(),
+                    end: PgReplyEnd::More,
+                    fence_lsn: 0,
+                    serve_cached: false,
+                },
+            );
+        }
+        let replies: Vec<u64> = std::iter::from_fn(|| core.recv_reply())
+            .map(|r| r.seq)
+            .collect();
+        let pg_replies: Vec<u64> = std::iter::from_fn(|| core.recv_pg_reply())
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(replies, [0, 1, 2, 3, 4]);
+        assert_eq!(pg_replies, [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn the_control_side_publishes_what_the_cores_read() {
+        let (shared, _, _) = plane();
+        let (core, control) = (shared.core_port(0), shared.control_port());
+        assert!(!core.serve_hits());
+        control.set_serve_hits(true);
+        control.publish_replication(Replication {
+            streaming: true,
+            applied_lsn: 42,
+            lag_bytes: 1,
+            lag_ms: 2,
+        });
+        assert!(core.serve_hits() && shared.serve_hits());
+        assert_eq!(core.applied_lsn(), 42);
+        assert_eq!(shared.replication().lag_ms(), 2);
+        let before = core.keyspace().generation();
+        control.publish_keyspace(KeySpace::new());
+        assert_eq!(core.keyspace().generation(), before + 1);
+        core.set_transport("userspace");
+        assert_eq!(shared.transport(), "userspace");
+    }
+}

@@ -48,6 +48,11 @@ pub fn mget(keys: &[String]) -> Vec<u8> {
 
 /// Shared state over a store holding rows `0..ROWS`, serving hits.
 pub fn shared(cores: usize) -> Arc<Shared> {
+    shared_with_queues(cores, 4096)
+}
+
+/// [`shared`] with queues of `capacity` messages.
+pub fn shared_with_queues(cores: usize, capacity: usize) -> Arc<Shared> {
     let cfg = StoreConfig {
         memory_bytes: 16 << 20,
         segment_bytes: 1 << 20,
@@ -74,7 +79,7 @@ pub fn shared(cores: usize) -> Arc<Shared> {
         reader,
         KeySpaceCell::new(ks),
         cores,
-        4096,
+        capacity,
         ControlWakers::none(),
     ));
     shared.control_port().set_serve_hits(true);

@@ -650,7 +650,7 @@ impl Config {
     /// A copy fit for output (API, `pgline config`, logs): secrets replaced by [`REDACTED`].
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
-        c.origin.url = crate::admin::patch::redact_conn_string(&c.origin.url);
+        c.origin.url = redact_conn_string(&c.origin.url);
         if c.api.token.is_some() {
             c.api.token = Some(REDACTED.into());
         }
@@ -815,6 +815,66 @@ fn set_path(
             "{origin}: [{section}] is not a table"
         ))),
     }
+}
+
+/// A connection string with its password replaced.
+pub fn redact_conn_string(s: &str) -> String {
+    if let Some(rest) = s
+        .strip_prefix("postgres://")
+        .or_else(|| s.strip_prefix("postgresql://"))
+    {
+        let scheme = &s[..s.len() - rest.len()];
+        let Some(at) = rest.find('@') else {
+            return s.to_string();
+        };
+        let (userinfo, host) = rest.split_at(at);
+        return match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}{user}:{REDACTED}{host}"),
+            None => s.to_string(),
+        };
+    }
+    // key=value form: values may be quoted ('...' with \' escapes); rebuild token by token.
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while !rest.is_empty() {
+        let ws = rest.len() - rest.trim_start().len();
+        out.push_str(&rest[..ws]);
+        rest = &rest[ws..];
+        let key_end = rest.find('=').unwrap_or(rest.len());
+        let key = rest[..key_end].trim();
+        out.push_str(&rest[..key_end]);
+        rest = &rest[key_end..];
+        if rest.is_empty() {
+            break;
+        }
+        out.push('=');
+        rest = rest[1..].trim_start();
+        let value_len = conn_value_len(rest);
+        if key == "password" {
+            out.push_str(REDACTED);
+        } else {
+            out.push_str(&rest[..value_len]);
+        }
+        rest = &rest[value_len..];
+    }
+    out
+}
+
+/// Length of one (possibly quoted) value at the start of a `key=value` connection string.
+fn conn_value_len(s: &str) -> usize {
+    let bytes = s.as_bytes();
+    if bytes.first() == Some(&b'\'') {
+        let mut i = 1;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'\\' => i += 2,
+                b'\'' => return i + 1,
+                _ => i += 1,
+            }
+        }
+        return s.len();
+    }
+    s.find(char::is_whitespace).unwrap_or(s.len())
 }
 
 #[cfg(test)]

@@ -17,9 +17,12 @@
 //! its first RX burst (`DpdkQueue` does it, see `pgline_nic::dpdk`), which gives it an lcore id
 //! and the mbuf pool's per-lcore cache of `POOL_CACHE` buffers.
 //!
-//! Counters: every port opened here is listed (by a handle that does not keep it open) for
-//! [`device_stats`], which the `/metrics` scrape reads (`pgline_nic_*`); a port drops out of
-//! the list once the engine's cores have dropped its queues.
+//! Counters: [`open_queues`] returns, beside the queues, a [`PortCounters`] handle (which does
+//! not keep the port open) for the `/metrics` scrape (`pgline_nic_*`); it reads nothing once
+//! the engine's cores have dropped the port's queues.
+//!
+//! Errors: [`DpdkError`] says which step failed; the composition root turns it into its start
+//! error. This module imports nothing of the node that uses it.
 //!
 //! Limitations: DPDK allows one `rte_eal_init` per process. A second start in the same process
 //! (tests) reuses the running EAL: its arguments are not re-read, and the `nic.vdevs` entry named
@@ -28,14 +31,74 @@
 //! out).
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 
-use pgline_nic::dpdk::{
-    DpdkQueue, Eal, EalConfig, Link, Mempool, Port, PortConfig, PortStats, PortStatsHandle,
-};
+use pgline_nic::dpdk::{DpdkQueue, Eal, EalConfig, Mempool, Port, PortConfig, PortStatsHandle};
 
 use crate::config::NicConfig;
-use crate::server::StartError;
+use crate::metrics::{NicCounters, NicPortSnapshot};
+
+/// Why the DPDK port could not be brought up.
+#[derive(Debug, thiserror::Error)]
+pub enum DpdkError {
+    /// One step of the bring-up failed (`what`: the EAL, the mbuf pool, the port, a queue).
+    #[error("dpdk: {what}: {detail}")]
+    Step { what: String, detail: String },
+    /// `rte_eal_init` panicked on its thread.
+    #[error("dpdk: rte_eal_init panicked")]
+    EalPanicked,
+    /// `nic.port` names no probed port and no `nic.vdevs` entry to hot-plug.
+    #[error(
+        "dpdk: no port named {port:?} (probed: {probed} ports; name a vdev from nic.vdevs or a \
+         PCI address, and check nic.no_pci)"
+    )]
+    NoSuchPort { port: String, probed: u16 },
+    /// More cores than a port can have queue pairs.
+    #[error("dpdk: {0} cores is too many queues")]
+    TooManyQueues(usize),
+}
+
+/// The device counters of one open port, for the `/metrics` scrape.
+pub struct PortCounters {
+    /// The device name (`nic.port`).
+    name: String,
+    handle: PortStatsHandle,
+}
+
+impl NicCounters for PortCounters {
+    fn snapshot(&self) -> Option<NicPortSnapshot> {
+        let s = match self.handle.stats()? {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(port = %self.name, error = %e, "dpdk: rte_eth_stats_get failed");
+                return None;
+            }
+        };
+        let link = match self.handle.link()? {
+            Ok(link) => Some((link.up, link.speed_mbps)),
+            Err(e) => {
+                tracing::debug!(port = %self.name, error = %e, "dpdk: rte_eth_link_get_nowait failed");
+                None
+            }
+        };
+        Some(NicPortSnapshot {
+            port: self.name.clone(),
+            link,
+            ipackets: s.ipackets,
+            opackets: s.opackets,
+            ibytes: s.ibytes,
+            obytes: s.obytes,
+            imissed: s.imissed,
+            ierrors: s.ierrors,
+            oerrors: s.oerrors,
+            rx_nombuf: s.rx_nombuf,
+            queues: s
+                .queues
+                .iter()
+                .map(|q| [q.ipackets, q.opackets, q.ibytes, q.obytes, q.errors])
+                .collect(),
+        })
+    }
+}
 
 /// Mbufs per queue pair: RX and TX rings (1024 each by default) plus frames held by the stack.
 const MBUFS_PER_QUEUE: u32 = 4096;
@@ -47,29 +110,11 @@ const DATA_ROOM: u16 = 2048 + 128;
 /// Pools made in this process, for unique pool names.
 static POOLS: AtomicU32 = AtomicU32::new(0);
 
-/// Ports opened by [`open_queues`] (device name, counter handle), for [`device_stats`].
-static OPEN_PORTS: Mutex<Vec<(String, PortStatsHandle)>> = Mutex::new(Vec::new());
-
-/// Device counters of every DPDK port this process serves on, by device name (`nic.port`).
-/// Empty unless `nic.mode = "dpdk"`; ports whose engine has stopped are left out (and
-/// forgotten). A port whose driver fails the read is logged at debug and left out.
-pub fn device_stats() -> Vec<(String, PortStats)> {
-    let mut ports = OPEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    ports.retain(|(_, h)| h.is_open());
-    ports
-        .iter()
-        .filter_map(|(name, h)| match h.stats()? {
-            Ok(s) => Some((name.clone(), s)),
-            Err(e) => {
-                tracing::debug!(port = %name, error = %e, "dpdk: rte_eth_stats_get failed");
-                None
-            }
-        })
-        .collect()
-}
-
-fn nic_error(what: &str, e: impl std::fmt::Display) -> StartError {
-    StartError::Nic(format!("dpdk: {what}: {e}"))
+fn nic_error(what: &str, e: impl std::fmt::Display) -> DpdkError {
+    DpdkError::Step {
+        what: what.to_owned(),
+        detail: e.to_string(),
+    }
 }
 
 /// `framecnt` pgline gives a multi-queue `net_af_packet` vdev that names none.
@@ -97,20 +142,6 @@ pub fn vdev_with_defaults(vdev: &str) -> String {
     vdev.to_owned()
 }
 
-/// Link state of the DPDK port named `port` that this process serves on (`None`: no such open
-/// port, or its driver failed the read, logged at debug).
-pub fn device_link(port: &str) -> Option<Link> {
-    let ports = OPEN_PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let (_, h) = ports.iter().find(|(name, _)| name == port)?;
-    match h.link()? {
-        Ok(link) => Some(link),
-        Err(e) => {
-            tracing::debug!(port, error = %e, "dpdk: rte_eth_link_get_nowait failed");
-            None
-        }
-    }
-}
-
 /// The EAL arguments `nic` asks for.
 pub fn eal_config(nic: &NicConfig) -> EalConfig {
     let named = nic.eal_args.iter().any(|a| a.starts_with("--file-prefix"));
@@ -124,7 +155,7 @@ pub fn eal_config(nic: &NicConfig) -> EalConfig {
 }
 
 /// The process's EAL: initialized from `nic` on a dedicated thread, or the one already running.
-fn eal(nic: &NicConfig) -> Result<(&'static Eal, bool), StartError> {
+fn eal(nic: &NicConfig) -> Result<(&'static Eal, bool), DpdkError> {
     if let Some(eal) = Eal::get() {
         return Ok((eal, false));
     }
@@ -135,7 +166,7 @@ fn eal(nic: &NicConfig) -> Result<(&'static Eal, bool), StartError> {
         .spawn(move || Eal::init(&cfg))
         .map_err(|e| nic_error("EAL thread", e))?
         .join()
-        .map_err(|_| StartError::Nic("dpdk: rte_eal_init panicked".into()))?
+        .map_err(|_| DpdkError::EalPanicked)?
         .map_err(|e| nic_error("rte_eal_init", e))?;
     Ok((eal, true))
 }
@@ -148,7 +179,7 @@ fn find_port(
     fresh: bool,
     cfg: &PortConfig,
     pool: Mempool,
-) -> Result<Port, StartError> {
+) -> Result<Port, DpdkError> {
     if let Ok(id) = eal.port_by_name(&nic.port) {
         return Port::configure(eal, id, cfg, pool).map_err(|e| nic_error(&nic.port, e));
     }
@@ -164,12 +195,10 @@ fn find_port(
             Port::attach_vdev(eal, &nic.port, args, cfg, pool)
                 .map_err(|e| nic_error(&format!("hot-plug {vdev}"), e))
         }
-        _ => Err(StartError::Nic(format!(
-            "dpdk: no port named {:?} (probed: {} ports; name a vdev from nic.vdevs or a PCI \
-             address, and check nic.no_pci)",
-            nic.port,
-            eal.port_count()
-        ))),
+        _ => Err(DpdkError::NoSuchPort {
+            port: nic.port.clone(),
+            probed: eal.port_count(),
+        }),
     }
 }
 
@@ -181,10 +210,13 @@ fn packed_pool(nic: &NicConfig, eal: &Eal) -> bool {
     nic.port.starts_with("net_af_xdp") || eal.args().iter().any(|a| a == "--no-huge")
 }
 
-/// Brings the port up and returns one queue pair per core (core `i` gets queue `i`).
-pub fn open_queues(nic: &NicConfig, cores: usize) -> Result<Vec<DpdkQueue>, StartError> {
-    let queues = u16::try_from(cores)
-        .map_err(|_| StartError::Nic(format!("dpdk: {cores} cores is too many queues")))?;
+/// Brings the port up and returns one queue pair per core (core `i` gets queue `i`) and the
+/// port's counters.
+pub fn open_queues(
+    nic: &NicConfig,
+    cores: usize,
+) -> Result<(Vec<DpdkQueue>, PortCounters), DpdkError> {
+    let queues = u16::try_from(cores).map_err(|_| DpdkError::TooManyQueues(cores))?;
     let (eal, fresh) = eal(nic)?;
     let n = POOLS.fetch_add(1, Ordering::Relaxed);
     // A power of two minus one is the mempool's most memory-efficient size.
@@ -202,10 +234,10 @@ pub fn open_queues(nic: &NicConfig, cores: usize) -> Result<Vec<DpdkQueue>, Star
     };
     let mut port = find_port(eal, nic, fresh, &port_cfg, pool)?;
     port.start().map_err(|e| nic_error("port start", e))?;
-    OPEN_PORTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push((nic.port.clone(), port.stats_handle()));
+    let counters = PortCounters {
+        name: nic.port.clone(),
+        handle: port.stats_handle(),
+    };
     let mac = port.mac().map(|b| format!("{b:02x}")).join(":");
     match port.link() {
         Ok(link) => tracing::info!(
@@ -223,9 +255,10 @@ pub fn open_queues(nic: &NicConfig, cores: usize) -> Result<Vec<DpdkQueue>, Star
             tracing::warn!(port = %nic.port, %mac, error = %e, "dpdk: port started, link unknown")
         }
     }
-    (0..queues)
+    let queues = (0..queues)
         .map(|i| port.queue(i).map_err(|e| nic_error("queue", e)))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok((queues, counters))
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod lsn;
 pub mod metrics;
 pub mod origin;
 pub mod pgfront;
+pub mod result_plane;
 pub mod rowjson;
 pub mod server;
 pub mod wal;

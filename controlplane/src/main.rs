@@ -163,7 +163,7 @@ fn serve(cfg: Config) -> ExitCode {
 }
 
 /// Installs the log subscriber; returns the hook that makes `log.level` changeable at run time.
-fn init_logging(cfg: &Config) -> pgline_controlplane::server::LogReload {
+fn init_logging(cfg: &Config) -> pgline_controlplane::admin::LogReload {
     use pgline_controlplane::admin::env_filter_reload;
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log.level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

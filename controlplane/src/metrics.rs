@@ -11,8 +11,8 @@
 //! The PostgreSQL front's families come from the relay's own counts (sessions, pools, the sums
 //! of its per-statement statistics), copied by the caller into a [`PgwireSnapshot`]. With
 //! `nic.mode = "dpdk"` the `pgline_nic_*` families carry the DPDK port's device counters
-//! (`rte_eth_stats_get`, read at scrape time through `dpdk_port::device_stats`); in the other
-//! modes they are absent.
+//! (`rte_eth_stats_get`, read at scrape time through the [`NicCounters`] handles the node was
+//! given when the port opened); in the other modes they are absent.
 //!
 //! Names are `pgline_<layer>_<object>[_<event>]` in base units (bytes, seconds); counters get
 //! the `_total` suffix from the encoder. Per-core families carry a `core` label. The full list
@@ -83,6 +83,16 @@ pub struct MetricsSnapshot<'a> {
     pub pool: deadpool_postgres::Status,
     /// Current time in microseconds since the Unix epoch (for the lag in seconds).
     pub now_us: i64,
+    /// The HTTP API's access-control refusals (counted by `api::auth`, copied by the caller).
+    pub api_refusals: ApiRefusals,
+}
+
+/// API calls refused by access control, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApiRefusals {
+    pub missing_token: u64,
+    pub wrong_token: u64,
+    pub no_token_configured: u64,
 }
 
 /// The PostgreSQL front's figures, copied from the relay (`pgfront::RelayState`) by the caller;
@@ -138,38 +148,15 @@ pub struct NicPortSnapshot {
     pub link: Option<(bool, u32)>,
 }
 
-/// The device counters of the DPDK ports this process serves on (empty in the other modes).
-fn nic_ports() -> Vec<NicPortSnapshot> {
-    #[cfg(feature = "dpdk")]
-    {
-        crate::dpdk_port::device_stats()
-            .into_iter()
-            .map(|(port, s)| NicPortSnapshot {
-                link: crate::dpdk_port::device_link(&port).map(|l| (l.up, l.speed_mbps)),
-                port,
-                ipackets: s.ipackets,
-                opackets: s.opackets,
-                ibytes: s.ibytes,
-                obytes: s.obytes,
-                imissed: s.imissed,
-                ierrors: s.ierrors,
-                oerrors: s.oerrors,
-                rx_nombuf: s.rx_nombuf,
-                queues: s
-                    .queues
-                    .iter()
-                    .map(|q| [q.ipackets, q.opackets, q.ibytes, q.obytes, q.errors])
-                    .collect(),
-            })
-            .collect()
-    }
-    #[cfg(not(feature = "dpdk"))]
-    Vec::new()
+/// Where a scrape reads one NIC port's device counters (the DPDK port's handle, see
+/// `crate::dpdk_port::PortCounters`); `None` when the port is gone or its driver fails the read.
+pub trait NicCounters: Send + Sync {
+    fn snapshot(&self) -> Option<NicPortSnapshot>;
 }
 
 /// [`render`] with the PostgreSQL front's figures.
 pub fn render_with_pgwire(src: &MetricsSnapshot, pg: &PgwireSnapshot) -> String {
-    render_all(src, pg, nic_ports())
+    render_all(src, pg, Vec::new())
 }
 
 /// [`render_with_pgwire`] with given DPDK port counters instead of the live ports'.
@@ -191,9 +178,14 @@ pub fn render_all(src: &MetricsSnapshot, pg: &PgwireSnapshot, nic: Vec<NicPortSn
 type CoreField = fn(&CoreStats) -> &AtomicU64;
 const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
     (
-        "pgline_core_commands",
+        "pgline_core_resp_commands",
         "RESP commands executed by the core.",
-        |s| &s.commands,
+        |s| &s.resp_commands,
+    ),
+    (
+        "pgline_core_pg_steps",
+        "PostgreSQL steps handled by the core: a startup, an authentication exchange, or a batch up to its Sync (or a simple Query), served or forwarded.",
+        |s| &s.pg_steps,
     ),
     (
         "pgline_core_keys_hit",
@@ -251,9 +243,14 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         |s| &s.protocol_errors,
     ),
     (
-        "pgline_core_miss_queue_full",
-        "Requests answered BUSY because the core's miss queue was full.",
-        |s| &s.miss_queue_full,
+        "pgline_core_resp_queue_full",
+        "RESP requests answered BUSY because the core's miss queue was full.",
+        |s| &s.resp_queue_full,
+    ),
+    (
+        "pgline_core_pg_queue_full",
+        "PostgreSQL requests a full queue to the control plane refused: the step waits for a later turn (nothing is lost), or a point lookup's background fill is skipped.",
+        |s| &s.pg_queue_full,
     ),
     (
         "pgline_core_polls",
@@ -295,6 +292,7 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
 /// Everything one scrape reports, owned (the registry wants a `'static` collector).
 #[derive(Debug)]
 struct Sample {
+    api_refusals: ApiRefusals,
     cores: Vec<CoreSample>,
     store: StoreStats,
     pool: deadpool_postgres::Status,
@@ -339,10 +337,11 @@ impl Sample {
     fn take(src: &MetricsSnapshot) -> Sample {
         let shared = src.shared;
         let cores = shared
-            .stats
+            .all_stats()
             .iter()
-            .zip(shared.queues.iter())
-            .map(|(stats, queues)| {
+            .enumerate()
+            .map(|(core, stats)| {
+                let queues = shared.queue_depths(core);
                 let (buckets, sum_ns) = stats.service_time.snapshot();
                 CoreSample {
                     counters: CORE_COUNTERS
@@ -352,11 +351,11 @@ impl Sample {
                     connections_open: stats.connections_open.load(Ordering::Relaxed),
                     connections_open_pg: stats.connections_open_pg.load(Ordering::Relaxed),
                     reply_memory_bytes: stats.reply_memory_bytes.load(Ordering::Relaxed),
-                    miss_queue_depth: queues.misses.len(),
-                    reply_queue_depth: queues.replies.len(),
-                    pg_request_queue_depth: queues.pg_requests.len(),
-                    pg_reply_queue_depth: queues.pg_replies.len(),
-                    queue_capacity: queues.misses.capacity(),
+                    miss_queue_depth: queues.misses,
+                    reply_queue_depth: queues.replies,
+                    pg_request_queue_depth: queues.pg_requests,
+                    pg_reply_queue_depth: queues.pg_replies,
+                    queue_capacity: queues.capacity,
                     buckets,
                     sum_ns,
                 }
@@ -371,7 +370,7 @@ impl Sample {
             repl: ReplSample {
                 connected: r.connected.load(Ordering::Acquire),
                 streaming: r.streaming.load(Ordering::Acquire),
-                serve_hits: shared.serve_hits.load(Ordering::Acquire),
+                serve_hits: shared.serve_hits(),
                 received_lsn: load(&r.received_lsn),
                 server_wal_end: load(&r.server_wal_end),
                 applied_lsn: load(&r.applied_lsn),
@@ -382,9 +381,10 @@ impl Sample {
                 txns: load(&r.txns),
                 changes: load(&r.changes),
             },
-            uptime_s: shared.started_at.elapsed().as_secs_f64(),
+            uptime_s: shared.uptime().as_secs_f64(),
             pgwire: PgwireSnapshot::default(),
             nic: Vec::new(),
+            api_refusals: src.api_refusals,
         }
     }
 }
@@ -476,7 +476,7 @@ impl Sample {
             ),
             (
                 "pgline_core_queue_capacity",
-                "Capacity of each of the core's two queues (resp.miss_queue).",
+                "Capacity of each of the core's four queues (resp.miss_queue); replies and session closes a full queue refuses wait behind it, counted in the depths.",
                 |c| c.queue_capacity as u64,
             ),
         ];
@@ -718,13 +718,16 @@ impl Collector for Sample {
         self.encode_replication(&mut enc)?;
         self.encode_pgwire(&mut enc)?;
         self.encode_nic(&mut enc)?;
-        encode_api_refusals(&mut enc)?;
+        encode_api_refusals(&mut enc, self.api_refusals)?;
         self.encode_process(&mut enc)
     }
 }
 
-/// `pgline_api_request_refused_total{reason}` from [`crate::api::auth::REFUSALS`].
-fn encode_api_refusals(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+/// `pgline_api_request_refused_total{reason}` (the counts `api::auth` keeps).
+fn encode_api_refusals(
+    enc: &mut DescriptorEncoder,
+    refusals: ApiRefusals,
+) -> Result<(), std::fmt::Error> {
     let mut m = enc.encode_descriptor(
         "pgline_api_request_refused",
         "API calls refused by access control, by reason (missing_token, wrong_token, \
@@ -732,7 +735,11 @@ fn encode_api_refusals(enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
         None,
         MetricType::Counter,
     )?;
-    for (reason, n) in crate::api::auth::REFUSALS.by_reason() {
+    for (reason, n) in [
+        ("missing_token", refusals.missing_token),
+        ("wrong_token", refusals.wrong_token),
+        ("no_token_configured", refusals.no_token_configured),
+    ] {
         let labels = [("reason", reason)];
         m.encode_family(&labels)?
             .encode_counter::<(), _, f64>(&n, None)?;
@@ -869,11 +876,6 @@ mod tests;
 mod nic_tests {
     use super::*;
 
-    struct NoWake;
-    impl pgline_dataplane::plane::Wake for NoWake {
-        fn wake(&self) {}
-    }
-
     #[test]
     fn dpdk_port_counters_are_exported_labelled_and_documented() {
         use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
@@ -888,7 +890,8 @@ mod nic_tests {
         // The reader's region must outlive the test.
         std::mem::forget(writer);
         let keys = KeySpaceCell::new(KeySpace::new());
-        let shared = Shared::new(reader, keys, 1, 16, std::sync::Arc::new(NoWake));
+        let wakers = pgline_dataplane::plane::ControlWakers::none();
+        let shared = Shared::new(reader, keys, 1, 16, wakers);
         let repl = ReplicationState::default();
         let src = MetricsSnapshot {
             shared: &shared,
@@ -901,6 +904,7 @@ mod nic_tests {
                 waiting: 0,
             },
             now_us: 0,
+            api_refusals: ApiRefusals::default(),
         };
         let pg = PgwireSnapshot::default();
         let bare = render_with_pgwire(&src, &pg);

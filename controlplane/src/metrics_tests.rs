@@ -6,18 +6,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
-use pgline_dataplane::plane::{CoreStats, Shared, Wake};
+use pgline_dataplane::plane::{ControlWakers, CoreStats, Shared};
 use pgline_dataplane::store::{self, StoreConfig};
 use pgline_hugepages::PageLevel;
 
 use super::*;
 
-struct NoWake;
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
-
-fn shared(cores: usize) -> Shared {
+fn shared(cores: usize) -> Arc<Shared> {
     let cfg = StoreConfig {
         memory_bytes: 8 << 20,
         segment_bytes: 256 << 10,
@@ -27,13 +22,13 @@ fn shared(cores: usize) -> Shared {
     let (writer, reader) = store::open(&cfg).expect("store");
     // The reader's region must outlive the test.
     std::mem::forget(writer);
-    Shared::new(
+    Arc::new(Shared::new(
         reader,
         KeySpaceCell::new(KeySpace::new()),
         cores,
         16,
-        Arc::new(NoWake),
-    )
+        ControlWakers::none(),
+    ))
 }
 
 fn snapshot<'a>(shared: &'a Shared, repl: &'a ReplicationState) -> MetricsSnapshot<'a> {
@@ -54,6 +49,7 @@ fn snapshot<'a>(shared: &'a Shared, repl: &'a ReplicationState) -> MetricsSnapsh
             waiting: 0,
         },
         now_us: 0,
+        api_refusals: ApiRefusals::default(),
     }
 }
 
@@ -123,10 +119,10 @@ fn family_of(name: &str, types: &BTreeMap<String, String>) -> Option<String> {
 fn every_family_is_declared_and_values_are_the_counted_ones() {
     let shared = shared(2);
     let repl = ReplicationState::default();
-    CoreStats::add(&shared.stats[1].keys_hit, 5);
-    CoreStats::add(&shared.stats[0].keys_miss, 2);
-    shared.stats[1].connections_open.store(3, Ordering::Relaxed);
-    shared.serve_hits.store(true, Ordering::Relaxed);
+    CoreStats::add(&shared.stats(1).keys_hit, 5);
+    CoreStats::add(&shared.stats(0).keys_miss, 2);
+    shared.stats(1).connections_open.store(3, Ordering::Relaxed);
+    shared.control_port().set_serve_hits(true);
     repl.streaming.store(true, Ordering::Relaxed);
     repl.applied_lsn.store(0x16_B374_D848, Ordering::Relaxed);
     repl.server_wal_end
@@ -156,8 +152,8 @@ fn counters_are_monotone_and_histograms_cumulative() {
     let repl = ReplicationState::default();
     let first = parse(&render(&snapshot(&shared, &repl)));
     for core in 0..2 {
-        let s = &shared.stats[core];
-        CoreStats::add(&s.commands, 10);
+        let s = &shared.stats(core);
+        CoreStats::add(&s.resp_commands, 10);
         CoreStats::add(&s.bytes_in, 100);
         s.service_time.record(3_000, 4); // 4 requests in a 3 us turn
         s.service_time.record(400_000_000, 1); // one past the last bound

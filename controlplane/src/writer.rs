@@ -33,12 +33,12 @@ mod ddl;
 mod results;
 mod visibility;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgline_dataplane::plane::{FillResult, MissReply, Shared};
+use pgline_dataplane::plane::{ConnToken, ControlPort, FillResult, MissReply, Replication};
 use pgline_dataplane::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use pgline_dataplane::store::{EntryData, Lookup, StoreWriter};
 use tokio::sync::{mpsc, Notify};
@@ -46,6 +46,7 @@ use tokio::sync::{mpsc, Notify};
 use crate::catalog::{Catalog, CatalogCell, TableInfo};
 use crate::config::{Config, Runtime};
 use crate::fill::{self, encode_row, Fetched, FetchedBatch, FillError, Snapshot};
+use crate::result_plane::ResultPlane;
 use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
 
 type Key = (u32, Box<[u8]>);
@@ -84,7 +85,7 @@ struct FillDone {
 
 struct Waiting {
     core: usize,
-    conn: u64,
+    conn: ConnToken,
     seq: u64,
     results: Vec<Option<FillResult>>,
     remaining: usize,
@@ -93,7 +94,10 @@ struct Waiting {
 pub struct Writer {
     cfg: Config,
     store: StoreWriter,
-    shared: Arc<Shared>,
+    /// The writer's side of the plane: misses in, fill replies out, gauges published.
+    plane: ControlPort,
+    /// The query-result cache's leases and landed answers (shared with the relay).
+    leases: Arc<ResultPlane>,
     catalog: Catalog,
     pool: deadpool_postgres::Pool,
     repl: Arc<ReplicationState>,
@@ -101,7 +105,6 @@ pub struct Writer {
     fills: HashMap<u64, Fill>,
     waiting: HashMap<u64, Waiting>,
     next_id: u64,
-    unsent: VecDeque<(usize, MissReply)>,
     fill_tx: mpsc::UnboundedSender<FillDone>,
     fill_rx: mpsc::UnboundedReceiver<FillDone>,
     /// Whether the catalog caches every table with a primary key (new tables join on sight).
@@ -131,7 +134,8 @@ pub struct Writer {
 /// What the writer needs besides the store and the catalog.
 pub struct WriterParts {
     pub cfg: Config,
-    pub shared: Arc<Shared>,
+    pub plane: ControlPort,
+    pub leases: Arc<ResultPlane>,
     pub pool: deadpool_postgres::Pool,
     pub repl: Arc<ReplicationState>,
     pub runtime: Arc<Runtime>,
@@ -143,7 +147,8 @@ impl Writer {
     pub fn new(store: StoreWriter, catalog: Catalog, parts: WriterParts) -> Writer {
         let WriterParts {
             cfg,
-            shared,
+            plane,
+            leases,
             pool,
             repl,
             runtime,
@@ -155,7 +160,8 @@ impl Writer {
         Writer {
             cfg,
             store,
-            shared,
+            plane,
+            leases,
             catalog,
             pool,
             repl,
@@ -174,7 +180,6 @@ impl Writer {
             fills: HashMap::new(),
             waiting: HashMap::new(),
             next_id: 1,
-            unsent: VecDeque::new(),
             fill_tx,
             fill_rx,
             all_tables,
@@ -209,7 +214,6 @@ impl Writer {
                     self.take_misses();
                     self.take_results();
                     self.publish_gauges();
-                    self.retry_unsent();
                     self.prune_installed();
                     self.count_entries(Instant::now());
                     self.poll_ddl_check(Instant::now());
@@ -230,22 +234,17 @@ impl Writer {
                 .fetch_max(now_us, Ordering::AcqRel);
         }
         let lag_ms = self.repl.lag_ms(now_us);
-        let streaming = self.repl.streaming.load(Ordering::Relaxed);
-        let gauge = &self.shared.replication;
-        gauge.streaming.store(streaming, Ordering::Relaxed);
-        gauge.applied_lsn.store(
-            self.repl.applied_lsn.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        gauge
-            .lag_bytes
-            .store(self.repl.lag_bytes(), Ordering::Relaxed);
-        gauge.lag_ms.store(lag_ms, Ordering::Relaxed);
+        self.plane.publish_replication(Replication {
+            streaming: self.repl.streaming.load(Ordering::Relaxed),
+            applied_lsn: self.repl.applied_lsn.load(Ordering::Relaxed),
+            lag_bytes: self.repl.lag_bytes(),
+            lag_ms,
+        });
         // `lag_ms` keeps growing from the last moment the cache was known current while the
         // stream is down, so hits flow through a short origin outage and stop once the bound is
         // passed; before the first catch-up it is unbounded, so nothing is served stale at start.
         let serve = lag_ms <= self.runtime.max_lag_ms();
-        self.shared.serve_hits.store(serve, Ordering::Release);
+        self.plane.set_serve_hits(serve);
     }
 
     // ---- misses -------------------------------------------------------------------------
@@ -254,8 +253,8 @@ impl Writer {
     fn take_misses(&mut self) {
         let mut new_fills: HashMap<(u32, bool), u64> = HashMap::new();
         let mut started: Vec<u64> = Vec::new();
-        for core in 0..self.shared.cores() {
-            while let Some(req) = self.shared.queues[core].misses.pop() {
+        for core in 0..self.plane.cores() {
+            while let Some(req) = self.plane.recv_miss(core) {
                 let rid = self.next_id;
                 self.next_id += 1;
                 let n = req.keys.len();
@@ -490,7 +489,7 @@ impl Writer {
                 "table disabled: reads pass through"
             );
         }
-        self.shared.keyspace.publish(self.catalog.keyspace());
+        self.plane.publish_keyspace(self.catalog.keyspace());
         self.catalog_cell.publish(self.catalog.clone());
     }
 
@@ -520,20 +519,9 @@ impl Writer {
         }
     }
 
+    /// Sends a fill reply (never refused: the plane's full-queue policy) and wakes the core.
     fn send(&mut self, core: usize, reply: MissReply) {
-        if let Err(reply) = self.shared.queues[core].replies.push(reply) {
-            self.unsent.push_back((core, reply));
-        }
-        self.shared.wake_core(core);
-    }
-
-    fn retry_unsent(&mut self) {
-        for _ in 0..self.unsent.len() {
-            let Some((core, reply)) = self.unsent.pop_front() else {
-                break;
-            };
-            self.send(core, reply);
-        }
+        self.plane.send_reply(core, reply);
     }
 
     // ---- WAL ----------------------------------------------------------------------------
@@ -549,7 +537,7 @@ impl Writer {
                 self.store.clear();
                 self.inflight.clear();
                 self.installed.clear();
-                self.results.clear(&self.shared.results);
+                self.results.clear(&self.leases);
             }
         }
         self.publish_gauges();
@@ -561,7 +549,7 @@ impl Writer {
             let table = self.catalog.get(results::change_rel(&change)).cloned();
             self.results.row_changed(
                 &mut self.store,
-                &self.shared.results,
+                &self.leases,
                 &change,
                 table.as_deref(),
                 txn.xid,
@@ -596,12 +584,8 @@ impl Writer {
         if self.applying_xid != 0 {
             self.seen.table_changed(rel, self.applying_xid);
         }
-        self.results.table_changed(
-            &mut self.store,
-            &self.shared.results,
-            rel,
-            self.applying_xid,
-        );
+        self.results
+            .table_changed(&mut self.store, &self.leases, rel, self.applying_xid);
         self.inflight.retain(|(t, _), _| *t != rel);
         self.installed.retain(|(t, _), _| *t != rel);
         self.store.remove_table(rel)
@@ -768,7 +752,7 @@ impl Writer {
     fn prune_seen(&mut self) {
         let oldest_fill = self.fills.keys().min().copied().unwrap_or(u64::MAX);
         self.seen.prune(oldest_fill);
-        self.results.prune(&self.shared.results);
+        self.results.prune(&self.leases);
     }
 }
 

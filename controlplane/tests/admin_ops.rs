@@ -130,12 +130,7 @@ async fn flushes_and_key_info() {
 /// Waits (up to 10 s) until the writer has published `serve_hits == want`.
 async fn wait_serve_hits(p: &Pgline, want: bool) -> bool {
     let until = std::time::Instant::now() + Duration::from_secs(10);
-    while p
-        .shared
-        .serve_hits
-        .load(std::sync::atomic::Ordering::Acquire)
-        != want
-    {
+    while p.shared.serve_hits() != want {
         if std::time::Instant::now() >= until {
             return false;
         }
@@ -475,12 +470,7 @@ async fn config_patches() {
         assert!(std::time::Instant::now() < until, "stream never dropped");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let lag = || {
-        p.shared
-            .replication
-            .lag_ms
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
+    let lag = || p.shared.replication().lag_ms();
     assert!(
         is_hit(&p, &mut r, "users:3").await,
         "10 s bound, stream down: still a hit (lag {} ms)",

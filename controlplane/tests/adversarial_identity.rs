@@ -477,7 +477,7 @@ async fn row_level_security_is_never_served_from_cache() {
     let until = Instant::now() + Duration::from_secs(20);
     while !p
         .shared
-        .keyspace
+        .keyspace()
         .snapshot()
         .pg_table_named(None, "notes")
         .is_some_and(|t| t.row_security)

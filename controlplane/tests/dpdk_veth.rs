@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use netns::Netns;
 use pgline_controlplane::config::NicMode;
+use pgline_controlplane::server::Pgline;
 use pgline_dataplane::plane::CoreStats;
 use pgline_testkit::lab;
 use pgline_testkit::TestDb;
@@ -163,11 +164,11 @@ async fn run(r: Run) {
 
     check_redis_cli(&net, &app, &rows, port).await;
     if load {
-        check_many_clients(&net, &app, &rows, port).await;
-        let stats = pgline_controlplane::dpdk_port::device_stats();
-        let (_, s) = stats
+        check_many_clients(&p, &net, &app, &rows, port).await;
+        let stats = p.nic_ports();
+        let s = stats
             .iter()
-            .find(|(name, _)| name == port)
+            .find(|s| s.port == port)
             .unwrap_or_else(|| panic!("[{port}] no device counters: {stats:?}"));
         // Every request and answer crossed the port; /metrics exports these counters.
         let want = (CONNECTIONS * REQUESTS) as u64;
@@ -182,7 +183,7 @@ async fn run(r: Run) {
     assert!(total(|s| &s.keys_hit) > 0 && total(|s| &s.keys_miss) > 0);
     let per_core: Vec<u64> = p
         .shared
-        .stats
+        .all_stats()
         .iter()
         .map(|s| {
             s.connections_accepted
@@ -201,7 +202,13 @@ async fn run(r: Run) {
 
 /// 1,000 concurrent kernel-TCP clients in the namespace, 100 requests each (`dpdk_client.py`),
 /// every answer compared with the origin's rows.
-async fn check_many_clients(net: &Netns, app: &str, rows: &BTreeMap<i64, String>, port: &str) {
+async fn check_many_clients(
+    p: &Pgline,
+    net: &Netns,
+    app: &str,
+    rows: &BTreeMap<i64, String>,
+    port: &str,
+) {
     let tag = net.ns.rsplit('-').next().unwrap_or("x");
     let rows_file =
         std::env::temp_dir().join(format!("pgline-dpdk-rows-{}-{tag}", std::process::id()));
@@ -224,7 +231,7 @@ async fn check_many_clients(net: &Netns, app: &str, rows: &BTreeMap<i64, String>
     )
     .await;
     let _ = std::fs::remove_file(&rows_file);
-    print_device_stats(port);
+    print_device_stats(p, port);
     let out = out.unwrap_or_else(|e| panic!("[{port}] clients: {e}"));
     let want = format!(
         "ok connections={CONNECTIONS} requests={}",
@@ -278,8 +285,9 @@ async fn check_redis_cli(net: &Netns, app: &str, rows: &BTreeMap<i64, String>, p
 }
 
 /// The DPDK port's device counters as `/metrics` exports them.
-fn print_device_stats(port: &str) {
-    for (name, s) in pgline_controlplane::dpdk_port::device_stats() {
+fn print_device_stats(p: &Pgline, port: &str) {
+    for s in p.nic_ports() {
+        let name = &s.port;
         eprintln!(
             "[{port}] device {name}: ipackets={} opackets={} imissed={} ierrors={} oerrors={} \
              rx_nombuf={}",

@@ -26,6 +26,7 @@ fn scrape(p: &pgline_controlplane::server::Pgline) -> String {
             waiting: 0,
         },
         now_us: pgline_controlplane::clock::unix_now_us(),
+        api_refusals: Default::default(),
     })
 }
 
@@ -82,7 +83,7 @@ async fn counters_and_latency_follow_real_traffic() {
         "first round misses"
     );
     assert_eq!(sum("pgline_core_keys_hit_total"), 100.0, "then hits");
-    let commands = sum("pgline_core_commands_total");
+    let commands = sum("pgline_core_resp_commands_total");
     assert!(commands >= 150.0, "{commands}");
     let observed = sum("pgline_core_service_seconds_count");
     // Every GET was executed in a timed turn; the client's connection setup may add one more.

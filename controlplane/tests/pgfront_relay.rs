@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
 use pgline_controlplane::pgfront::{self, RelayConfig, RelayState};
+use pgline_controlplane::result_plane::ResultPlane;
 use pgline_controlplane::server::Pgline;
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
 use pgline_dataplane::plane::{
-    PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, Shared, Wake, PG_FLOW_WINDOW,
+    ConnToken, ControlWakers, CorePort, PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind,
+    Shared, Wake, PG_FLOW_WINDOW,
 };
 use pgline_testkit::pg::{frames, msgs, Login};
 use pgline_testkit::TestDb;
@@ -27,7 +29,8 @@ const PASSWORD: &str = "relay-secret";
 
 struct Driver {
     p: Arc<Pgline>,
-    shared: Arc<Shared>,
+    /// Core 0's side of a plane of its own: the driver stands in for the core.
+    port: CorePort,
     relay: Arc<RelayState>,
     seq: AtomicU64,
     stash: Mutex<Vec<PgReply>>,
@@ -66,7 +69,7 @@ impl Driver {
         });
         let req = PgRequest {
             core: 0,
-            conn: session,
+            conn: ConnToken::new(session as usize, 0),
             seq,
             session,
             kind,
@@ -74,8 +77,8 @@ impl Driver {
             cache: None,
             flow,
         };
-        assert!(self.shared.queues[0].pg_requests.push(req).is_ok());
-        self.shared.control_waker.wake();
+        assert!(self.port.send_pg(req).is_ok());
+        self.port.end_turn();
         seq
     }
 
@@ -90,11 +93,12 @@ impl Driver {
         loop {
             {
                 let mut stash = self.stash.lock().unwrap();
-                while let Some(x) = self.shared.queues[0].pg_replies.pop() {
+                while let Some(x) = self.port.recv_pg_reply() {
                     self.applied(&x);
                     stash.push(x);
                 }
-                while let Some(i) = stash.iter().position(|x| x.conn == conn && x.seq == seq) {
+                let token = ConnToken::new(conn as usize, 0);
+                while let Some(i) = stash.iter().position(|x| x.conn == token && x.seq == seq) {
                     let x = stash.remove(i);
                     r.chunks.push(x.bytes.len());
                     r.bytes.extend_from_slice(&x.bytes);
@@ -112,7 +116,7 @@ impl Driver {
 
     /// What a core does with a reply's bytes, for flow control.
     fn applied(&self, x: &PgReply) {
-        if let Some(f) = self.flows.lock().unwrap().get(&x.conn) {
+        if let Some(f) = self.flows.lock().unwrap().get(&(x.conn.slot() as u64)) {
             let n = x.bytes.len() as u64;
             f.applied.fetch_add(n, Ordering::Release);
             if self.stalled.load(Ordering::Relaxed) {
@@ -224,18 +228,22 @@ async fn setup(tag: &str) -> (TestDb, Driver, String) {
     assert!(p.pg_relay().is_some() && p.pg_addr().is_some());
     let wake = Arc::new(Notify::new());
     let shared = Arc::new(Shared::new(
-        p.shared.store.clone(),
+        p.shared.store().clone(),
         KeySpaceCell::new(KeySpace::default()),
         1,
         64,
-        Arc::new(NotifyWake(wake.clone())),
+        ControlWakers {
+            misses: Arc::new(NotifyWake(wake.clone())),
+            pg: Arc::new(NotifyWake(wake.clone())),
+        },
     ));
-    let relay = RelayState::new(shared.clone(), relay_cfg);
+    let leases = Arc::new(ResultPlane::default());
+    let relay = RelayState::new(shared.control_port(), leases, relay_cfg);
     let (stop, stop_rx) = watch::channel(false);
     tokio::spawn(pgfront::run(relay.clone(), wake, stop_rx));
     let d = Driver {
         p,
-        shared,
+        port: shared.core_port(0),
         relay,
         seq: AtomicU64::new(1),
         stash: Mutex::default(),
@@ -566,10 +574,10 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
     let p = Pgline::start(cfg.clone()).await.expect("pgline starts");
     // A request on the real cores' queue is drained by pgline's relay once woken (a cancel
     // with an unknown key: no reply, nothing else happens).
-    let q = &p.shared.queues[0].pg_requests;
+    let port = p.shared.core_port(0);
     let req = PgRequest {
         core: 0,
-        conn: 1,
+        conn: ConnToken::new(1, 0),
         seq: 1,
         session: 1,
         kind: PgRequestKind::Cancel,
@@ -577,10 +585,10 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
         cache: None,
         flow: None,
     };
-    assert!(q.push(req).is_ok());
-    p.shared.control_waker.wake();
+    assert!(port.send_pg(req).is_ok());
+    port.end_turn();
     let until = Instant::now() + Duration::from_secs(5);
-    while !q.is_empty() {
+    while p.shared.queue_depths(0).pg_requests > 0 {
         assert!(Instant::now() < until, "the relay never drained the queue");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -779,7 +787,7 @@ async fn a_slow_reader_holds_the_relay_back() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut still_since = (0u64, Instant::now());
     let sent = loop {
-        while let Some(x) = d.shared.queues[0].pg_replies.pop() {
+        while let Some(x) = d.port.recv_pg_reply() {
             d.applied(&x);
             popped += x.bytes.len() as u64;
             d.stash.lock().unwrap().push(x);

@@ -158,7 +158,7 @@ async fn published_pg_tables_follow_ddl() {
     let mut raw = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
     let published = || {
         p.shared
-            .keyspace
+            .keyspace()
             .snapshot()
             .pg_table_named(None, "t")
             .cloned()

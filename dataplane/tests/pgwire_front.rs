@@ -73,7 +73,7 @@ fn cached_point_lookups_are_byte_identical_to_the_origin() {
     let ours = simple(&mut c, &sql);
     assert_eq!(ours, simple(&mut lab.origin, &sql), "simple query bytes");
     assert_eq!(batches(&lab), 0, "served from cache, not forwarded");
-    let hits = lab.shared.stats[0].keys_hit.load(Ordering::Relaxed);
+    let hits = lab.shared.stats(0).keys_hit.load(Ordering::Relaxed);
     assert_eq!(hits, 1);
 
     // Extended protocol, projection in another order, text parameter.
@@ -161,7 +161,7 @@ fn writes_are_forwarded_and_a_bad_message_closes_only_its_connection() {
     let n = std::io::Read::read_to_end(&mut bad, &mut rest).expect("eof");
     assert_eq!(n, 0);
     assert_eq!(
-        lab.shared.stats[0].protocol_errors.load(Ordering::Relaxed),
+        lab.shared.stats(0).protocol_errors.load(Ordering::Relaxed),
         1
     );
     let sql = format!("SELECT * FROM {t} WHERE id = 1");

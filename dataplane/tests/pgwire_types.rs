@@ -58,7 +58,7 @@ fn lookup(sql: &str, id: i32, formats: &[i16]) -> BytesMut {
 }
 
 fn hits(lab: &Lab) -> u64 {
-    lab.shared.stats[0].keys_hit.load(Ordering::Relaxed)
+    lab.shared.stats(0).keys_hit.load(Ordering::Relaxed)
 }
 
 fn batches(lab: &Lab) -> usize {

@@ -89,7 +89,7 @@ fn pipelines_over_a_lossy_wire_and_a_clean_one_then_close_and_reset() {
             );
         }
     }
-    let open = |core: usize| shared.stats[core].connections_open.load(Ordering::Relaxed);
+    let open = |core: usize| shared.stats(core).connections_open.load(Ordering::Relaxed);
     assert_eq!((open(0), open(1)), (CONNS as u64, CONNS as u64));
 
     // Core 0's clients close with FIN (retransmitted through the faults); the appliance answers
@@ -122,7 +122,8 @@ fn pipelines_over_a_lossy_wire_and_a_clean_one_then_close_and_reset() {
         );
     }
     let closed = |core: usize| {
-        shared.stats[core]
+        shared
+            .stats(core)
             .connections_closed
             .load(Ordering::Relaxed)
     };

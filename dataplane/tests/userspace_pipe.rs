@@ -227,7 +227,7 @@ fn postgres_clients_on_the_pg_port_get_cached_lookups() {
     c.read_pg_until_ready();
 
     let t = lab.table.clone();
-    let hits = |lab: &pglab::Lab| lab.shared.stats[0].keys_hit.load(Ordering::Relaxed);
+    let hits = |lab: &pglab::Lab| lab.shared.stats(0).keys_hit.load(Ordering::Relaxed);
     // Simple protocol: a hit, the origin's bytes.
     let sql = format!("SELECT * FROM {t} WHERE id = 1");
     let mut q = BytesMut::new();
@@ -277,4 +277,55 @@ fn postgres_clients_on_the_pg_port_get_cached_lookups() {
     let r = Client::connect(&net);
     r.send(b"PING\r\n");
     assert_eq!(r.read_exact(7, usize::MAX), b"+PONG\r\n");
+}
+
+/// A full miss queue answers `-BUSY` at once and counts it as a RESP refusal; the replies stay
+/// in request order behind the misses the queue took, which are answered as usual.
+#[test]
+fn a_full_miss_queue_answers_busy_in_request_order() {
+    use pgline_dataplane::plane::{FillResult, MissReply, RowBytes};
+    let shared = rig::shared_with_queues(1, 2);
+    let (stack, net) = PipeStack::new(1 << 20);
+    let cfg = rig::engine_config(1, 16, "10.0.0.1:6380");
+    let engine = Engine::start_streams(cfg, shared.clone(), vec![stack]).expect("engine");
+    let c = Client::connect(&net);
+    let request: Vec<u8> = (0..5)
+        .flat_map(|i| get(&format!("kv:{}", ORIGIN_ONLY + i)))
+        .collect();
+    c.send(&request);
+    // No control plane runs: the queue keeps the first two misses, the other three are refused.
+    let refused = || shared.stats(0).resp_queue_full.load(Ordering::Relaxed);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while refused() < 3 {
+        assert!(std::time::Instant::now() < until, "{} refused", refused());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(refused(), 3);
+    assert_eq!(shared.stats(0).pg_queue_full.load(Ordering::Relaxed), 0);
+    assert_eq!(shared.queue_depths(0).misses, 2);
+    let control = shared.control_port();
+    for i in 0..2 {
+        let req = control.recv_miss(0).expect("a miss the queue took");
+        let row = RowBytes {
+            resp_json: resp_row(ORIGIN_ONLY + i),
+            columns: Vec::new(),
+        };
+        let reply = MissReply {
+            conn: req.conn,
+            seq: req.seq,
+            results: vec![FillResult::Row(Arc::new(row))],
+        };
+        control.send_reply(0, reply);
+    }
+    let mut expect = resp_row(ORIGIN_ONLY);
+    expect.extend(resp_row(ORIGIN_ONLY + 1));
+    for _ in 0..3 {
+        expect.extend(b"-BUSY pgline: too many misses in flight, retry\r\n");
+    }
+    let got = c.read_exact(expect.len(), usize::MAX);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&expect)
+    );
+    engine.stop();
 }

@@ -16,7 +16,7 @@ use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell, PgColumn, PgTable};
 use pgline_dataplane::pgwire::{
     compose_auth_ok, compose_parameter_status, compose_ready_for_query, TxStatus,
 };
-use pgline_dataplane::plane::{PgReply, PgReplyEnd, PgRequestKind, Shared, Wake};
+use pgline_dataplane::plane::{ControlWakers, PgReply, PgReplyEnd, PgRequestKind, Shared};
 use pgline_dataplane::resp::Limits;
 use pgline_dataplane::row::{encode_columns, encode_resp_json};
 use pgline_dataplane::store::{self, EntryData, StoreConfig};
@@ -28,11 +28,6 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// The allocator is global to the process: one measuring test at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-struct NoWake;
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
 
 const TABLE: u32 = 16384;
 const ROWS: u32 = 1000;
@@ -111,9 +106,9 @@ fn start() -> (Engine, Arc<Shared>) {
         KeySpaceCell::new(ks),
         1,
         64,
-        Arc::new(NoWake),
+        ControlWakers::none(),
     ));
-    shared.serve_hits.store(true, Ordering::Release);
+    shared.control_port().set_serve_hits(true);
     let engine = Engine::start(
         EngineConfig {
             pg_listen: Some("127.0.0.1:0".parse().unwrap()),
@@ -216,7 +211,7 @@ fn hits_allocate_nothing() {
     );
     // The service-time histogram counts one observation per request (recorded inside the
     // measured window, so with no allocation). The last turn's may land after its reply.
-    let (buckets, sum_ns) = shared.stats[0].service_time.snapshot();
+    let (buckets, sum_ns) = shared.stats(0).service_time.snapshot();
     let observed: u64 = buckets.iter().sum();
     let sent = ((200 + rounds + 1) * (64 + 1 + 3)) as u64;
     assert!(
@@ -230,11 +225,12 @@ fn hits_allocate_nothing() {
 
 /// Answers the one Startup request of the PostgreSQL test as an origin with server defaults
 /// would (no origin needed: nothing else is forwarded), then returns.
-fn answer_startup(shared: &Shared) {
+fn answer_startup(shared: &Arc<Shared>) {
+    let control = shared.control_port();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         assert!(std::time::Instant::now() < until, "no startup request");
-        let Some(req) = shared.queues[0].pg_requests.pop() else {
+        let Some(req) = control.recv_pg_request(0) else {
             std::thread::yield_now();
             continue;
         };
@@ -258,8 +254,7 @@ fn answer_startup(shared: &Shared) {
             fence_lsn: 0,
             serve_cached: true,
         };
-        shared.queues[0].pg_replies.push(reply).expect("reply");
-        shared.wake_core(0);
+        control.send_pg_reply(0, reply);
         return;
     }
 }
@@ -339,7 +334,7 @@ fn pg_hits_allocate_nothing() {
             lens[i] = pg_reply(&mut s, &mut buf);
         }
     }
-    let hits = shared.stats[0].keys_hit.load(Ordering::Relaxed);
+    let hits = shared.stats(0).keys_hit.load(Ordering::Relaxed);
     let region = Region::new(GLOBAL);
     let rounds = 2_000;
     for _ in 0..rounds {
@@ -350,7 +345,7 @@ fn pg_hits_allocate_nothing() {
     let change = region.change();
     let allocs = change.allocations + change.reallocations;
     assert_eq!(
-        shared.stats[0].keys_hit.load(Ordering::Relaxed),
+        shared.stats(0).keys_hit.load(Ordering::Relaxed),
         hits + 3 * rounds as u64,
         "every lookup was a hit"
     );

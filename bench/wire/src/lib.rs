@@ -268,11 +268,11 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
         outcome?
     })?;
     if let Some(e) = outcome.error {
-        let st = &stats.stats[0];
+        let st = stats.stats(0);
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         return Err(format!(
             "{e}; server core: {} commands, {} keys missed, {} bytes in, {} bytes out, {} polls",
-            get(&st.commands),
+            get(&st.resp_commands),
             get(&st.keys_miss),
             get(&st.bytes_in),
             get(&st.bytes_out),

@@ -3,11 +3,10 @@
 //! way the control plane installs a fill (RESP bulk string section + columns section), and the
 //! same reply bytes kept here so the client can check what comes back.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
-use pgline_dataplane::plane::{Shared, Wake};
+use pgline_dataplane::plane::{ControlWakers, Shared};
 use pgline_dataplane::row::{encode_columns, encode_resp_json};
 use pgline_dataplane::store::{self, EntryData, StoreConfig};
 
@@ -17,13 +16,6 @@ pub const TABLE: u32 = 16384;
 pub const PREFIX: &str = "kv";
 /// Shortest value the padding scheme supports.
 pub const MIN_VALUE_BYTES: usize = 96;
-
-/// The control plane is not running: nothing to wake.
-struct NoWake;
-
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
 
 /// Every row's expected GET reply, all of one length.
 pub struct Rows {
@@ -112,9 +104,10 @@ impl Rows {
             KeySpaceCell::new(ks),
             1,
             4096,
-            Arc::new(NoWake),
+            // The control plane is not running: nothing to wake.
+            ControlWakers::none(),
         ));
-        shared.serve_hits.store(true, Ordering::Release);
+        shared.control_port().set_serve_hits(true);
         // The writer owns the region the readers map: it lives as long as the process.
         std::mem::forget(writer);
         Ok(shared)

@@ -2,20 +2,22 @@
 //! removing and warming tables, flushes, "is this key cached, since which LSN, and if not why",
 //! the effective config and live changes to it.
 //!
-//! Purpose: one typed surface ([`AdminError`], [`TableStatus`], [`KeyInfo`] and the `impl Pgline`
-//! methods in [`ops`]) that the HTTP layer maps to routes and status codes; nothing here knows
-//! HTTP.
+//! Purpose: one typed surface ([`AdminError`], [`TableStatus`], [`KeyInfo`] and the [`Admin`]
+//! service in [`ops`]) that the HTTP layer maps to routes and status codes; nothing here knows
+//! HTTP, nor how the node was started (the composition root, `crate::server`, hands the service
+//! its parts).
 //!
 //! Invariants: every change to the store or the catalog goes through the store writer as an
 //! `AdminCmd`, so it is ordered with fills and WAL changes. Keys are parsed with the cores' own
 //! key space (`KeySpace::resolve`) and checked with the fill's `keytext` rules, so the API and a
 //! RESP `GET` always agree on what a key names. Warming fills rows through the miss path's leases
 //! (coherent with concurrent writes). Secrets (`*.password`, `*.token`, a password inside
-//! `origin.url`) never leave through [`Pgline::effective_config`](crate::server::Pgline).
+//! `origin.url`) never leave through [`Admin::effective_config`].
 //!
 //! Thread model: the methods take `&self` and may be called from any tokio task at once
-//! (`Pgline` sits behind an `Arc` in the HTTP server). Table states live in a mutex-guarded map
-//! written by the warming tasks; the effective config in an `RwLock`.
+//! (the [`Admin`] sits behind an `Arc`, shared by the node and the HTTP server). Table states
+//! live in a mutex-guarded map written by the warming tasks; the effective config in an
+//! `RwLock`.
 //!
 //! Limitations: per-table entry counts are recounted by the writer every 2 s (and not at all
 //! past a million entries: `TableStatus::entries` is then `None`); "evicted" and "never read" cannot be told apart for an uncached key; after a replication
@@ -34,14 +36,18 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
+pub use ops::{Admin, AdminParts};
 pub use patch::LIVE_KEYS;
 
-/// A [`crate::server::LogReload`] for a `tracing_subscriber` `EnvFilter` behind a reload
-/// layer (`tracing_subscriber::reload::Layer::new(filter)` gives the handle); hand it to
-/// `Pgline::set_log_reload` to make `log.level` live.
+/// Replaces the process's log filter (installed by whoever set up `tracing`).
+pub type LogReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// A [`LogReload`] for a `tracing_subscriber` `EnvFilter` behind a reload layer
+/// (`tracing_subscriber::reload::Layer::new(filter)` gives the handle); hand it to
+/// [`Admin::set_log_reload`] to make `log.level` live.
 pub fn env_filter_reload<S: 'static>(
     handle: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, S>,
-) -> crate::server::LogReload {
+) -> LogReload {
     Box::new(move |level| {
         let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
         handle.reload(filter).map_err(|e| e.to_string())

@@ -1,20 +1,27 @@
-//! The admin operations as `impl Pgline` methods (see the module doc of [`crate::admin`]).
+//! The admin service: the node's operations behind the REST API (see the module doc of
+//! [`crate::admin`]). The composition root (`crate::server`) builds one [`Admin`] from the
+//! parts it started; the API holds it, and nothing here knows how the node was wired.
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
+use pgline_dataplane::plane::Shared;
 use pgline_dataplane::store::StoreStats;
 use serde_json::Value;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::patch::{self, restart_hint, LIVE_KEYS};
-use super::{AdminError, KeyInfo, TableState, TableStatus};
-use crate::catalog::{self, CatalogError, TableInfo};
-use crate::config::Config;
+use super::{AdminError, KeyInfo, LogReload, TableState, TableStates, TableStatus};
+use crate::catalog::{self, CatalogCell, CatalogError, TableInfo};
+use crate::config::{Config, Runtime};
 use crate::keytext::{check_key_text, KeyCheck};
+use crate::metrics::{NicCounters, NicPortSnapshot};
+use crate::pgfront::RelayState;
 use crate::lsn::format_lsn;
-use crate::server::{LogReload, Pgline};
-use crate::writer::AdminCmd;
+use crate::wal::ReplicationState;
+use crate::writer::{AdminCmd, EntryCounts};
 
 mod warm;
 
@@ -24,7 +31,182 @@ const OLDER_TXN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// A key split into its table and pk text.
 type ParsedKey = (Arc<TableInfo>, Box<[u8]>);
 
-impl Pgline {
+/// The node's operations: read-only views for status and metrics, and every admin change
+/// (tables, flushes, config), each sent to the store writer as an [`AdminCmd`].
+///
+/// Thread model: shared (`Arc`) by the node and the HTTP API; every method takes `&self`.
+pub struct Admin {
+    /// The plane's read-only view (counters, gauges, the store reader, the key space).
+    pub shared: Arc<Shared>,
+    pub repl: Arc<ReplicationState>,
+    /// The catalog as the store writer last published it (tables added or removed at run time
+    /// included).
+    pub catalog: Arc<CatalogCell>,
+    /// The store writer's command channel.
+    writer: mpsc::Sender<AdminCmd>,
+    pool: deadpool_postgres::Pool,
+    /// The effective config, secrets included (redacted only on the way out).
+    cfg: RwLock<Config>,
+    runtime: Arc<Runtime>,
+    /// States of tables added at run time (warming progress).
+    states: Arc<TableStates>,
+    /// Whether the catalog is the configured table list (not every table with a key): tables
+    /// added or removed at run time are then added to or removed from `catalog.tables`.
+    table_list: bool,
+    /// Entries per table, as the writer last counted them.
+    entry_counts: Arc<EntryCounts>,
+    log_reload: RwLock<Option<LogReload>>,
+    /// Serializes add/remove/config changes (each is a read-check-write over several parts).
+    admin_lock: tokio::sync::Mutex<()>,
+    /// Turns true when the node stops (warming tasks end).
+    shutdown: watch::Receiver<bool>,
+    started_at: Instant,
+    /// The PostgreSQL relay, None when the front is off.
+    pg_relay: Option<Arc<RelayState>>,
+    /// The PostgreSQL listener of core 0, None when the front is off.
+    pg_addr: Option<SocketAddr>,
+    /// Device counters of the NIC ports the cores serve on (`nic.mode = "dpdk"`).
+    nic: Vec<Arc<dyn NicCounters>>,
+}
+
+/// What [`Admin::new`] is built from (the composition root's parts).
+pub struct AdminParts {
+    pub shared: Arc<Shared>,
+    pub repl: Arc<ReplicationState>,
+    pub catalog: Arc<CatalogCell>,
+    pub writer: mpsc::Sender<AdminCmd>,
+    pub pool: deadpool_postgres::Pool,
+    pub cfg: Config,
+    pub runtime: Arc<Runtime>,
+    pub entry_counts: Arc<EntryCounts>,
+    pub shutdown: watch::Receiver<bool>,
+    pub pg_relay: Option<Arc<RelayState>>,
+    pub pg_addr: Option<SocketAddr>,
+    pub nic: Vec<Arc<dyn NicCounters>>,
+}
+
+impl Admin {
+    pub fn new(parts: AdminParts) -> Admin {
+        let AdminParts {
+            shared,
+            repl,
+            catalog,
+            writer,
+            pool,
+            cfg,
+            runtime,
+            entry_counts,
+            shutdown,
+            pg_relay,
+            pg_addr,
+            nic,
+        } = parts;
+        Admin {
+            shared,
+            repl,
+            catalog,
+            writer,
+            pool,
+            table_list: !cfg.catalog.tables.is_empty(),
+            cfg: RwLock::new(cfg),
+            runtime,
+            states: Arc::default(),
+            entry_counts,
+            log_reload: RwLock::new(None),
+            admin_lock: tokio::sync::Mutex::new(()),
+            shutdown,
+            started_at: Instant::now(),
+            pg_relay,
+            pg_addr,
+            nic,
+        }
+    }
+
+    // ---- views --------------------------------------------------------------------------
+
+    /// Time since the node started.
+    pub fn uptime(&self) -> Duration {
+        self.started_at.elapsed()
+    }
+
+    /// The LSN up to which WAL changes are applied to the store.
+    pub fn applied_lsn(&self) -> u64 {
+        self.repl.applied_lsn.load(Ordering::Acquire)
+    }
+
+    /// The bound PostgreSQL listener address of core 0; None with `pgwire.enabled = false`.
+    pub fn pg_addr(&self) -> Option<SocketAddr> {
+        self.pg_addr
+    }
+
+    /// The PostgreSQL relay (pool and session counts, for tests and diagnostics); None with
+    /// `pgwire.enabled = false`.
+    pub fn pg_relay(&self) -> Option<&Arc<RelayState>> {
+        self.pg_relay.as_ref()
+    }
+
+    /// Device counters of the NIC ports the cores serve on (empty unless `nic.mode = "dpdk"`;
+    /// a port whose driver fails the read is left out).
+    pub fn nic_ports(&self) -> Vec<NicPortSnapshot> {
+        self.nic.iter().filter_map(|n| n.snapshot()).collect()
+    }
+
+    /// Whether the origin answers `SELECT 1` on a pooled connection within `timeout` (the
+    /// readiness probe); the error says what failed.
+    pub async fn probe_origin(&self, timeout: Duration) -> Result<(), String> {
+        let probe = async {
+            let client = self.pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .simple_query("SELECT 1")
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(timeout, probe)
+            .await
+            .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
+    }
+
+    /// Waits until hits are served (stream up, lag under the bound) or `timeout` passes.
+    pub async fn wait_serving(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if self.shared.serve_hits() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Waits until the applied LSN reaches `lsn`.
+    pub async fn wait_applied(&self, lsn: u64, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while Instant::now() < until {
+            if self.applied_lsn() >= lsn {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    // ---- operations ---------------------------------------------------------------------
+
+    /// Drops every cached entry; returns how many (0 when the writer has stopped).
+    pub async fn flush_all(&self) -> u64 {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.writer.send(AdminCmd::FlushAll(tx)).await;
+        rx.await.unwrap_or(0)
+    }
+
+    /// Every cached entry.
+    pub async fn dump(&self) -> Vec<crate::writer::DumpedEntry> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.writer.send(AdminCmd::Dump(tx)).await;
+        rx.await.unwrap_or_default()
+    }
+
     /// Every cached table, by name.
     pub fn tables(&self) -> Vec<TableStatus> {
         let catalog = self.catalog.snapshot();
@@ -227,7 +409,7 @@ impl Pgline {
             info.lsn = Some(format_lsn(entry.lsn));
             info.size_bytes = Some(entry.bytes as u64);
             info.age_ms = meta.age.map(|a| a.as_millis() as u64);
-            if !self.shared.serve_hits.load(Ordering::Acquire) {
+            if !self.shared.serve_hits() {
                 info.reason = Some(
                     "cached, but hits are paused: replication is down or lags past \
                      replication.max_lag_ms, so reads go to the origin"
@@ -287,7 +469,7 @@ impl Pgline {
         }
         if has("catalog.prefixes") || has("catalog.disabled") {
             let sent = self
-                .admin
+                .writer
                 .try_send(AdminCmd::SetCatalog(new.catalog.clone()));
             if sent.is_err() {
                 if has("log.level") {
@@ -380,7 +562,7 @@ impl Pgline {
 
     /// The store's counters (each read atomically; not one consistent snapshot).
     pub fn store_stats(&self) -> StoreStats {
-        self.shared.store.stats()
+        self.shared.store().stats()
     }
 
     /// The origin pool's size and use.
@@ -397,7 +579,7 @@ impl Pgline {
     ) -> Result<T, AdminError> {
         let (tx, rx) = oneshot::channel();
         let gone = || AdminError::Conflict("pgline is shutting down".into());
-        self.admin.send(cmd(tx)).await.map_err(|_| gone())?;
+        self.writer.send(cmd(tx)).await.map_err(|_| gone())?;
         rx.await.map_err(|_| gone())
     }
 
@@ -423,7 +605,7 @@ impl Pgline {
                 "{key:?} is not a key: keys are <table>:<primary key>, e.g. users:42"
             )));
         }
-        let space = self.shared.keyspace.snapshot();
+        let space = self.shared.keyspace().snapshot();
         let Some((id, pk)) = space.resolve(key.as_bytes()) else {
             return Ok(None);
         };
@@ -443,7 +625,8 @@ impl Pgline {
             .any(|n| *n == qualified || t.prefixes.iter().any(|p| p == n))
     }
 
-    fn config_read(&self) -> std::sync::RwLockReadGuard<'_, Config> {
+    /// The effective config, secrets included (for the node's own views, never to send out).
+    pub(crate) fn config_read(&self) -> std::sync::RwLockReadGuard<'_, Config> {
         self.cfg.read().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-/// Settings that change at run time (see `config::Runtime` and `Pgline::patch_config`).
+/// Settings that change at run time (see `config::Runtime` and `Admin::patch_config`).
 /// `origin.query_timeout_ms` bounds each fill query from the next fill on; the pool's wait for
 /// a free connection keeps the start-up value (deadpool fixes it at build time).
 pub const LIVE_KEYS: &[&str] = &[
@@ -41,7 +41,7 @@ pub fn restart_hint(key: &str) -> &'static str {
 }
 
 /// What secrets read as in every output.
-pub const REDACTED: &str = "***";
+pub use crate::config::{redact_conn_string, REDACTED};
 
 /// Merges `patch` over `base` (JSON merge patch, except that `null` is refused and a
 /// [`REDACTED`] string keeps the base value). Errors name the offending path.
@@ -127,66 +127,6 @@ pub fn redact(v: &mut Value) {
             _ => {}
         }
     }
-}
-
-/// A connection string with its password replaced.
-pub fn redact_conn_string(s: &str) -> String {
-    if let Some(rest) = s
-        .strip_prefix("postgres://")
-        .or_else(|| s.strip_prefix("postgresql://"))
-    {
-        let scheme = &s[..s.len() - rest.len()];
-        let Some(at) = rest.find('@') else {
-            return s.to_string();
-        };
-        let (userinfo, host) = rest.split_at(at);
-        return match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}{user}:{REDACTED}{host}"),
-            None => s.to_string(),
-        };
-    }
-    // key=value form: values may be quoted ('...' with \' escapes); rebuild token by token.
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while !rest.is_empty() {
-        let ws = rest.len() - rest.trim_start().len();
-        out.push_str(&rest[..ws]);
-        rest = &rest[ws..];
-        let key_end = rest.find('=').unwrap_or(rest.len());
-        let key = rest[..key_end].trim();
-        out.push_str(&rest[..key_end]);
-        rest = &rest[key_end..];
-        if rest.is_empty() {
-            break;
-        }
-        out.push('=');
-        rest = rest[1..].trim_start();
-        let value_len = conn_value_len(rest);
-        if key == "password" {
-            out.push_str(REDACTED);
-        } else {
-            out.push_str(&rest[..value_len]);
-        }
-        rest = &rest[value_len..];
-    }
-    out
-}
-
-/// Length of one (possibly quoted) value at the start of a `key=value` connection string.
-fn conn_value_len(s: &str) -> usize {
-    let bytes = s.as_bytes();
-    if bytes.first() == Some(&b'\'') {
-        let mut i = 1;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'\\' => i += 2,
-                b'\'' => return i + 1,
-                _ => i += 1,
-            }
-        }
-        return s.len();
-    }
-    s.find(char::is_whitespace).unwrap_or(s.len())
 }
 
 #[cfg(test)]

@@ -178,6 +178,16 @@ impl Refusals {
         ]
     }
 
+    /// The counts, for `/metrics`.
+    pub fn snapshot(&self) -> crate::metrics::ApiRefusals {
+        let [(_, missing_token), (_, wrong_token), (_, no_token_configured)] = self.by_reason();
+        crate::metrics::ApiRefusals {
+            missing_token,
+            wrong_token,
+            no_token_configured,
+        }
+    }
+
     fn total(&self) -> u64 {
         self.by_reason().iter().map(|(_, n)| n).sum()
     }

@@ -14,9 +14,9 @@
 //! [`auth::require_token`] → the route's handler, or [`error::no_route`] (404).
 //!
 //! Thread model: the server runs as one task on the control-plane tokio runtime; handlers run
-//! as tasks there and reach the appliance through [`Pgline`]'s methods only, never the store or
-//! the cores directly. The server holds a `Weak<Pgline>`: it never keeps a stopped pgline alive,
-//! and a request racing shutdown answers 503.
+//! as tasks there and reach the appliance through the [`Admin`] service's methods only, never
+//! the store or the cores directly. The server holds a `Weak<Admin>` (the node owns the
+//! service): it never keeps a stopped pgline alive, and a request racing shutdown answers 503.
 //!
 //! Limitations: HTTP/1.1 only, no TLS (the management address is meant for a private network or
 //! a local reverse proxy); `api.*` settings are read once at start.
@@ -49,8 +49,8 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::admin::Admin;
 use crate::config::ApiConfig;
-use crate::server::Pgline;
 use auth::Auth;
 use error::ApiError;
 
@@ -60,14 +60,14 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct ApiState {
-    node: Weak<Pgline>,
+    node: Weak<Admin>,
     auth: Arc<Auth>,
     /// The OpenAPI document as JSON, set once the router is built.
     openapi: Arc<OnceLock<String>>,
 }
 
 impl ApiState {
-    pub fn new(node: Weak<Pgline>, cfg: &ApiConfig) -> ApiState {
+    pub fn new(node: Weak<Admin>, cfg: &ApiConfig) -> ApiState {
         ApiState {
             node,
             auth: Arc::new(Auth::new(cfg.token(), cfg.open_reads)),
@@ -77,7 +77,7 @@ impl ApiState {
 }
 
 /// Extractor: the running pgline, or 503 once it is gone.
-pub struct Node(pub Arc<Pgline>);
+pub struct Node(pub Arc<Admin>);
 
 impl FromRequestParts<ApiState> for Node {
     type Rejection = ApiError;
@@ -181,7 +181,7 @@ pub async fn bind(cfg: &ApiConfig) -> std::io::Result<TcpListener> {
 /// Serves until `shutdown` turns true.
 pub async fn serve(
     listener: TcpListener,
-    node: Weak<Pgline>,
+    node: Weak<Admin>,
     cfg: ApiConfig,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {

@@ -2,7 +2,7 @@
 //!
 //! The body and answer have the TOML file's nested shape. Secrets (`api.token`,
 //! `resp.password`) always read `"***"`. Which keys can change live, and the validation, belong
-//! to `Pgline::patch_config`; this module only carries JSON in and out.
+//! to `Admin::patch_config`; this module only carries JSON in and out.
 
 use axum::Json;
 use serde::Deserialize;

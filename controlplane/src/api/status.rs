@@ -12,8 +12,8 @@ use utoipa::ToSchema;
 
 use super::error::ErrorBody;
 use super::Node;
+use crate::admin::Admin;
 use crate::lsn::format_lsn;
-use crate::server::Pgline;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Status {
@@ -105,20 +105,20 @@ pub async fn status(Node(node): Node) -> Json<Status> {
     Json(compose_status(&node))
 }
 
-fn compose_status(node: &Pgline) -> Status {
+fn compose_status(node: &Admin) -> Status {
     let shared = &node.shared;
     let cfg = node.effective_config();
     // `nic.mode` is not a live setting: the configured transport is the one the cores run.
     let transport = cfg.nic.mode.to_string();
     let cores = shared
-        .stats
+        .all_stats()
         .iter()
         .enumerate()
         .map(|(i, s)| CoreStatus {
             core: i as u32,
             transport: transport.clone(),
             connections_open: s.connections_open.load(Ordering::Relaxed),
-            commands: s.commands.load(Ordering::Relaxed),
+            commands: s.executed(),
             keys_hit: s.keys_hit.load(Ordering::Relaxed)
                 + s.keys_negative_hit.load(Ordering::Relaxed),
             keys_miss: s.keys_miss.load(Ordering::Relaxed),
@@ -156,7 +156,7 @@ fn compose_status(node: &Pgline) -> Status {
             applied_lsn: format_lsn(applied),
             received_lsn: format_lsn(repl.received_lsn.load(Ordering::Acquire)),
             lag_bytes: repl.lag_bytes(),
-            lag_ms: shared.replication.lag_ms.load(Ordering::Acquire),
+            lag_ms: shared.replication().lag_ms(),
         },
         origin_pool: PoolStatus {
             max_size: pool.max_size as u64,

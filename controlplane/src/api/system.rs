@@ -12,8 +12,8 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::{Node, St};
+use crate::admin::Admin;
 use crate::metrics::{PgPoolSnapshot, PgwireSnapshot};
-use crate::server::Pgline;
 
 /// `GET /v1/health`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -79,7 +79,7 @@ pub async fn ready(Node(node): Node) -> Response {
     let checks = ReadyChecks {
         origin: origin.is_ok(),
         replication: node.repl.streaming.load(Ordering::Acquire),
-        lag: node.shared.serve_hits.load(Ordering::Acquire),
+        lag: node.shared.serve_hits(),
         cores,
         connections: connections.is_empty(),
         reply_memory: reply_memory.is_empty(),
@@ -92,7 +92,7 @@ pub async fn ready(Node(node): Node) -> Response {
         detail.push("replication: the WAL stream is not streaming".into());
     }
     if !checks.lag {
-        let lag_ms = node.shared.replication.lag_ms.load(Ordering::Acquire);
+        let lag_ms = node.shared.replication().lag_ms();
         detail.push(format!(
             "lag: hits are off (lag {lag_ms} ms over replication.max_lag_ms, or the stream is down)"
         ));
@@ -118,9 +118,9 @@ pub async fn ready(Node(node): Node) -> Response {
 /// Saturation of the client-facing bounds, one line per core and bound at its limit:
 /// (connection limits, reply memory). Each core has an even share of each bound (as the
 /// engine splits them), so a core at its share refuses or holds back even if others have room.
-fn saturation(node: &Pgline) -> (Vec<String>, Vec<String>) {
+fn saturation(node: &Admin) -> (Vec<String>, Vec<String>) {
     let (engine, pg_on) = {
-        let cfg = node.cfg.read().unwrap_or_else(|p| p.into_inner());
+        let cfg = node.config_read();
         (cfg.engine(), cfg.pgwire.enabled)
     };
     let (resp_cap, pg_cap) = (
@@ -129,7 +129,7 @@ fn saturation(node: &Pgline) -> (Vec<String>, Vec<String>) {
     );
     let mem_cap = engine.max_reply_memory_per_core() as u64;
     let (mut connections, mut memory) = (Vec::new(), Vec::new());
-    for (core, s) in node.shared.stats.iter().enumerate() {
+    for (core, s) in node.shared.all_stats().iter().enumerate() {
         let open = s.connections_open.load(Ordering::Relaxed);
         let pg = s.connections_open_pg.load(Ordering::Relaxed);
         let resp = open.saturating_sub(pg);
@@ -157,8 +157,8 @@ fn saturation(node: &Pgline) -> (Vec<String>, Vec<String>) {
 }
 
 /// Whether every core's poll counter moves within [`CORE_PROBE`].
-async fn cores_turning(node: &Pgline) -> bool {
-    let polls = |i: usize| node.shared.stats[i].polls.load(Ordering::Relaxed);
+async fn cores_turning(node: &Admin) -> bool {
+    let polls = |i: usize| node.shared.stats(i).polls.load(Ordering::Relaxed);
     let before: Vec<u64> = (0..node.shared.cores()).map(polls).collect();
     let until = Instant::now() + CORE_PROBE;
     loop {
@@ -244,15 +244,16 @@ pub async fn metrics(Node(node): Node) -> Response {
         store: node.store_stats(),
         pool: node.pool_status(),
         now_us: crate::clock::unix_now_us(),
+        api_refusals: super::auth::REFUSALS.snapshot(),
     };
-    let body = crate::metrics::render_with_pgwire(&snapshot, &pg);
+    let body = crate::metrics::render_all(&snapshot, &pg, node.nic_ports());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
 }
 
 /// The relay's figures for `/metrics`: sessions, the pool of `origin.url`'s user and database
 /// (the only pool the relay can be asked about by name from here), and the sums of its
 /// per-statement statistics.
-fn pgwire_snapshot(node: &Pgline) -> PgwireSnapshot {
+fn pgwire_snapshot(node: &Admin) -> PgwireSnapshot {
     let Some(relay) = node.pg_relay() else {
         return PgwireSnapshot::default();
     };
@@ -267,12 +268,7 @@ fn pgwire_snapshot(node: &Pgline) -> PgwireSnapshot {
         pg.reply_bytes += s.bytes;
         pg.origin_us = pg.origin_us.saturating_add(s.total_us);
     }
-    let origin = node
-        .cfg
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .origin
-        .pg_config();
+    let origin = node.config_read().origin.pg_config();
     if let Ok(c) = origin {
         let user = c.get_user().unwrap_or("postgres").to_owned();
         let database = c.get_dbname().unwrap_or(&user).to_owned();

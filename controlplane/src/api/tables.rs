@@ -1,6 +1,6 @@
 //! `GET/POST/DELETE /v1/tables[/{name}]`: which tables are cached, adding and removing them.
 //!
-//! Names are `table` or `schema.table`, resolved by `Pgline`'s admin operations; adding with
+//! Names are `table` or `schema.table`, resolved by the `Admin` service; adding with
 //! `?warm=true` returns at once and the table's `state` shows the warming progress.
 
 use axum::extract::rejection::{PathRejection, QueryRejection};

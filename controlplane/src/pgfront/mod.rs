@@ -53,7 +53,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pgline_dataplane::plane::{PgReply, PgRequest, PgRequestKind, Shared};
+use pgline_dataplane::plane::{ControlPort, PgReply, PgRequest, PgRequestKind};
+
+use crate::result_plane::ResultPlane;
 use tokio::sync::{mpsc, watch, Notify};
 
 pub use admit::OriginStats;
@@ -147,7 +149,9 @@ struct SessionHandle {
 
 /// State shared by the dispatcher and the session tasks.
 pub struct RelayState {
-    shared: Arc<Shared>,
+    plane: ControlPort,
+    /// The query-result cache's leases; landed answers go to the writer through it.
+    results: Arc<ResultPlane>,
     cfg: RelayConfig,
     /// Keyed by user, database and the startup settings (see `session::Startup`): clients
     /// share origin connections only with clients that logged in with the same settings.
@@ -171,12 +175,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl RelayState {
-    pub fn new(shared: Arc<Shared>, cfg: RelayConfig) -> Arc<RelayState> {
+    pub fn new(plane: ControlPort, results: Arc<ResultPlane>, cfg: RelayConfig) -> Arc<RelayState> {
         let admission =
             admit::Admission::new(cfg.max_pending_startups, cfg.startup_wait, cfg.auth_timeout);
         Arc::new(RelayState {
             admission,
-            shared,
+            plane,
+            results,
             cfg,
             pools: Mutex::default(),
             sessions: Mutex::default(),
@@ -309,22 +314,10 @@ impl RelayState {
         lock(&self.sessions).len()
     }
 
-    /// Pushes a reply for `core` (waiting while its queue is full) and wakes the core.
-    async fn push_reply(&self, core: usize, mut reply: PgReply) {
-        let Some(q) = self.shared.queues.get(core) else {
-            return;
-        };
-        loop {
-            match q.pg_replies.push(reply) {
-                Ok(()) => break,
-                Err(back) => {
-                    reply = back;
-                    self.shared.wake_core(core);
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
-        }
-        self.shared.wake_core(core);
+    /// Sends a reply to `core` and wakes it (never refused: the plane's full-queue policy;
+    /// each session's flow-control window bounds what waits).
+    fn push_reply(&self, core: usize, reply: PgReply) {
+        self.plane.send_pg_reply(core, reply);
     }
 
     /// Forgets a session (its task ended); `key` tells it from a later session with the same id.
@@ -445,8 +438,8 @@ impl RelayState {
     }
 
     fn drain(self: &Arc<Self>) {
-        for core in 0..self.shared.cores() {
-            while let Some(req) = self.shared.queues[core].pg_requests.pop() {
+        for core in 0..self.plane.cores() {
+            while let Some(req) = self.plane.recv_pg_request(core) {
                 self.dispatch(req);
             }
         }

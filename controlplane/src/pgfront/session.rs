@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use pgline_dataplane::pgwire::{self, sqlstate};
 use pgline_dataplane::plane::{
-    PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultFill, PG_FLOW_WINDOW,
+    ConnToken, PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, PG_FLOW_WINDOW,
     RESULT_MAX_BYTES,
 };
 use tokio::sync::mpsc;
@@ -39,6 +39,7 @@ use super::results;
 use super::state::{self, OriginState};
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
 use crate::origin;
+use crate::result_plane::ResultFill;
 
 /// How a batch went on its backend.
 #[derive(Default)]
@@ -63,7 +64,7 @@ struct Outcome {
 struct Out<'a> {
     relay: &'a RelayState,
     core: usize,
-    conn: u64,
+    conn: ConnToken,
     seq: u64,
     buf: Vec<u8>,
     /// Bytes sent so far.
@@ -128,7 +129,7 @@ impl Out<'_> {
             fence_lsn,
             serve_cached: self.serve_cached && matches!(end, PgReplyEnd::Ready(_)),
         };
-        self.relay.push_reply(self.core, reply).await;
+        self.relay.push_reply(self.core, reply);
     }
 }
 
@@ -539,7 +540,7 @@ impl Session {
             .filter(|_| idle_before && !copy && self.plain_startup)
             .map(|key| {
                 plan::add_snapshot(&mut plan);
-                let lease = self.relay.shared.results.lease(&key.tables);
+                let lease = self.relay.results.lease(&key.tables);
                 (key, lease)
             });
         let sql = std::mem::take(&mut plan.sql);
@@ -593,13 +594,12 @@ impl Session {
                 .take()
                 .and_then(|c| results::answer_of(&c, o.described.as_deref()));
             if let (Some(bytes), Some(snapshot)) = (answer, o.snapshot.clone()) {
-                relay.shared.results.push(ResultFill {
+                relay.results.push(ResultFill {
                     key,
                     bytes,
                     snapshot,
                     lease,
                 });
-                relay.shared.control_waker.wake();
             }
         }
         out.serve_cached = self.serve_cached;

@@ -6,7 +6,7 @@
 //! entry's one section is `key length (u32) | key | RowDescription DataRow* CommandComplete`.
 //!
 //! # Installing (the fill race, as for rows)
-//! The relay takes a lease (per-table epochs, `plane::ResultPlane`) before the statement
+//! The relay takes a lease (per-table epochs, `crate::result_plane::ResultPlane`) before the statement
 //! reaches the origin and runs `pg_current_snapshot()` right before it on the same backend
 //! (under READ COMMITTED the statement's snapshot is later, so it sees at least as much). An
 //! answer is installed only if
@@ -41,7 +41,8 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use pgline_dataplane::plane::{ResultEquality, ResultFill, ResultPlane, RESULTS_TABLE};
+use crate::result_plane::{ResultFill, ResultPlane};
+use pgline_dataplane::plane::{ResultEquality, RESULTS_TABLE};
 use pgline_dataplane::store::{EntryData, StoreWriter};
 
 use crate::catalog::TableInfo;
@@ -386,10 +387,10 @@ impl super::Writer {
             .repl
             .applied_lsn
             .load(std::sync::atomic::Ordering::Relaxed);
-        for fill in self.shared.results.drain() {
+        for fill in self.leases.drain() {
             let ok = self
                 .results
-                .install(&mut self.store, &self.shared.results, fill, lsn);
+                .install(&mut self.store, &self.leases, fill, lsn);
             tracing::debug!(installed = ok, "pgwire: query result landed");
         }
     }

@@ -1,7 +1,8 @@
 use std::sync::Arc;
 
+use crate::result_plane::ResultPlane;
 use bytes::Bytes;
-use pgline_dataplane::plane::{ResultKey, ResultPlane};
+use pgline_dataplane::plane::ResultKey;
 use pgline_dataplane::store::{self, StoreConfig};
 use pgline_hugepages::PageLevel;
 

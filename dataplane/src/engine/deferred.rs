@@ -14,10 +14,11 @@ use crate::resp::{
 };
 use crate::row::ColumnsView;
 
-/// One element of a multi-key reply.
+/// A run of a multi-key reply.
 #[derive(Debug)]
 pub(crate) enum Part {
-    /// Bytes already composed (a hit's bulk string or a nil), in `Deferred::held`.
+    /// Bytes already composed (the replies of one or more consecutive keys: bulk strings or
+    /// nils), in `Deferred::held`.
     Held(std::ops::Range<usize>),
     /// The answer to missing key number `n`.
     Missing(usize),
@@ -27,6 +28,8 @@ pub(crate) enum Part {
 pub(crate) enum Deferred {
     Get,
     MGet {
+        /// Keys asked for (the reply's array length).
+        keys: usize,
         parts: Vec<Part>,
         held: Vec<u8>,
     },
@@ -57,8 +60,8 @@ impl Deferred {
                 Some(FillResult::Row(row)) => out.extend_from_slice(&row.resp_json),
                 _ => compose_null(out, proto),
             },
-            Deferred::MGet { parts, held } => {
-                compose_array_header(out, parts.len());
+            Deferred::MGet { keys, parts, held } => {
+                compose_array_header(out, *keys);
                 for part in parts {
                     match part {
                         Part::Held(range) => out.extend_from_slice(&held[range.clone()]),
@@ -126,5 +129,34 @@ pub(crate) fn compose_all_fields(out: &mut Vec<u8>, columns: &[u8], proto: Proto
             compose_bulk(out, name);
             compose_bulk(out, value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::plane::RowBytes;
+
+    #[test]
+    fn mget_keeps_the_replies_composed_before_the_first_miss_as_one_run() {
+        // Keys 0 and 1 were answered (a hit and a nil) before key 2 missed; key 3 was a hit.
+        let held = b"$3\r\nabc\r\n$-1\r\n$1\r\nz\r\n".to_vec();
+        let deferred = Deferred::MGet {
+            keys: 4,
+            parts: vec![Part::Held(0..14), Part::Missing(0), Part::Held(14..21)],
+            held,
+        };
+        let row = Arc::new(RowBytes {
+            resp_json: b"$2\r\nmm\r\n".to_vec(),
+            columns: Vec::new(),
+        });
+        let mut out = Vec::new();
+        deferred.compose(&[FillResult::Row(row)], Protocol::Resp2, &mut out);
+        assert_eq!(out, b"*4\r\n$3\r\nabc\r\n$-1\r\n$2\r\nmm\r\n$1\r\nz\r\n");
+        let mut out = Vec::new();
+        deferred.compose(&[FillResult::Absent], Protocol::Resp2, &mut out);
+        assert_eq!(out, b"*4\r\n$3\r\nabc\r\n$-1\r\n$-1\r\n$1\r\nz\r\n");
     }
 }

@@ -74,7 +74,7 @@ impl Exec<'_> {
                 pk: pk.into(),
             });
         }
-        match self.shared.store.read(table, pk, section, out) {
+        match self.shared.store().read(table, pk, section, out) {
             Lookup::Hit => {
                 CoreStats::add(&self.stats.keys_hit, 1);
                 Found::Hit
@@ -180,12 +180,15 @@ impl Exec<'_> {
                     return Outcome::Done;
                 }
                 Found::Miss(first) => {
-                    // Slow path: keep what is known so far, collect the rest.
+                    // Slow path: the replies composed so far stay as they are, one part; the
+                    // rest is collected key by key.
                     let header = itoa_len(keys.len());
                     let mut held = out.split_off(start + header);
                     out.truncate(start);
-                    let mut parts = Vec::with_capacity(keys.len());
-                    split_held(&held, i, &mut parts);
+                    let mut parts = Vec::with_capacity(keys.len() - i + 1);
+                    if i > 0 {
+                        parts.push(Part::Held(0..held.len()));
+                    }
                     let mut missing = vec![first];
                     parts.push(Part::Missing(0));
                     for (_, key) in iter {
@@ -207,7 +210,8 @@ impl Exec<'_> {
                             }
                         }
                     }
-                    return deferred(missing, Deferred::MGet { parts, held });
+                    let keys = keys.len();
+                    return deferred(missing, Deferred::MGet { keys, parts, held });
                 }
             }
         }
@@ -219,7 +223,7 @@ impl Exec<'_> {
         if !self.serve_hits || keys.len() < 2 {
             return;
         }
-        let store = &self.shared.store;
+        let store = self.shared.store();
         for key in keys.iter() {
             if let Some((table, pk)) = self.keyspace.resolve(key) {
                 store.prefetch_bucket(table, pk);
@@ -291,45 +295,20 @@ impl Exec<'_> {
         outcome
     }
 
+    /// Every command but the data commands: the connection's own (this function) and the
+    /// server's ([`Exec::execute_server`]).
     fn execute_admin(
         &mut self,
         cmd: Command<'_>,
         session: &mut Session,
         out: &mut Vec<u8>,
     ) -> Outcome {
-        let proto = session.proto;
         match cmd {
-            Command::Ping { message: None } => compose_simple(out, b"PONG"),
-            Command::Ping { message: Some(m) } | Command::Echo { message: m } => {
-                compose_bulk(out, m)
-            }
             Command::Hello {
                 protover,
                 auth,
                 setname,
-            } => {
-                if let Some((user, pass)) = auth {
-                    if !self.check_password(Some(user), pass) {
-                        return self.wrong_password(session, out);
-                    }
-                    session.authenticated = true;
-                }
-                if !session.authenticated {
-                    compose_error(out, b"NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
-                    return Outcome::Done;
-                }
-                if let Some(v) = protover {
-                    session.proto = if v == 3 {
-                        Protocol::Resp3
-                    } else {
-                        Protocol::Resp2
-                    };
-                }
-                if let Some(name) = setname {
-                    session.name = Some(name.into());
-                }
-                info::compose_hello(out, session);
-            }
+            } => return self.hello(protover, auth, setname, session, out),
             Command::Auth { username, password } => {
                 if self.password.is_none() {
                     compose_error(out, b"ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
@@ -342,8 +321,65 @@ impl Exec<'_> {
             }
             Command::Select { db: 0 } => compose_simple(out, b"OK"),
             Command::Select { .. } => compose_error(out, b"ERR DB index is out of range"),
+            Command::Client { sub } => execute_client(sub, session, out),
+            Command::Quit => {
+                compose_simple(out, b"OK");
+                return Outcome::Close;
+            }
+            Command::Reset => {
+                session.proto = Protocol::Resp2;
+                session.name = None;
+                session.authenticated = self.password.is_none();
+                compose_simple(out, b"RESET");
+            }
+            other => self.execute_server(other, session.proto, out),
+        }
+        Outcome::Done
+    }
+
+    /// `HELLO [protover [AUTH user pass] [SETNAME name]]`.
+    fn hello(
+        &mut self,
+        protover: Option<u8>,
+        auth: Option<(&[u8], &[u8])>,
+        setname: Option<&[u8]>,
+        session: &mut Session,
+        out: &mut Vec<u8>,
+    ) -> Outcome {
+        if let Some((user, pass)) = auth {
+            if !self.check_password(Some(user), pass) {
+                return self.wrong_password(session, out);
+            }
+            session.authenticated = true;
+        }
+        if !session.authenticated {
+            compose_error(out, b"NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+            return Outcome::Done;
+        }
+        if let Some(v) = protover {
+            session.proto = if v == 3 {
+                Protocol::Resp3
+            } else {
+                Protocol::Resp2
+            };
+        }
+        if let Some(name) = setname {
+            session.name = Some(name.into());
+        }
+        info::compose_hello(out, session);
+        Outcome::Done
+    }
+
+    /// The commands about the server rather than the connection: PING, ECHO, DBSIZE, INFO,
+    /// COMMAND, CONFIG, and the refusals (writes, unknown commands).
+    fn execute_server(&self, cmd: Command<'_>, proto: Protocol, out: &mut Vec<u8>) {
+        match cmd {
+            Command::Ping { message: None } => compose_simple(out, b"PONG"),
+            Command::Ping { message: Some(m) } | Command::Echo { message: m } => {
+                compose_bulk(out, m)
+            }
             Command::DbSize => {
-                let stats = self.shared.store.stats();
+                let stats = self.shared.store().stats();
                 compose_integer(
                     out,
                     stats.entries.saturating_sub(stats.negative_entries) as i64,
@@ -360,40 +396,6 @@ impl Exec<'_> {
                     b"ERR unknown subcommand or wrong number of arguments for 'COMMAND'",
                 ),
             },
-            Command::Client { sub } => match sub {
-                ClientSub::SetName { name } => {
-                    session.name = (!name.is_empty()).then(|| name.into());
-                    compose_simple(out, b"OK");
-                }
-                ClientSub::GetName => match &session.name {
-                    Some(n) => compose_bulk(out, n),
-                    None => compose_null(out, proto),
-                },
-                ClientSub::SetInfo { attr, value } => {
-                    if attr.eq_ignore_ascii_case(b"lib-name") {
-                        session.lib_name = Some(value.into());
-                    } else if attr.eq_ignore_ascii_case(b"lib-ver") {
-                        session.lib_ver = Some(value.into());
-                    }
-                    compose_simple(out, b"OK");
-                }
-                ClientSub::Id => compose_integer(out, session.client_id as i64),
-                ClientSub::Info => info::compose_client_info(out, session),
-                ClientSub::Other { .. } => compose_error(
-                    out,
-                    b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'",
-                ),
-            },
-            Command::Quit => {
-                compose_simple(out, b"OK");
-                return Outcome::Close;
-            }
-            Command::Reset => {
-                session.proto = Protocol::Resp2;
-                session.name = None;
-                session.authenticated = self.password.is_none();
-                compose_simple(out, b"RESET");
-            }
             Command::Write { name } => {
                 let mut msg = b"READONLY pgline is a read cache of PostgreSQL: '".to_vec();
                 msg.extend(name.iter().map(u8::to_ascii_lowercase));
@@ -410,23 +412,26 @@ impl Exec<'_> {
                 compose_error(out, &msg);
             }
             Command::Unknown { name, args } => compose_unknown_command(out, name, args),
-            // The data commands are handled by `execute`.
+            // The data commands are handled by `execute`, the connection's by `execute_admin`.
             Command::Get { .. }
             | Command::MGet { .. }
             | Command::Exists { .. }
             | Command::HGet { .. }
             | Command::HMGet { .. }
-            | Command::HGetAll { .. } => {
-                compose_error(out, b"ERR internal: data command in the admin path")
-            }
+            | Command::HGetAll { .. }
+            | Command::Hello { .. }
+            | Command::Auth { .. }
+            | Command::Select { .. }
+            | Command::Client { .. }
+            | Command::Quit
+            | Command::Reset => compose_error(out, b"ERR internal: command in the wrong path"),
         }
-        Outcome::Done
     }
 
     /// `CONFIG GET`: the settings Redis tools ask about, as pgline has them.
     fn config_get(&self, patterns: Args<'_>, proto: Protocol, out: &mut Vec<u8>) {
         let budget = itoa::Buffer::new()
-            .format(self.shared.store.stats().budget_bytes)
+            .format(self.shared.store().stats().budget_bytes)
             .to_owned();
         let clients = itoa::Buffer::new().format(self.max_connections).to_owned();
         let params: [(&[u8], &[u8]); 6] = [
@@ -481,6 +486,34 @@ const WRONGPASS: &[u8] = b"WRONGPASS invalid username-password pair or user is d
 const TOO_MANY_FAILURES: &[u8] =
     b"ERR too many failed authentication attempts on this connection: closing it";
 
+/// `CLIENT SETNAME | GETNAME | SETINFO | ID | INFO`.
+fn execute_client(sub: ClientSub<'_>, session: &mut Session, out: &mut Vec<u8>) {
+    match sub {
+        ClientSub::SetName { name } => {
+            session.name = (!name.is_empty()).then(|| name.into());
+            compose_simple(out, b"OK");
+        }
+        ClientSub::GetName => match &session.name {
+            Some(n) => compose_bulk(out, n),
+            None => compose_null(out, session.proto),
+        },
+        ClientSub::SetInfo { attr, value } => {
+            if attr.eq_ignore_ascii_case(b"lib-name") {
+                session.lib_name = Some(value.into());
+            } else if attr.eq_ignore_ascii_case(b"lib-ver") {
+                session.lib_ver = Some(value.into());
+            }
+            compose_simple(out, b"OK");
+        }
+        ClientSub::Id => compose_integer(out, session.client_id as i64),
+        ClientSub::Info => info::compose_client_info(out, session),
+        ClientSub::Other { .. } => compose_error(
+            out,
+            b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'",
+        ),
+    }
+}
+
 fn deferred(keys: Vec<MissKey>, deferred: Deferred) -> Outcome {
     Outcome::Deferred { keys, deferred }
 }
@@ -488,31 +521,6 @@ fn deferred(keys: Vec<MissKey>, deferred: Deferred) -> Outcome {
 /// Length of `*<n>\r\n`.
 fn itoa_len(n: usize) -> usize {
     1 + itoa::Buffer::new().format(n).len() + 2
-}
-
-/// Splits the `count` replies already composed in `held` into parts (each a bulk string or nil).
-fn split_held(held: &[u8], count: usize, parts: &mut Vec<Part>) {
-    let mut at = 0;
-    for _ in 0..count {
-        let len = reply_len(&held[at..]);
-        parts.push(Part::Held(at..at + len));
-        at += len;
-    }
-}
-
-/// Length of the single bulk string or nil reply at the start of `bytes` (composed by us).
-fn reply_len(bytes: &[u8]) -> usize {
-    let line_end = memchr::memchr(b'\n', bytes).map_or(bytes.len(), |i| i + 1);
-    if bytes.first() == Some(&b'$') {
-        let digits = &bytes[1..line_end.saturating_sub(2).max(1)];
-        if let Some(n) = std::str::from_utf8(digits)
-            .ok()
-            .and_then(|d| d.parse::<usize>().ok())
-        {
-            return (line_end + n + 2).min(bytes.len());
-        }
-    }
-    line_end
 }
 
 /// Compares without an early exit, so timing does not tell how many leading bytes matched.
@@ -535,20 +543,5 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secret1"));
         assert!(!constant_time_eq(b"", b"x"));
         assert!(constant_time_eq(b"", b""));
-    }
-
-    #[test]
-    fn reply_len_walks_bulk_and_nil() {
-        let held = b"$3\r\nabc\r\n$-1\r\n_\r\n$0\r\n\r\n";
-        let mut parts = Vec::new();
-        split_held(held, 4, &mut parts);
-        let ranges: Vec<_> = parts
-            .iter()
-            .map(|p| match p {
-                Part::Held(r) => r.clone(),
-                Part::Missing(_) => unreachable!(),
-            })
-            .collect();
-        assert_eq!(ranges, vec![0..9, 9..14, 14..17, 17..23]);
     }
 }

@@ -3,7 +3,6 @@
 //! These are not on the hit path; they format with `write!` into a reused buffer.
 
 use std::io::Write;
-use std::sync::atomic::Ordering;
 
 use crate::plane::Shared;
 use crate::resp::Protocol;
@@ -70,9 +69,9 @@ pub(crate) fn compose_info(
         }
     };
     let mut t = Vec::with_capacity(2048);
-    let store = shared.store.stats();
+    let store = shared.store().stats();
     let total = |f: fn(&crate::plane::CoreStats) -> &std::sync::atomic::AtomicU64| shared.total(f);
-    let transport = shared.transport.get().copied().unwrap_or("kernel");
+    let transport = shared.transport();
     if want("server") {
         let _ = write!(
             t,
@@ -80,7 +79,7 @@ pub(crate) fn compose_info(
             env!("CARGO_PKG_VERSION"),
             std::env::consts::OS,
             std::process::id(),
-            shared.started_at.elapsed().as_secs(),
+            shared.uptime().as_secs(),
             shared.cores(),
             transport,
         );
@@ -103,7 +102,8 @@ pub(crate) fn compose_info(
             t,
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nkeyspace_hits:{hits}\r\nkeyspace_misses:{misses}\r\nkeyspace_negative_hits:{}\r\nkeyspace_bypass:{}\r\nkeyspace_unknown_table:{}\r\nevicted_keys:{}\r\nevicted_segments:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nmiss_queue_full:{}\r\n\r\n",
             total(|s| &s.connections_accepted),
-            total(|s| &s.commands),
+            // Both protocols, as ever (the metrics split them: see docs/operations.md).
+            total(|s| &s.resp_commands) + total(|s| &s.pg_steps),
             total(|s| &s.keys_negative_hit),
             total(|s| &s.keys_bypass),
             total(|s| &s.keys_unknown_table),
@@ -112,7 +112,7 @@ pub(crate) fn compose_info(
             total(|s| &s.bytes_in),
             total(|s| &s.bytes_out),
             total(|s| &s.protocol_errors),
-            total(|s| &s.miss_queue_full),
+            total(|s| &s.resp_queue_full) + total(|s| &s.pg_queue_full),
         );
     }
     if want("memory") {
@@ -129,17 +129,17 @@ pub(crate) fn compose_info(
         );
     }
     if want("replication") {
-        let r = &shared.replication;
-        let applied = r.applied_lsn.load(Ordering::Relaxed);
+        let r = shared.replication();
+        let applied = r.applied_lsn();
         let _ = write!(
             t,
             "# Replication\r\nrole:master\r\nconnected_slaves:0\r\norigin_stream:{}\r\napplied_lsn:{:X}/{:X}\r\napplied_lsn_int:{applied}\r\nlag_bytes:{}\r\nlag_ms:{}\r\nserving_hits:{}\r\n\r\n",
-            if r.streaming.load(Ordering::Relaxed) { "streaming" } else { "down" },
+            if r.streaming() { "streaming" } else { "down" },
             applied >> 32,
             applied & 0xffff_ffff,
-            r.lag_bytes.load(Ordering::Relaxed),
-            r.lag_ms.load(Ordering::Relaxed),
-            u8::from(shared.serve_hits.load(Ordering::Relaxed)),
+            r.lag_bytes(),
+            r.lag_ms(),
+            u8::from(shared.serve_hits()),
         );
     }
     if want("keyspace") {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token};
 
-use crate::plane::{CoreStats, Shared, Wake};
+use crate::plane::{ConnToken, CoreStats, Shared, Wake};
 use crate::transport::kernel;
 
 use super::limits::Sources;
@@ -120,9 +120,10 @@ impl Core {
             None => None,
         };
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
-        let _ = shared.core_wakers[id].set(Arc::new(MioWaker(waker)));
+        let port = shared.core_port(id);
+        port.set_waker(Arc::new(MioWaker(waker)));
         let registry = poll.registry().try_clone()?;
-        let mut worker = Worker::new(id, shared, cfg);
+        let mut worker = Worker::new(port, cfg);
         worker.sources = sources;
         Ok(Core {
             poll,
@@ -154,7 +155,7 @@ impl Core {
     /// Runs until `stop` is set.
     pub fn run(&mut self, stop: &AtomicBool) {
         let mut idle = 0u32;
-        let _ = self.worker.shared.transport.set("kernel");
+        self.worker.port.set_transport("kernel");
         while !stop.load(Ordering::Relaxed) {
             let timeout = if idle < self.worker.cfg.spin_polls {
                 Duration::ZERO
@@ -331,7 +332,12 @@ impl Core {
 impl Transport for Sockets {
     type Io = Socket;
 
-    fn process(&mut self, entry: &mut Entry<Socket>, token: u64, worker: &mut Worker) -> Next {
+    fn process(
+        &mut self,
+        entry: &mut Entry<Socket>,
+        token: ConnToken,
+        worker: &mut Worker,
+    ) -> Next {
         if let Some(next) = self.process_ingress(entry, worker) {
             return next;
         }

@@ -14,9 +14,9 @@
 //! ```
 //!
 //! A [`Worker`] is one core's share of the engine apart from its connections and its transport:
-//! the config, the shared state, the current key-space snapshot, reusable parse and scratch
-//! buffers, and whether misses were pushed this turn (the control plane is woken once per turn,
-//! not once per miss). It knows nothing of sockets, mio or the userspace stack.
+//! the config, its port on the plane (which also remembers what was sent this turn: each
+//! control-plane consumer is woken once per turn, not once per request), the current key-space
+//! snapshot, reusable parse and scratch buffers. It knows nothing of sockets, mio or the userspace stack.
 //!
 //! Invariants: replies leave in request order (see [`super::conn`]); work per call is bounded by
 //! `requests_per_turn`, `max_reply_backlog` and `max_pending_per_conn`; the hit path allocates
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::keyspace::KeySpace;
-use crate::plane::{CoreStats, MissReply, MissRequest, Shared};
+use crate::plane::{ConnToken, CorePort, CoreStats, MissReply, MissRequest};
 use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError};
 
 use super::conn::{Conn, Pending, READ_AHEAD};
@@ -52,22 +52,15 @@ pub(crate) enum Next {
 
 /// One core's session state other than its connections.
 pub(crate) struct Worker {
-    pub id: usize,
-    pub shared: Arc<Shared>,
+    /// This core's side of the plane.
+    pub port: CorePort,
     pub cfg: Arc<EngineConfig>,
     pub(crate) keyspace: Arc<KeySpace>,
     pub(crate) keyspace_generation: u64,
     args: Vec<Range<usize>>,
     pub(crate) scratch: Vec<u8>,
-    pub(crate) misses_pushed: bool,
-    /// PostgreSQL-protocol work was pushed this turn: wake the control plane at the turn's end.
-    pub(crate) pg_pushed: bool,
     /// Message limits of the PostgreSQL front (message size bounded by `max_request_bytes`).
     pub(crate) pg_limits: PgLimits,
-    /// Closes of PostgreSQL sessions that found the request queue full: retried each turn
-    /// (a lost Close would leave the control plane's session, and any transaction it holds
-    /// open, waiting for ever). Empty, and so unallocated, in normal operation.
-    pub(crate) pg_unsent_closes: Vec<crate::plane::PgRequest>,
     /// Reply-memory accounting and the sweep's clocks (see [`super::limits`]).
     pub(crate) limits: CoreLimits,
     /// Per-source connection counts, shared by the engine's cores.
@@ -77,9 +70,9 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub fn new(id: usize, shared: Arc<Shared>, cfg: Arc<EngineConfig>) -> Worker {
-        let keyspace = shared.keyspace.snapshot();
-        let keyspace_generation = shared.keyspace.generation();
+    pub fn new(port: CorePort, cfg: Arc<EngineConfig>) -> Worker {
+        let keyspace = port.keyspace().snapshot();
+        let keyspace_generation = port.keyspace().generation();
         let pg_limits = PgLimits {
             max_message_bytes: cfg.max_request_bytes,
             ..PgLimits::default()
@@ -90,29 +83,25 @@ impl Worker {
             limits: CoreLimits::new(cap, now),
             sources: Arc::default(),
             now,
-            id,
-            shared,
+            port,
             cfg,
             keyspace,
             keyspace_generation,
             args: Vec::with_capacity(64),
             pg_limits,
             scratch: Vec::with_capacity(64 * 1024),
-            misses_pushed: false,
-            pg_pushed: false,
-            pg_unsent_closes: Vec::new(),
         }
     }
 
     /// This core's counters.
     #[inline]
     pub fn stats(&self) -> &CoreStats {
-        &self.shared.stats[self.id]
+        self.port.stats()
     }
 
     /// State for a newly accepted connection in slot generation `generation`.
     pub fn new_conn(&self, generation: u32) -> Conn {
-        let client_id = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+        let client_id = self.port.next_client_id();
         Conn::new(client_id, generation, self.cfg.password.is_none(), self.now)
     }
 
@@ -125,21 +114,16 @@ impl Worker {
 
     /// One atomic load; a new catalog snapshot only when it moved.
     pub fn poll_keyspace(&mut self) {
-        let generation = self.shared.keyspace.generation();
+        let generation = self.port.keyspace().generation();
         if generation != self.keyspace_generation {
-            self.keyspace = self.shared.keyspace.snapshot();
+            self.keyspace = self.port.keyspace().snapshot();
             self.keyspace_generation = generation;
         }
     }
 
-    /// Wakes the control plane once if this turn pushed misses.
+    /// Wakes, once each, the control-plane consumers this turn sent requests to.
     pub fn end_turn(&mut self) {
-        if !self.pg_unsent_closes.is_empty() {
-            self.retry_pg_closes();
-        }
-        if std::mem::take(&mut self.misses_pushed) | std::mem::take(&mut self.pg_pushed) {
-            self.shared.control_waker.wake();
-        }
+        self.port.end_turn();
     }
 
     /// Whether the transport should read more for `conn` now (bounded buffers, not closing).
@@ -202,14 +186,14 @@ impl Worker {
 
     /// Parses and executes buffered requests; returns whether complete input is left for later.
     /// `token` names the connection in the [`MissRequest`]s it sends (slot and generation).
-    pub fn process_requests(&mut self, conn: &mut Conn, token: u64) -> bool {
+    pub fn process_requests(&mut self, conn: &mut Conn, token: ConnToken) -> bool {
         if conn.pg.is_some() {
             let more = self.process_pg(conn, token);
             conn.incomplete = !more && !conn.input().is_empty();
             return more;
         }
         conn.incomplete = false;
-        let serve_hits = self.shared.serve_hits.load(Ordering::Relaxed);
+        let serve_hits = self.port.serve_hits();
         let mut executed = 0;
         let mut more = false;
         if serve_hits && conn.input().len() >= prefetch::MIN_INPUT {
@@ -218,7 +202,7 @@ impl Worker {
                 &self.cfg.limits,
                 &mut self.args,
                 &self.keyspace,
-                &self.shared.store,
+                self.port.store(),
             );
         }
         while !conn.input().is_empty() {
@@ -264,7 +248,7 @@ impl Worker {
                 break;
             }
         }
-        CoreStats::add(&self.stats().commands, executed as u64);
+        CoreStats::add(&self.stats().resp_commands, executed as u64);
         if conn.rpos > 0 && (conn.rpos == conn.rbuf.len() || conn.rpos > conn.rbuf.capacity() / 2) {
             conn.compact_input();
         }
@@ -273,7 +257,13 @@ impl Worker {
 
     /// Executes the request whose argument ranges are in `self.args`, composing into the reply
     /// queue.
-    fn execute_one(&mut self, conn: &mut Conn, consumed: usize, token: u64, serve_hits: bool) {
+    fn execute_one(
+        &mut self,
+        conn: &mut Conn,
+        consumed: usize,
+        token: ConnToken,
+        serve_hits: bool,
+    ) {
         let Conn {
             rbuf,
             rpos,
@@ -293,11 +283,11 @@ impl Worker {
         } else {
             &mut held
         };
-        let stats = &self.shared.stats[self.id];
+        let stats = self.port.stats();
         let outcome = match parse_command(args) {
             Ok(cmd) => {
                 let mut exec = Exec {
-                    shared: &self.shared,
+                    shared: self.port.shared(),
                     keyspace: &self.keyspace,
                     serve_hits,
                     stats,
@@ -326,18 +316,17 @@ impl Worker {
                 let seq = *next_seq;
                 *next_seq += 1;
                 let request = MissRequest {
-                    core: self.id,
+                    core: self.port.id(),
                     conn: token,
                     seq,
                     keys,
                     bypass: !serve_hits,
                 };
-                if self.shared.queues[self.id].misses.push(request).is_ok() {
-                    self.misses_pushed = true;
+                if self.port.send_miss(request).is_ok() {
                     pending.push_back(Pending::Waiting { seq, deferred });
                     return;
                 }
-                CoreStats::add(&stats.miss_queue_full, 1);
+                CoreStats::add(&stats.resp_queue_full, 1);
                 let out = if pending.is_empty() {
                     &mut *wbuf
                 } else {

@@ -1,9 +1,9 @@
 //! A core's connection table, the same for both transports: slots with generations, a free
 //! list, and the list of connections with work this turn.
 //!
-//! A connection is named outside the core (in [`crate::plane::MissRequest::conn`]) by a token of
-//! its slot and the slot's generation, so a reply for a connection that closed while its miss was
-//! in flight is recognised and dropped even after the slot is reused.
+//! A connection is named outside the core (in [`crate::plane::MissRequest::conn`]) by a
+//! [`ConnToken`] of its slot and the slot's generation, so a reply for a connection that closed
+//! while its miss was in flight is recognised and dropped even after the slot is reused.
 //!
 //! The active list holds each slot at most once (`listed`, per slot rather than per connection,
 //! so a connection closed by the transport while listed and a new one filling its slot in the
@@ -25,7 +25,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::plane::CoreStats;
+use crate::plane::{ConnToken, CoreStats};
 
 use super::conn::Conn;
 use super::limits::Expiry;
@@ -37,17 +37,16 @@ pub(crate) struct Entry<T> {
     pub io: T,
 }
 
-/// The token a [`crate::plane::MissRequest`] carries for `slot` at `generation`.
-#[inline]
-pub(crate) fn token(slot: usize, generation: u32) -> u64 {
-    (slot as u64) << 32 | u64::from(generation)
-}
-
 /// The transport side of a core, as the table needs it for one turn.
 pub(crate) trait Transport {
     type Io;
     /// Ingress, [`Worker::process_requests`] and egress for one connection, bounded.
-    fn process(&mut self, entry: &mut Entry<Self::Io>, token: u64, worker: &mut Worker) -> Next;
+    fn process(
+        &mut self,
+        entry: &mut Entry<Self::Io>,
+        token: ConnToken,
+        worker: &mut Worker,
+    ) -> Next;
     /// The session is over: release the transport's side (deregister, close, abort).
     fn release(&mut self, entry: Entry<Self::Io>);
 }
@@ -188,7 +187,7 @@ impl<T> Slots<T> {
     /// Closes `slot` now: the control plane hears of it, the transport releases it.
     fn close<X: Transport<Io = T>>(&mut self, slot: usize, transport: &mut X, worker: &mut Worker) {
         if let Some(Some(entry)) = self.entries.get_mut(slot) {
-            let token = token(slot, entry.conn.generation);
+            let token = ConnToken::new(slot, entry.conn.generation);
             worker.conn_closed(&mut entry.conn, token);
         }
         if let Some(entry) = self.remove(slot, worker) {
@@ -262,44 +261,46 @@ impl<T> Slots<T> {
     }
 
     fn poll_pg_replies(&mut self, worker: &Worker) -> bool {
-        let queue = &worker.shared.queues[worker.id].pg_replies;
         let mut any = false;
-        for _ in 0..queue.capacity() {
-            let Some(reply) = queue.pop() else { break };
+        for _ in 0..worker.port.replies_per_turn() {
+            let Some(reply) = worker.port.recv_pg_reply() else {
+                break;
+            };
             any = true;
-            let slot = (reply.conn >> 32) as usize;
-            let generation = reply.conn as u32;
-            let Some(entry) = self.get_mut(slot) else {
+            let Some(slot) = self.live_slot(reply.conn) else {
                 continue;
             };
-            if entry.conn.generation != generation {
-                continue;
+            if let Some(entry) = self.get_mut(slot) {
+                worker.apply_pg_reply(&mut entry.conn, reply);
+                self.activate(slot);
             }
-            worker.apply_pg_reply(&mut entry.conn, reply);
-            self.activate(slot);
         }
         any
     }
 
     fn poll_miss_replies(&mut self, worker: &Worker) -> bool {
-        // Borrowed, not cloned: an Arc clone per turn is an atomic RMW on a line every core shares.
-        let queue = &worker.shared.queues[worker.id].replies;
         let mut any = false;
-        for _ in 0..queue.capacity() {
-            let Some(reply) = queue.pop() else { break };
+        for _ in 0..worker.port.replies_per_turn() {
+            let Some(reply) = worker.port.recv_reply() else {
+                break;
+            };
             any = true;
-            let slot = (reply.conn >> 32) as usize;
-            let generation = reply.conn as u32;
-            let Some(entry) = self.get_mut(slot) else {
+            let Some(slot) = self.live_slot(reply.conn) else {
                 continue;
             };
-            if entry.conn.generation != generation {
-                continue;
+            if let Some(entry) = self.get_mut(slot) {
+                Worker::apply_reply(&mut entry.conn, &reply);
+                self.activate(slot);
             }
-            Worker::apply_reply(&mut entry.conn, &reply);
-            self.activate(slot);
         }
         any
+    }
+
+    /// The slot `token` names, if it still holds that connection (not closed, not reused).
+    fn live_slot(&mut self, token: ConnToken) -> Option<usize> {
+        let slot = token.slot();
+        let entry = self.get_mut(slot)?;
+        (entry.conn.generation == token.generation()).then_some(slot)
     }
 
     /// Runs every active connection once through `transport`; closes those that are done.
@@ -316,12 +317,12 @@ impl<T> Slots<T> {
             Some(t) => t,
             None => Instant::now(),
         };
-        let before = worker.stats().commands.load(Ordering::Relaxed);
+        let before = worker.stats().executed();
         let worked = self.poll_sessions_untimed(transport, worker);
         let end = Instant::now();
         self.last_pass_end = Some(end);
         let stats = worker.stats();
-        let executed = stats.commands.load(Ordering::Relaxed).wrapping_sub(before);
+        let executed = stats.executed().wrapping_sub(before);
         if executed > 0 {
             let ns = u64::try_from(end.duration_since(start).as_nanos()).unwrap_or(u64::MAX);
             stats.service_time.record(ns, executed);
@@ -342,7 +343,7 @@ impl<T> Slots<T> {
             let Some(Some(entry)) = self.entries.get_mut(slot) else {
                 continue;
             };
-            let token = token(slot, entry.conn.generation);
+            let token = ConnToken::new(slot, entry.conn.generation);
             let next = transport.process(entry, token, worker);
             if worker.limits.full() {
                 // At the cap: what this connection has drained goes back now.
@@ -371,19 +372,14 @@ mod tests {
     use super::*;
     use crate::engine::EngineConfig;
     use crate::keyspace::{KeySpace, KeySpaceCell};
-    use crate::plane::{Shared, Wake};
+    use crate::plane::{ControlWakers, Shared};
     use crate::store::{self, StoreConfig};
-
-    struct NoWake;
-    impl Wake for NoWake {
-        fn wake(&self) {}
-    }
 
     /// Counts visits per slot io value; every visit leaves the connection idle.
     struct Count(Vec<u32>);
     impl Transport for Count {
         type Io = u32;
-        fn process(&mut self, entry: &mut Entry<u32>, _: u64, _: &mut Worker) -> Next {
+        fn process(&mut self, entry: &mut Entry<u32>, _: ConnToken, _: &mut Worker) -> Next {
             self.0.push(entry.io);
             Next::Idle
         }
@@ -404,7 +400,7 @@ mod tests {
             KeySpaceCell::new(KeySpace::new()),
             1,
             16,
-            Arc::new(NoWake),
+            ControlWakers::none(),
         ));
         let cfg = EngineConfig {
             pg_listen: None,
@@ -422,7 +418,7 @@ mod tests {
             limits: crate::resp::Limits::default(),
             conn_limits: crate::engine::ConnLimits::default(),
         };
-        Worker::new(0, shared, Arc::new(cfg))
+        Worker::new(shared.core_port(0), Arc::new(cfg))
     }
 
     #[test]

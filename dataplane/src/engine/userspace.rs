@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
-use crate::plane::{CoreStats, Shared, Wake};
+use crate::plane::{ConnToken, CoreStats, NoWake, Shared};
 use crate::transport::stream::{StreamError, StreamEvent, StreamStack};
 
 use super::session::{Next, Worker};
@@ -49,13 +49,6 @@ const READ_PER_TURN: usize = 256 * 1024;
 const READ_CHUNK: usize = 64 * 1024;
 /// Turns between publications of the stack's counters.
 const PUBLISH_EVERY: u32 = 512;
-
-/// Poll mode needs no wake-up: the core looks at its reply queue every turn.
-struct NoWake;
-
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
 
 /// A connection's stack handle and what the stack last reported about it.
 pub(crate) struct Flow<Id> {
@@ -93,7 +86,9 @@ impl<S: StreamStack> UserCore<S> {
         if let Some(port) = pg_port {
             stack.listen(port);
         }
-        let _ = shared.core_wakers[id].set(Arc::new(NoWake));
+        let port = shared.core_port(id);
+        // Poll mode needs no wake-up: the core looks at its reply queues every turn.
+        port.set_waker(Arc::new(NoWake));
         let per_core = cfg.max_connections_per_core();
         let mut slot_of = FxHashMap::default();
         slot_of.reserve(per_core.min(1 << 16));
@@ -101,7 +96,7 @@ impl<S: StreamStack> UserCore<S> {
             streams: Streams { stack, slot_of },
             events: Vec::with_capacity(1024),
             slots: Slots::new(),
-            worker: Worker::new(id, shared, cfg),
+            worker: Worker::new(port, cfg),
             turns: 0,
             pg_port,
         }
@@ -110,7 +105,7 @@ impl<S: StreamStack> UserCore<S> {
     /// Runs until `stop` is set.
     pub fn run(&mut self, stop: &AtomicBool) {
         let mut idle = 0u32;
-        let _ = self.worker.shared.transport.set("userspace");
+        self.worker.port.set_transport("userspace");
         while !stop.load(Ordering::Relaxed) {
             if self.poll_once(Instant::now()) {
                 idle = 0;
@@ -169,7 +164,7 @@ impl<S: StreamStack> UserCore<S> {
                     // The stack has freed it: drop the session, tell the stack nothing.
                     if let Some(slot) = self.streams.slot_of.remove(&id) {
                         if let Some(entry) = self.slots.get_mut(slot) {
-                            let token = super::slots::token(slot, entry.conn.generation);
+                            let token = ConnToken::new(slot, entry.conn.generation);
                             self.worker.conn_closed(&mut entry.conn, token);
                         }
                         self.slots.remove(slot, &mut self.worker);
@@ -236,7 +231,12 @@ impl<S: StreamStack> UserCore<S> {
 impl<S: StreamStack> Transport for Streams<S> {
     type Io = Flow<S::Id>;
 
-    fn process(&mut self, entry: &mut Entry<Self::Io>, token: u64, worker: &mut Worker) -> Next {
+    fn process(
+        &mut self,
+        entry: &mut Entry<Self::Io>,
+        token: ConnToken,
+        worker: &mut Worker,
+    ) -> Next {
         self.process_ingress(entry, worker);
         if entry.io.failed {
             return Next::Close;

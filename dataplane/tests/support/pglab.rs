@@ -6,24 +6,18 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use pgline_dataplane::engine::Engine;
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell, PgColumn, PgTable};
-use pgline_dataplane::plane::{Shared, Wake};
+use pgline_dataplane::plane::{ControlWakers, Shared};
 use pgline_dataplane::row::encode_columns;
 use pgline_dataplane::store::{self, EntryData, StoreConfig, StoreWriter};
 use postgres_protocol::message::frontend as fe;
 
 use super::pgorigin::{connect_origin, read_message, simple, until_ready, Relay};
-
-struct NoWake;
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
 
 pub struct Lab {
     pub table: String,
@@ -136,14 +130,14 @@ pub fn lab_with(
         KeySpaceCell::new(ks),
         1,
         1024,
-        Arc::new(NoWake),
+        ControlWakers::none(),
     ));
     std::mem::forget(writer);
-    shared.serve_hits.store(true, Ordering::Release);
+    shared.control_port().set_serve_hits(true);
     let engine = start(shared.clone());
     let relay = Relay::start(shared.clone(), "postgres");
     let pg_table = shared
-        .keyspace
+        .keyspace()
         .snapshot()
         .pg_table(id)
         .expect("table")

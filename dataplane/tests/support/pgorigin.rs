@@ -105,13 +105,14 @@ impl Relay {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (flag, log, db) = (stop.clone(), seen.clone(), database.to_string());
+        let control = shared.control_port();
         let thread = std::thread::spawn(move || {
             let mut sessions: std::collections::HashMap<u64, TcpStream> = Default::default();
             while !flag.load(Ordering::Relaxed) {
-                if let Some(m) = shared.queues[0].misses.pop() {
+                if let Some(m) = control.recv_miss(0) {
                     log.lock().expect("log").misses.push(m);
                 }
-                let Some(req) = shared.queues[0].pg_requests.pop() else {
+                let Some(req) = control.recv_pg_request(0) else {
                     std::thread::sleep(Duration::from_millis(1));
                     continue;
                 };
@@ -151,11 +152,7 @@ impl Relay {
                     // batch; this stand-in's sessions never change theirs unless a test does.
                     serve_cached: true,
                 };
-                shared.queues[0]
-                    .pg_replies
-                    .push(reply)
-                    .expect("reply queue");
-                shared.wake_core(0);
+                control.send_pg_reply(0, reply);
             }
         });
         Relay {

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use pgline_dataplane::engine::EngineConfig;
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
-use pgline_dataplane::plane::{FillResult, MissReply, RowBytes, Shared, Wake};
+use pgline_dataplane::plane::{
+    ControlPort, ControlWakers, FillResult, MissReply, RowBytes, Shared,
+};
 use pgline_dataplane::resp::Limits;
 use pgline_dataplane::row::{encode_columns, encode_resp_json};
 use pgline_dataplane::store::{self, EntryData, StoreConfig};
@@ -20,11 +22,6 @@ pub const TABLE: u32 = 16384;
 pub const ROWS: u32 = 100;
 /// Keys from here on are not in the store; the stand-in control plane "fills" them.
 pub const ORIGIN_ONLY: u32 = 1000;
-
-struct NoWake;
-impl Wake for NoWake {
-    fn wake(&self) {}
-}
 
 pub fn row_json(i: u32) -> Vec<u8> {
     format!(r#"{{"id":{i},"name":"row {i}"}}"#).into_bytes()
@@ -51,6 +48,11 @@ pub fn mget(keys: &[String]) -> Vec<u8> {
 
 /// Shared state over a store holding rows `0..ROWS`, serving hits.
 pub fn shared(cores: usize) -> Arc<Shared> {
+    shared_with_queues(cores, 4096)
+}
+
+/// [`shared`] with queues of `capacity` messages.
+pub fn shared_with_queues(cores: usize, capacity: usize) -> Arc<Shared> {
     let cfg = StoreConfig {
         memory_bytes: 16 << 20,
         segment_bytes: 1 << 20,
@@ -77,10 +79,10 @@ pub fn shared(cores: usize) -> Arc<Shared> {
         reader,
         KeySpaceCell::new(ks),
         cores,
-        4096,
-        Arc::new(NoWake),
+        capacity,
+        ControlWakers::none(),
     ));
-    shared.serve_hits.store(true, Ordering::Release);
+    shared.control_port().set_serve_hits(true);
     // The writer must outlive the readers: its region backs them.
     std::mem::forget(writer);
     shared
@@ -116,9 +118,10 @@ impl ControlPlane {
     pub fn start(shared: Arc<Shared>, delay: Duration) -> ControlPlane {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let control = shared.control_port();
         let thread = std::thread::spawn(move || {
             while !flag.load(Ordering::Relaxed) {
-                if !answer_one(&shared, delay) {
+                if !answer_one(&control, delay) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
             }
@@ -139,10 +142,10 @@ impl Drop for ControlPlane {
     }
 }
 
-fn answer_one(shared: &Shared, delay: Duration) -> bool {
+fn answer_one(control: &ControlPort, delay: Duration) -> bool {
     let mut any = false;
-    for (core, queues) in shared.queues.iter().enumerate() {
-        let Some(req) = queues.misses.pop() else {
+    for core in 0..control.cores() {
+        let Some(req) = control.recv_miss(core) else {
             continue;
         };
         any = true;
@@ -170,8 +173,7 @@ fn answer_one(shared: &Shared, delay: Duration) -> bool {
             seq: req.seq,
             results,
         };
-        queues.replies.push(reply).expect("reply queue");
-        shared.wake_core(core);
+        control.send_reply(core, reply);
     }
     any
 }

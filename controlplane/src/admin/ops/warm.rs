@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::Admin;
 use crate::admin::{TableState, TableStates};
 use crate::catalog::{quote_ident, CatalogCell, TableInfo};
 use crate::config::Runtime;
-use crate::server::Pgline;
 use crate::writer::AdminCmd;
 
 /// Fills of one batch before its still-voided keys are left to their next miss.
@@ -37,16 +37,16 @@ struct Warmer {
 }
 
 /// Starts warming table `id` in the background, as run `epoch` of its [`TableStates`].
-pub(super) fn spawn(p: &Pgline, id: u32, epoch: u64) {
+pub(super) fn spawn(p: &Admin, id: u32, epoch: u64) {
     let w = Warmer {
         id,
         epoch,
         pool: p.pool.clone(),
-        admin: p.admin.clone(),
+        admin: p.writer.clone(),
         states: p.states.clone(),
         catalog: p.catalog.clone(),
         runtime: p.runtime.clone(),
-        shutdown: p.shutdown.subscribe(),
+        shutdown: p.shutdown.clone(),
     };
     tokio::spawn(async move {
         let state = match w.run().await {

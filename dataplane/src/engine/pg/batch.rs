@@ -27,7 +27,7 @@ use crate::pgwire::{
     compose_select_complete, parse_frontend, sqlstate, Bind, Format, Frontend, Oids, ParseError,
     Target, TxStatus,
 };
-use crate::plane::{PgRequestKind, ResultKey};
+use crate::plane::{ConnToken, PgRequestKind, ResultKey};
 use crate::row::{ColumnsView, SECTION_COLUMNS};
 use crate::store::Lookup as StoreLookup;
 use rustc_hash::FxHashMap;
@@ -129,7 +129,7 @@ enum Served {
 
 impl Worker {
     /// One batch of an open session.
-    pub(crate) fn pg_batch(&mut self, conn: &mut Conn, token: u64) -> Step {
+    pub(crate) fn pg_batch(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
         let Conn {
             rbuf,
             rpos,
@@ -338,8 +338,8 @@ impl Worker {
         };
         self.scratch.clear();
         let found = self
-            .shared
-            .store
+            .port
+            .store()
             .read(lookup.table, key, SECTION_COLUMNS, &mut self.scratch);
         let stale = found == StoreLookup::Hit
             && ColumnsView::new(&self.scratch).count() != lookup.pg_table.columns.len();

@@ -6,7 +6,7 @@
 //! the hit path.
 
 use crate::pgwire::{parse_frontend, Frontend, Target};
-use crate::plane::{CoreStats, MissKey, MissRequest};
+use crate::plane::{ConnToken, CoreStats, MissKey, MissRequest};
 
 use super::batch::remember_parse;
 use crate::engine::conn::Conn;
@@ -93,10 +93,10 @@ impl Worker {
 
     /// Asks the control plane to fill the key of a point lookup that missed (reply discarded:
     /// no reply slot waits for it).
-    pub(super) fn pg_push_fill(&mut self, conn: &mut Conn, token: u64, table: u32) {
+    pub(super) fn pg_push_fill(&mut self, conn: &mut Conn, token: ConnToken, table: u32) {
         let Some(pg) = conn.pg.as_deref() else { return };
         let request = MissRequest {
-            core: self.id,
+            core: self.port.id(),
             conn: token,
             seq: conn.next_seq,
             keys: vec![MissKey {
@@ -105,11 +105,10 @@ impl Worker {
             }],
             bypass: false,
         };
-        if self.shared.queues[self.id].misses.push(request).is_ok() {
+        if self.port.send_miss(request).is_ok() {
             conn.next_seq += 1;
-            self.misses_pushed = true;
         } else {
-            CoreStats::add(&self.stats().miss_queue_full, 1);
+            CoreStats::add(&self.stats().pg_queue_full, 1);
         }
         CoreStats::add(&self.stats().keys_miss, 1);
     }

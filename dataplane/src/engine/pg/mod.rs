@@ -48,7 +48,9 @@ use crate::pgwire::{
     compose_error_response, compose_ssl_response, parse_frontend, parse_startup, sqlstate,
     ErrorFields, Frontend, ParseError, Startup,
 };
-use crate::plane::{CoreStats, PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultKey};
+use crate::plane::{
+    ConnToken, CoreStats, PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultKey,
+};
 
 use super::conn::Conn;
 use super::session::Worker;
@@ -125,7 +127,7 @@ impl Drop for PgSession {
 impl Worker {
     /// [`Worker::process_requests`] for a PostgreSQL connection: returns whether complete
     /// input is left for a later turn.
-    pub(crate) fn process_pg(&mut self, conn: &mut Conn, token: u64) -> bool {
+    pub(crate) fn process_pg(&mut self, conn: &mut Conn, token: ConnToken) -> bool {
         let mut handled = 0;
         let mut more = false;
         loop {
@@ -154,14 +156,14 @@ impl Worker {
                 }
             }
         }
-        CoreStats::add(&self.stats().commands, handled as u64);
+        CoreStats::add(&self.stats().pg_steps, handled as u64);
         if conn.rpos > 0 && (conn.rpos == conn.rbuf.len() || conn.rpos > conn.rbuf.capacity() / 2) {
             conn.compact_input();
         }
         more
     }
 
-    fn pg_startup(&mut self, conn: &mut Conn, token: u64) -> Step {
+    fn pg_startup(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
         let (startup, consumed) = match parse_startup(&conn.rbuf[conn.rpos..], &self.pg_limits) {
             Ok(v) => v,
             Err(ParseError::Incomplete) => return Step::Incomplete,
@@ -207,7 +209,7 @@ impl Worker {
     }
 
     /// Forwards the password/SASL messages buffered during authentication.
-    fn pg_auth(&mut self, conn: &mut Conn, token: u64) -> Step {
+    fn pg_auth(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
         let mut end = 0;
         loop {
             match parse_frontend(&conn.input()[end..], &self.pg_limits) {
@@ -254,23 +256,18 @@ impl Worker {
     pub(crate) fn push_pg(
         &mut self,
         conn: &mut Conn,
-        token: u64,
+        token: ConnToken,
         kind: PgRequestKind,
         messages: Vec<u8>,
         cache: Option<Box<ResultKey>>,
     ) -> bool {
         let seq = conn.next_seq;
         let request = self.pg_request(conn, token, kind, messages, cache);
-        if self.shared.queues[self.id]
-            .pg_requests
-            .push(request)
-            .is_err()
-        {
-            CoreStats::add(&self.stats().miss_queue_full, 1);
+        if self.port.send_pg(request).is_err() {
+            CoreStats::add(&self.stats().pg_queue_full, 1);
             return false;
         }
         conn.next_seq += 1;
-        self.pg_pushed = true;
         if !matches!(kind, PgRequestKind::Close | PgRequestKind::Cancel) {
             if let Some(pg) = conn.pg.as_mut() {
                 pg.waiting = Some(seq);
@@ -284,7 +281,7 @@ impl Worker {
     fn pg_request(
         &self,
         conn: &Conn,
-        token: u64,
+        token: ConnToken,
         kind: PgRequestKind,
         messages: Vec<u8>,
         cache: Option<Box<ResultKey>>,
@@ -294,7 +291,7 @@ impl Worker {
             _ => None,
         };
         PgRequest {
-            core: self.id,
+            core: self.port.id(),
             conn: token,
             seq: conn.next_seq,
             session: conn.session.client_id,
@@ -306,37 +303,18 @@ impl Worker {
     }
 
     /// The connection is going away: tell the control plane if it knows the session.
-    pub(crate) fn conn_closed(&mut self, conn: &mut Conn, token: u64) {
+    pub(crate) fn conn_closed(&mut self, conn: &mut Conn, token: ConnToken) {
         if !conn.pg.as_ref().is_some_and(|pg| pg.opened) {
             return;
         }
         let close = self.pg_request(conn, token, PgRequestKind::Close, Vec::new(), None);
         conn.next_seq += 1;
-        match self.shared.queues[self.id].pg_requests.push(close) {
-            Ok(()) => self.pg_pushed = true,
-            Err(close) => {
-                // Kept and retried at the end of each turn until the queue takes it.
-                CoreStats::add(&self.stats().miss_queue_full, 1);
-                self.pg_unsent_closes.push(close);
-            }
-        }
+        // Never refused: a lost Close would leave the control plane's session, and any
+        // transaction it holds open, waiting for ever.
+        self.port.send_pg_always(close);
         if let Some(pg) = conn.pg.as_mut() {
             pg.opened = false;
         }
-    }
-
-    /// Pushes the Closes a full queue refused earlier, in order, as far as the queue takes them.
-    pub(crate) fn retry_pg_closes(&mut self) {
-        let queue = &self.shared.queues[self.id].pg_requests;
-        let mut pending = std::mem::take(&mut self.pg_unsent_closes).into_iter();
-        for close in pending.by_ref() {
-            if let Err(close) = queue.push(close) {
-                self.pg_unsent_closes.push(close);
-                break;
-            }
-            self.pg_pushed = true;
-        }
-        self.pg_unsent_closes.extend(pending);
     }
 
     /// Appends the control plane's reply (or chunk) and moves the session on.
@@ -387,8 +365,8 @@ impl Worker {
     pub(crate) fn pg_may_serve(&self, pg: &PgSession) -> bool {
         pg.tx_status == b'I'
             && pg.settings.plain()
-            && self.shared.serve_hits.load(Ordering::Relaxed)
-            && self.shared.replication.applied_lsn.load(Ordering::Acquire) >= pg.fence
+            && self.port.serve_hits()
+            && self.port.applied_lsn() >= pg.fence
     }
 }
 

@@ -206,8 +206,8 @@ impl Worker {
         let hash = hash_key(key);
         self.scratch.clear();
         let found =
-            self.shared
-                .store
+            self.port
+                .store()
                 .read(RESULTS_TABLE, &hash.to_be_bytes(), 0, &mut self.scratch);
         if found == StoreLookup::Hit {
             if let Some(answer) = stored_answer(&self.scratch, key) {

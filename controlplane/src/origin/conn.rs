@@ -92,8 +92,9 @@ impl OriginConn {
         }
     }
 
-    /// Reads one byte-sized answer, or the end of the stream, within `timeout` (a
-    /// CancelRequest's: the origin closes the connection once it signalled the backend).
+    /// Reads whatever comes next (at most 16 bytes; 0 is the end of the stream) within
+    /// `timeout`: for a CancelRequest, which the origin answers by closing the connection once
+    /// it signalled the backend.
     pub async fn read_some(&mut self, timeout: Duration) -> io::Result<usize> {
         let mut sink = [0u8; 16];
         tokio::time::timeout(timeout, self.stream.read(&mut sink))

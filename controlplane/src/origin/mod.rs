@@ -12,7 +12,7 @@
 //! ```text
 //!   wal::ReplicationConn ─┐
 //!   pgfront::Backend ─────┼─▶ OriginConn (OriginStream + frame reader) ─▶ login()
-//!   pgfront::send_cancel ─┘
+//!   pgfront send_cancel ──┘
 //!   fills, catalog, slots ──▶ tokio-postgres with pg_tls()
 //! ```
 //!

@@ -17,9 +17,9 @@ use super::{AdminError, KeyInfo, LogReload, TableState, TableStates, TableStatus
 use crate::catalog::{self, CatalogCell, CatalogError, TableInfo};
 use crate::config::{Config, Runtime};
 use crate::keytext::{check_key_text, KeyCheck};
+use crate::lsn::format_lsn;
 use crate::metrics::{NicCounters, NicPortSnapshot};
 use crate::pgfront::RelayState;
-use crate::lsn::format_lsn;
 use crate::wal::ReplicationState;
 use crate::writer::{AdminCmd, EntryCounts};
 

@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
     --isolate-cpus) isolate=$2; shift 2 ;;
     --disk-size) disk_size=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,21p' "$0" >&2; exit 2 ;;
     esac
 done
 case "$hp_size" in 2M | 1G) ;; *) echo "--hugepage-size: 2M or 1G" >&2; exit 2 ;; esac

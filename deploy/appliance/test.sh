@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --image) image=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --no-iommu) iommu=0; shift ;;
-    *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,19p' "$0" >&2; exit 2 ;;
     esac
 done
 

@@ -34,7 +34,7 @@ use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError}
 use super::conn::{Conn, Pending, READ_AHEAD};
 use super::execute::{Exec, Outcome};
 use super::limits::{CoreLimits, Sources};
-use super::pg::PgSession;
+use super::pg::{PgEngine, PgSession};
 use super::prefetch;
 use super::EngineConfig;
 use crate::pgwire::Limits as PgLimits;
@@ -188,7 +188,7 @@ impl Worker {
     /// `token` names the connection in the [`MissRequest`]s it sends (slot and generation).
     pub fn process_requests(&mut self, conn: &mut Conn, token: ConnToken) -> bool {
         if conn.pg.is_some() {
-            let more = self.process_pg(conn, token);
+            let more = PgEngine::of(self).process(conn, token);
             conn.incomplete = !more && !conn.input().is_empty();
             return more;
         }

@@ -29,6 +29,7 @@ use crate::plane::{ConnToken, CoreStats};
 
 use super::conn::Conn;
 use super::limits::Expiry;
+use super::pg;
 use super::session::{Next, Worker};
 
 /// One open connection: its session state and the transport's handle and flags.
@@ -188,7 +189,7 @@ impl<T> Slots<T> {
     fn close<X: Transport<Io = T>>(&mut self, slot: usize, transport: &mut X, worker: &mut Worker) {
         if let Some(Some(entry)) = self.entries.get_mut(slot) {
             let token = ConnToken::new(slot, entry.conn.generation);
-            worker.conn_closed(&mut entry.conn, token);
+            pg::conn_closed(&worker.port, &mut entry.conn, token);
         }
         if let Some(entry) = self.remove(slot, worker) {
             transport.release(entry);
@@ -271,7 +272,7 @@ impl<T> Slots<T> {
                 continue;
             };
             if let Some(entry) = self.get_mut(slot) {
-                worker.apply_pg_reply(&mut entry.conn, reply);
+                pg::apply_reply(&mut entry.conn, reply);
                 self.activate(slot);
             }
         }

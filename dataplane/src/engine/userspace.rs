@@ -39,6 +39,7 @@ use rustc_hash::FxHashMap;
 use crate::plane::{ConnToken, CoreStats, NoWake, Shared};
 use crate::transport::stream::{StreamError, StreamEvent, StreamStack};
 
+use super::pg;
 use super::session::{Next, Worker};
 use super::slots::{Entry, Slots, Transport};
 use super::EngineConfig;
@@ -165,7 +166,7 @@ impl<S: StreamStack> UserCore<S> {
                     if let Some(slot) = self.streams.slot_of.remove(&id) {
                         if let Some(entry) = self.slots.get_mut(slot) {
                             let token = ConnToken::new(slot, entry.conn.generation);
-                            self.worker.conn_closed(&mut entry.conn, token);
+                            pg::conn_closed(&self.worker.port, &mut entry.conn, token);
                         }
                         self.slots.remove(slot, &mut self.worker);
                     }

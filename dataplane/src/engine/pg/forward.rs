@@ -1,115 +1,183 @@
-//! Forwarded batches: the messages sent to the control plane (with the Parse of statements it
-//! has not seen replayed first), the statement table kept in step with what was forwarded, and
-//! the fill request that follows a point lookup's store miss.
+//! What goes to the origin: the [`PgRequest`]s pushed to the control plane's relay (startup,
+//! authentication, batches, the session's Close), the messages of a forwarded batch (with the
+//! Parse of statements the relay has not seen replayed first), the statement table kept in step
+//! with what was forwarded, and the fill request that follows a point lookup's store miss.
+//!
+//! Free functions over the parts they need (the core's port, the connection): the session
+//! steps in `mod.rs` and the engine's slot table call them.
 //!
 //! Thread model: the owning core. Allocates (the request's message buffer): forwarding is off
 //! the hit path.
 
-use crate::pgwire::{parse_frontend, Frontend, Target};
-use crate::plane::{ConnToken, CoreStats, MissKey, MissRequest};
+use crate::pgwire::{parse_frontend, Frontend, Limits as PgLimits, Target};
+use crate::plane::{
+    ConnToken, CorePort, CoreStats, MissKey, MissRequest, PgRequest, PgRequestKind, ResultKey,
+};
 
-use super::batch::remember_parse;
 use crate::engine::conn::Conn;
-use crate::engine::session::Worker;
 
-impl Worker {
-    /// The batch's `end` bytes, preceded by the Parse messages of statements it names that the
-    /// control plane has not seen.
-    pub(super) fn pg_forward_messages(&self, conn: &Conn, end: usize) -> Vec<u8> {
-        let batch = &conn.rbuf[conn.rpos..conn.rpos + end];
-        let mut messages = Vec::with_capacity(end);
-        let Some(pg) = conn.pg.as_deref() else {
-            return batch.to_vec();
-        };
-        let mut parsed: Vec<&[u8]> = Vec::new();
-        let mut replayed: Vec<&[u8]> = Vec::new();
-        let mut at = 0;
-        while let Ok((msg, n)) = parse_frontend(&batch[at..], &self.pg_limits) {
-            at += n;
-            let name = match msg {
-                Frontend::Parse { name, .. } => {
-                    parsed.push(name);
-                    continue;
-                }
-                Frontend::Bind(b) => b.statement,
-                Frontend::Describe {
-                    target: Target::Statement,
-                    name,
-                } => name,
-                _ => continue,
-            };
-            if parsed.contains(&name) || replayed.contains(&name) {
+/// Pushes a request for `conn`; on success the session waits for its reply (except for
+/// Close and Cancel, which get none). False when the queue is full (nothing changed).
+pub(super) fn push(
+    port: &CorePort,
+    conn: &mut Conn,
+    token: ConnToken,
+    kind: PgRequestKind,
+    messages: Vec<u8>,
+    cache: Option<Box<ResultKey>>,
+) -> bool {
+    let seq = conn.next_seq;
+    let request = request(port, conn, token, kind, messages, cache);
+    if port.send_pg(request).is_err() {
+        CoreStats::add(&port.stats().pg_queue_full, 1);
+        return false;
+    }
+    conn.next_seq += 1;
+    if !matches!(kind, PgRequestKind::Close | PgRequestKind::Cancel) {
+        if let Some(pg) = conn.pg.as_mut() {
+            pg.waiting = Some(seq);
+        }
+    }
+    true
+}
+
+/// The request of kind `kind` for `conn`, numbered with its next sequence number (the
+/// session's flow-control counters go with its Startup).
+fn request(
+    port: &CorePort,
+    conn: &Conn,
+    token: ConnToken,
+    kind: PgRequestKind,
+    messages: Vec<u8>,
+    cache: Option<Box<ResultKey>>,
+) -> PgRequest {
+    let flow = match (kind, conn.pg.as_ref()) {
+        (PgRequestKind::Startup, Some(pg)) => Some(pg.flow.clone()),
+        _ => None,
+    };
+    PgRequest {
+        core: port.id(),
+        conn: token,
+        seq: conn.next_seq,
+        session: conn.session.client_id,
+        kind,
+        messages,
+        cache,
+        flow,
+    }
+}
+
+/// The connection is going away: tell the control plane if it knows the session.
+pub(crate) fn conn_closed(port: &CorePort, conn: &mut Conn, token: ConnToken) {
+    if !conn.pg.as_ref().is_some_and(|pg| pg.opened) {
+        return;
+    }
+    let close = request(port, conn, token, PgRequestKind::Close, Vec::new(), None);
+    conn.next_seq += 1;
+    // Never refused: a lost Close would leave the control plane's session, and any
+    // transaction it holds open, waiting for ever.
+    port.send_pg_always(close);
+    if let Some(pg) = conn.pg.as_mut() {
+        pg.opened = false;
+    }
+}
+
+/// The batch's `end` bytes, preceded by the Parse messages of statements it names that the
+/// control plane has not seen.
+pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> Vec<u8> {
+    let batch = &conn.rbuf[conn.rpos..conn.rpos + end];
+    let mut messages = Vec::with_capacity(end);
+    let Some(pg) = conn.pg.as_deref() else {
+        return batch.to_vec();
+    };
+    let mut parsed: Vec<&[u8]> = Vec::new();
+    let mut replayed: Vec<&[u8]> = Vec::new();
+    let mut at = 0;
+    while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
+        at += n;
+        let name = match msg {
+            Frontend::Parse { name, .. } => {
+                parsed.push(name);
                 continue;
             }
-            if let Some(s) = pg.statements.get(name) {
-                if !s.relay_knows && !s.parse.is_empty() {
-                    messages.extend_from_slice(&s.parse);
-                    replayed.push(name);
-                }
-            }
-        }
-        messages.extend_from_slice(batch);
-        messages
-    }
-
-    /// Brings the statement table in step with a batch that was forwarded.
-    pub(super) fn pg_note_statements(&self, conn: &mut Conn, end: usize) {
-        let Conn { rbuf, rpos, pg, .. } = conn;
-        let Some(pg) = pg.as_deref_mut() else { return };
-        let batch = &rbuf[*rpos..*rpos + end];
-        let mut at = 0;
-        while let Ok((msg, n)) = parse_frontend(&batch[at..], &self.pg_limits) {
-            let raw = &batch[at..at + n];
-            at += n;
-            match msg {
-                Frontend::Parse {
-                    name,
-                    query,
-                    param_types,
-                } => remember_parse(pg, name, query, param_types, raw, true),
-                Frontend::Bind(b) => {
-                    if let Some(s) = pg.statements.get_mut(b.statement) {
-                        s.relay_knows = true;
-                    }
-                }
-                Frontend::Describe {
-                    target: Target::Statement,
-                    name,
-                } => {
-                    if let Some(s) = pg.statements.get_mut(name) {
-                        s.relay_knows = true;
-                    }
-                }
-                Frontend::Close {
-                    target: Target::Statement,
-                    name,
-                } => {
-                    pg.statements.remove(name);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Asks the control plane to fill the key of a point lookup that missed (reply discarded:
-    /// no reply slot waits for it).
-    pub(super) fn pg_push_fill(&mut self, conn: &mut Conn, token: ConnToken, table: u32) {
-        let Some(pg) = conn.pg.as_deref() else { return };
-        let request = MissRequest {
-            core: self.port.id(),
-            conn: token,
-            seq: conn.next_seq,
-            keys: vec![MissKey {
-                table,
-                pk: pg.key_buf.as_slice().into(),
-            }],
-            bypass: false,
+            Frontend::Bind(b) => b.statement,
+            Frontend::Describe {
+                target: Target::Statement,
+                name,
+            } => name,
+            _ => continue,
         };
-        if self.port.send_miss(request).is_ok() {
-            conn.next_seq += 1;
-        } else {
-            CoreStats::add(&self.stats().pg_queue_full, 1);
+        if parsed.contains(&name) || replayed.contains(&name) {
+            continue;
         }
-        CoreStats::add(&self.stats().keys_miss, 1);
+        if let Some(s) = pg.statements.get(name) {
+            if !s.relay_knows && !s.parse.is_empty() {
+                messages.extend_from_slice(&s.parse);
+                replayed.push(name);
+            }
+        }
     }
+    messages.extend_from_slice(batch);
+    messages
+}
+
+/// Brings the statement table in step with a batch that was forwarded.
+pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
+    let Conn { rbuf, rpos, pg, .. } = conn;
+    let Some(pg) = pg.as_deref_mut() else { return };
+    let batch = &rbuf[*rpos..*rpos + end];
+    let mut at = 0;
+    while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
+        let raw = &batch[at..at + n];
+        at += n;
+        match msg {
+            Frontend::Parse {
+                name,
+                query,
+                param_types,
+            } => pg.remember_parse(name, query, param_types, raw, true),
+            Frontend::Bind(b) => {
+                if let Some(s) = pg.statements.get_mut(b.statement) {
+                    s.relay_knows = true;
+                }
+            }
+            Frontend::Describe {
+                target: Target::Statement,
+                name,
+            } => {
+                if let Some(s) = pg.statements.get_mut(name) {
+                    s.relay_knows = true;
+                }
+            }
+            Frontend::Close {
+                target: Target::Statement,
+                name,
+            } => {
+                pg.statements.remove(name);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Asks the control plane to fill the key of a point lookup that missed (reply discarded:
+/// no reply slot waits for it).
+pub(super) fn push_fill(port: &CorePort, conn: &mut Conn, token: ConnToken, table: u32) {
+    let Some(pg) = conn.pg.as_deref() else { return };
+    let request = MissRequest {
+        core: port.id(),
+        conn: token,
+        seq: conn.next_seq,
+        keys: vec![MissKey {
+            table,
+            pk: pg.key_buf.as_slice().into(),
+        }],
+        bypass: false,
+    };
+    if port.send_miss(request).is_ok() {
+        conn.next_seq += 1;
+    } else {
+        CoreStats::add(&port.stats().pg_queue_full, 1);
+    }
+    CoreStats::add(&port.stats().keys_miss, 1);
 }

@@ -8,10 +8,15 @@
 //!  Auth     replies end Auth         -> next 'p' messages -> PgRequest Auth
 //!           replies end Ready(s)     ──▶ Ready
 //!  Ready    one batch (up to Sync, or one Query) at a time:
-//!           cached point lookup, hit  -> composed here (batch.rs, lookup.rs)
-//!           cached query result, hit  -> the origin's stored answer (results.rs)
-//!           anything else (and misses)-> PgRequest Batch, wait for Ready(s)
+//!           framed (batch.rs), then
+//!           cached point lookup, hit  -> composed here (serve.rs, lookup.rs)
+//!           cached query result, hit  -> the origin's stored answer (serve.rs, results.rs)
+//!           anything else (and misses)-> PgRequest Batch, wait for Ready(s) (forward.rs)
 //! ```
+//!
+//! Laid out as the RESP half is: this module drives the session ([`PgEngine`], the parts of the
+//! core's `Worker` a step needs, borrowed for one call, as `execute::Exec` is for a command);
+//! `serve.rs` answers hits; `forward.rs` is everything that goes to the origin.
 //!
 //! Cached answers are given only where the session's settings print the returned columns as
 //! pgline's own origin sessions did (`settings.rs` states the rule), and in binary only for
@@ -37,6 +42,7 @@ mod binary;
 mod forward;
 mod lookup;
 mod results;
+mod serve;
 mod settings;
 
 use std::sync::atomic::Ordering;
@@ -44,17 +50,20 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use crate::keyspace::KeySpace;
 use crate::pgwire::{
     compose_error_response, compose_ssl_response, parse_frontend, parse_startup, sqlstate,
-    ErrorFields, Frontend, ParseError, Startup,
+    ErrorFields, Frontend, Limits as PgLimits, Oids, ParseError, Startup,
 };
-use crate::plane::{
-    ConnToken, CoreStats, PgFlow, PgReply, PgReplyEnd, PgRequest, PgRequestKind, ResultKey,
-};
+use crate::plane::{ConnToken, CorePort, CoreStats, PgFlow, PgReply, PgReplyEnd, PgRequestKind};
 
 use super::conn::Conn;
 use super::session::Worker;
+use super::EngineConfig;
+use batch::{frame, Frame};
+use serve::{Serve, Served};
 
+pub(crate) use forward::conn_closed;
 pub(crate) use lookup::Statement;
 
 /// Where a session is in its life.
@@ -114,6 +123,33 @@ impl PgSession {
             flow: Arc::default(),
         }
     }
+
+    /// Records a Parse (`raw`: the whole message) in the statement table; `relay_knows`: it
+    /// is being forwarded. No allocation when the statement is already there as is.
+    fn remember_parse(
+        &mut self,
+        name: &[u8],
+        query: &[u8],
+        oids: Oids<'_>,
+        raw: &[u8],
+        relay_knows: bool,
+    ) {
+        if let Some(s) = self.statements.get_mut(name) {
+            if *s.text == *query && s.param_types.iter().copied().eq(oids.iter()) {
+                s.relay_knows |= relay_knows;
+                return;
+            }
+        }
+        self.statements.insert(
+            name.into(),
+            Statement {
+                text: query.into(),
+                param_types: oids.iter().collect(),
+                parse: raw.into(),
+                relay_knows,
+            },
+        );
+    }
 }
 
 impl Drop for PgSession {
@@ -124,10 +160,33 @@ impl Drop for PgSession {
     }
 }
 
-impl Worker {
+/// The PostgreSQL half of a core: what a session step needs of the core's [`Worker`],
+/// borrowed for one call.
+pub(crate) struct PgEngine<'w> {
+    port: &'w CorePort,
+    cfg: &'w EngineConfig,
+    limits: &'w PgLimits,
+    keyspace: &'w KeySpace,
+    keyspace_generation: u64,
+    scratch: &'w mut Vec<u8>,
+}
+
+impl<'w> PgEngine<'w> {
+    /// The PostgreSQL half of `worker`.
+    pub(crate) fn of(worker: &'w mut Worker) -> PgEngine<'w> {
+        PgEngine {
+            port: &worker.port,
+            cfg: &worker.cfg,
+            limits: &worker.pg_limits,
+            keyspace: &worker.keyspace,
+            keyspace_generation: worker.keyspace_generation,
+            scratch: &mut worker.scratch,
+        }
+    }
+
     /// [`Worker::process_requests`] for a PostgreSQL connection: returns whether complete
     /// input is left for a later turn.
-    pub(crate) fn process_pg(&mut self, conn: &mut Conn, token: ConnToken) -> bool {
+    pub(crate) fn process(&mut self, conn: &mut Conn, token: ConnToken) -> bool {
         let mut handled = 0;
         let mut more = false;
         loop {
@@ -143,9 +202,9 @@ impl Worker {
                 break;
             }
             let step = match pg.phase {
-                Phase::Startup => self.pg_startup(conn, token),
-                Phase::Auth => self.pg_auth(conn, token),
-                Phase::Ready => self.pg_batch(conn, token),
+                Phase::Startup => self.startup(conn, token),
+                Phase::Auth => self.auth(conn, token),
+                Phase::Ready => self.batch(conn, token),
             };
             match step {
                 Step::Done => handled += 1,
@@ -156,19 +215,19 @@ impl Worker {
                 }
             }
         }
-        CoreStats::add(&self.stats().pg_steps, handled as u64);
+        CoreStats::add(&self.port.stats().pg_steps, handled as u64);
         if conn.rpos > 0 && (conn.rpos == conn.rbuf.len() || conn.rpos > conn.rbuf.capacity() / 2) {
             conn.compact_input();
         }
         more
     }
 
-    fn pg_startup(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
-        let (startup, consumed) = match parse_startup(&conn.rbuf[conn.rpos..], &self.pg_limits) {
+    fn startup(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
+        let (startup, consumed) = match parse_startup(&conn.rbuf[conn.rpos..], self.limits) {
             Ok(v) => v,
             Err(ParseError::Incomplete) => return Step::Incomplete,
             Err(ParseError::Invalid(kind)) => {
-                pg_protocol_error(conn, kind.message().as_bytes(), self.stats());
+                protocol_error(conn, kind.message().as_bytes(), self.port.stats());
                 return Step::Done;
             }
         };
@@ -192,7 +251,7 @@ impl Worker {
             }
         };
         let messages = conn.input()[..consumed].to_vec();
-        if !self.push_pg(conn, token, kind, messages, None) {
+        if !forward::push(self.port, conn, token, kind, messages, None) {
             return Step::Retry;
         }
         conn.rpos += consumed;
@@ -209,10 +268,10 @@ impl Worker {
     }
 
     /// Forwards the password/SASL messages buffered during authentication.
-    fn pg_auth(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
+    fn auth(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
         let mut end = 0;
         loop {
-            match parse_frontend(&conn.input()[end..], &self.pg_limits) {
+            match parse_frontend(&conn.input()[end..], self.limits) {
                 Ok((Frontend::Password(_), n)) => end += n,
                 Ok((Frontend::Terminate, _)) if end == 0 => {
                     conn.closing = true;
@@ -221,10 +280,10 @@ impl Worker {
                 }
                 Ok(_) => {
                     if end == 0 {
-                        pg_protocol_error(
+                        protocol_error(
                             conn,
                             b"expected a password message during authentication",
-                            self.stats(),
+                            self.port.stats(),
                         );
                         return Step::Done;
                     }
@@ -233,7 +292,7 @@ impl Worker {
                 Err(ParseError::Incomplete) => break,
                 Err(ParseError::Invalid(kind)) => {
                     if end == 0 {
-                        pg_protocol_error(conn, kind.message().as_bytes(), self.stats());
+                        protocol_error(conn, kind.message().as_bytes(), self.port.stats());
                         return Step::Done;
                     }
                     break;
@@ -244,129 +303,124 @@ impl Worker {
             return Step::Incomplete;
         }
         let messages = conn.input()[..end].to_vec();
-        if !self.push_pg(conn, token, PgRequestKind::Auth, messages, None) {
+        if !forward::push(self.port, conn, token, PgRequestKind::Auth, messages, None) {
             return Step::Retry;
         }
         conn.rpos += end;
         Step::Done
     }
 
-    /// Pushes a request for `conn`; on success the session waits for its reply (except for
-    /// Close and Cancel, which get none). False when the queue is full (nothing changed).
-    pub(crate) fn push_pg(
-        &mut self,
-        conn: &mut Conn,
-        token: ConnToken,
-        kind: PgRequestKind,
-        messages: Vec<u8>,
-        cache: Option<Box<ResultKey>>,
-    ) -> bool {
-        let seq = conn.next_seq;
-        let request = self.pg_request(conn, token, kind, messages, cache);
-        if self.port.send_pg(request).is_err() {
-            CoreStats::add(&self.stats().pg_queue_full, 1);
-            return false;
-        }
-        conn.next_seq += 1;
-        if !matches!(kind, PgRequestKind::Close | PgRequestKind::Cancel) {
-            if let Some(pg) = conn.pg.as_mut() {
-                pg.waiting = Some(seq);
-            }
-        }
-        true
-    }
-
-    /// The request of kind `kind` for `conn`, numbered with its next sequence number (the
-    /// session's flow-control counters go with its Startup).
-    fn pg_request(
-        &self,
-        conn: &Conn,
-        token: ConnToken,
-        kind: PgRequestKind,
-        messages: Vec<u8>,
-        cache: Option<Box<ResultKey>>,
-    ) -> PgRequest {
-        let flow = match (kind, conn.pg.as_ref()) {
-            (PgRequestKind::Startup, Some(pg)) => Some(pg.flow.clone()),
-            _ => None,
-        };
-        PgRequest {
-            core: self.port.id(),
-            conn: token,
-            seq: conn.next_seq,
-            session: conn.session.client_id,
-            kind,
-            messages,
-            cache,
-            flow,
-        }
-    }
-
-    /// The connection is going away: tell the control plane if it knows the session.
-    pub(crate) fn conn_closed(&mut self, conn: &mut Conn, token: ConnToken) {
-        if !conn.pg.as_ref().is_some_and(|pg| pg.opened) {
-            return;
-        }
-        let close = self.pg_request(conn, token, PgRequestKind::Close, Vec::new(), None);
-        conn.next_seq += 1;
-        // Never refused: a lost Close would leave the control plane's session, and any
-        // transaction it holds open, waiting for ever.
-        self.port.send_pg_always(close);
-        if let Some(pg) = conn.pg.as_mut() {
-            pg.opened = false;
-        }
-    }
-
-    /// Appends the control plane's reply (or chunk) and moves the session on.
-    pub(crate) fn apply_pg_reply(&self, conn: &mut Conn, reply: PgReply) {
-        let Some(pg) = conn.pg.as_mut() else { return };
-        // Counted whether kept or not: the control plane counted it as sent. This core is the
-        // only writer, so no locked add.
-        let applied = pg.flow.applied.load(Ordering::Relaxed) + reply.bytes.len() as u64;
-        pg.flow.applied.store(applied, Ordering::Relaxed);
-        if pg.waiting != Some(reply.seq) {
-            return;
-        }
-        if reply.fence_lsn > pg.fence {
-            pg.fence = reply.fence_lsn;
-        }
-        let startup = pg.phase != Phase::Ready;
-        let settings = &mut pg.settings;
-        pg.scan.feed(&reply.bytes, |name, value| {
-            settings.note_status(name, value, startup)
-        });
-        match reply.end {
-            PgReplyEnd::More => {}
-            PgReplyEnd::Auth => pg.waiting = None,
-            PgReplyEnd::Ready(status) => {
-                pg.waiting = None;
-                pg.settings.note_origin_state(reply.serve_cached);
-                pg.tx_status = status;
-                pg.phase = Phase::Ready;
-            }
-            PgReplyEnd::Close => {
-                pg.waiting = None;
+    /// One batch of an open session: served here (`serve.rs`) or forwarded (`forward.rs`).
+    fn batch(&mut self, conn: &mut Conn, token: ConnToken) -> Step {
+        let Conn {
+            rbuf,
+            rpos,
+            wbuf,
+            pg,
+            ..
+        } = conn;
+        let input = &rbuf[*rpos..];
+        let framed = match frame(input, self.limits, self.cfg.max_request_bytes) {
+            Frame::Batch(f) => f,
+            Frame::Incomplete => return Step::Incomplete,
+            Frame::Terminate => {
                 conn.closing = true;
                 conn.rpos = conn.rbuf.len();
+                return Step::Done;
             }
+            Frame::Bad(message, code) => {
+                if code == sqlstate::PROTOCOL_VIOLATION {
+                    protocol_error(conn, message, self.port.stats());
+                } else {
+                    fatal(conn, code, message, self.port.stats());
+                }
+                return Step::Done;
+            }
+        };
+        let end = framed.end;
+        let served = match pg.as_deref_mut() {
+            Some(pg) => self.serve().try_serve(pg, &framed, wbuf),
+            None => Served::No,
+        };
+        if let Served::Hit = served {
+            conn.rpos += end;
+            return Step::Done;
         }
-        if conn.wbuf.len() == conn.wpos {
-            conn.wbuf.clear();
-            conn.wpos = 0;
+        let messages = forward::forward_messages(conn, self.limits, end);
+        let (served, cache) = match served {
+            Served::Result(key) => (Served::No, Some(key)),
+            other => (other, None),
+        };
+        if !forward::push(
+            self.port,
+            conn,
+            token,
+            PgRequestKind::Batch,
+            messages,
+            cache,
+        ) {
+            return Step::Retry;
         }
-        if conn.wbuf.is_empty() {
-            conn.wbuf = reply.bytes;
-        } else {
-            conn.wbuf.extend_from_slice(&reply.bytes);
+        forward::note_statements(conn, self.limits, end);
+        conn.rpos += end;
+        if let Served::Miss(table) = served {
+            forward::push_fill(self.port, conn, token, table);
         }
+        Step::Done
     }
 
-    /// Whether a cached answer may be served to this session now.
-    pub(crate) fn pg_may_serve(&self, pg: &PgSession) -> bool {
-        pg.tx_status == b'I'
-            && pg.settings.plain()
-            && self.port.serve_hits()
-            && self.port.applied_lsn() >= pg.fence
+    /// What a hit needs, borrowed from this.
+    fn serve(&mut self) -> Serve<'_> {
+        Serve {
+            port: self.port,
+            keyspace: self.keyspace,
+            keyspace_generation: self.keyspace_generation,
+            scratch: &mut *self.scratch,
+        }
+    }
+}
+
+/// Appends the control plane's reply (or chunk) and moves the session on.
+pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
+    let Some(pg) = conn.pg.as_mut() else { return };
+    // Counted whether kept or not: the control plane counted it as sent. This core is the
+    // only writer, so no locked add.
+    let applied = pg.flow.applied.load(Ordering::Relaxed) + reply.bytes.len() as u64;
+    pg.flow.applied.store(applied, Ordering::Relaxed);
+    if pg.waiting != Some(reply.seq) {
+        return;
+    }
+    if reply.fence_lsn > pg.fence {
+        pg.fence = reply.fence_lsn;
+    }
+    let startup = pg.phase != Phase::Ready;
+    let settings = &mut pg.settings;
+    pg.scan.feed(&reply.bytes, |name, value| {
+        settings.note_status(name, value, startup)
+    });
+    match reply.end {
+        PgReplyEnd::More => {}
+        PgReplyEnd::Auth => pg.waiting = None,
+        PgReplyEnd::Ready(status) => {
+            pg.waiting = None;
+            pg.settings.note_origin_state(reply.serve_cached);
+            pg.tx_status = status;
+            pg.phase = Phase::Ready;
+        }
+        PgReplyEnd::Close => {
+            pg.waiting = None;
+            conn.closing = true;
+            conn.rpos = conn.rbuf.len();
+        }
+    }
+    if conn.wbuf.len() == conn.wpos {
+        conn.wbuf.clear();
+        conn.wpos = 0;
+    }
+    if conn.wbuf.is_empty() {
+        conn.wbuf = reply.bytes;
+    } else {
+        conn.wbuf.extend_from_slice(&reply.bytes);
     }
 }
 
@@ -382,12 +436,12 @@ pub(crate) enum Step {
 }
 
 /// Answers bad input with a FATAL 08P01 ErrorResponse and closes the connection.
-pub(crate) fn pg_protocol_error(conn: &mut Conn, message: &[u8], stats: &CoreStats) {
-    pg_fatal(conn, sqlstate::PROTOCOL_VIOLATION, message, stats);
+fn protocol_error(conn: &mut Conn, message: &[u8], stats: &CoreStats) {
+    fatal(conn, sqlstate::PROTOCOL_VIOLATION, message, stats);
 }
 
 /// A FATAL ErrorResponse with `code`, then close.
-pub(crate) fn pg_fatal(conn: &mut Conn, code: &[u8; 5], message: &[u8], stats: &CoreStats) {
+fn fatal(conn: &mut Conn, code: &[u8; 5], message: &[u8], stats: &CoreStats) {
     CoreStats::add(&stats.protocol_errors, 1);
     compose_error_response(&mut conn.wbuf, &ErrorFields::fatal(code, message));
     conn.closing = true;

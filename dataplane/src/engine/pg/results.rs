@@ -1,18 +1,20 @@
-//! The query-result cache on the core: the key of a cacheable statement's answer, the hit
-//! (the origin's stored answer written back), and the [`ResultKey`] a miss forwards.
+//! The query-result cache on the core: the key of a cacheable statement's answer, the hit's
+//! framing (the origin's stored answer written back) and the [`ResultKey`] a miss forwards. The
+//! store read that joins them is `serve.rs`'s `Serve::result`.
 //!
 //! A statement the classifier marks `Cacheable` (read-only, deterministic, over cached tables)
 //! is memoized as a [`ResultQuery`]. Its key is the normalized text, the declared parameter
 //! types, the client's parameter values (text format only) and the lifted literals, each
-//! length-prefixed; the store holds the answer under [`RESULTS_TABLE`] and the key's 64-bit
-//! hash, in one section: `key length (u32) | key | RowDescription DataRow* CommandComplete`.
+//! length-prefixed; the store holds the answer under
+//! [`RESULTS_TABLE`](crate::plane::RESULTS_TABLE) and the key's 64-bit hash, in one section:
+//! `key length (u32) | key | RowDescription DataRow* CommandComplete`.
 //! A hit compares the full key (a hash collision reads as a miss) and writes the answer:
 //! - simple `Query`: the stored bytes, then ReadyForQuery `I`;
 //! - extended `[Parse] Bind [Describe portal] Execute Sync`: ParseComplete (if parsed here),
 //!   BindComplete, the stored bytes without the RowDescription unless the portal was
 //!   described, ReadyForQuery `I`.
 //!
-//! Served only when point lookups would be (`Worker::pg_may_serve`: idle session, fence
+//! Served only when point lookups would be (`Serve::may_serve`: idle session, fence
 //! reached, hits allowed, plain settings) and, as any answer may hold date/time values, only
 //! while the session's DateStyle/IntervalStyle/TimeZone are the server's. Results in binary
 //! format, binary parameters and `Execute` with a row limit are forwarded uncached.
@@ -29,11 +31,9 @@ use crate::keyspace::KeySpace;
 use crate::pgwire::classify::{CacheableQuery, KeySource};
 use crate::pgwire::{compose_bind_complete, compose_parse_complete, compose_ready_for_query};
 use crate::pgwire::{Bind, Format, TxStatus};
-use crate::plane::{CoreStats, ResultEquality, ResultKey, RESULTS_TABLE};
-use crate::store::Lookup as StoreLookup;
+use crate::plane::{ResultEquality, ResultKey};
 
 use super::lookup::{canonical_key_type, canonical_literal, canonical_param};
-use crate::engine::session::Worker;
 
 /// Where an equality's value comes from.
 #[derive(Debug)]
@@ -140,7 +140,7 @@ fn push_field(key: &mut Vec<u8>, value: Option<&[u8]>) {
 }
 
 /// Builds the key into `key`; false if the batch cannot be cached (binary parameters).
-fn build_key(q: &ResultQuery, shape: ResultShape<'_>, key: &mut Vec<u8>) -> bool {
+pub(super) fn build_key(q: &ResultQuery, shape: ResultShape<'_>, key: &mut Vec<u8>) -> bool {
     key.clear();
     key.extend_from_slice(&q.normalized);
     key.push(0);
@@ -174,7 +174,7 @@ fn build_key(q: &ResultQuery, shape: ResultShape<'_>, key: &mut Vec<u8>) -> bool
     true
 }
 
-fn hash_key(key: &[u8]) -> u64 {
+pub(super) fn hash_key(key: &[u8]) -> u64 {
     let mut h = FxHasher::default();
     h.write(key);
     h.write_usize(key.len());
@@ -182,59 +182,19 @@ fn hash_key(key: &[u8]) -> u64 {
 }
 
 /// Result formats are all text.
-fn text_results(bind: &Bind<'_>) -> bool {
+pub(super) fn text_results(bind: &Bind<'_>) -> bool {
     (0..bind.result_format_count().max(1)).all(|i| bind.result_format(i) == Format::Text)
 }
 
-impl Worker {
-    /// Serves a cacheable statement from the store, or says how to forward it.
-    pub(crate) fn pg_result(
-        &mut self,
-        q: &ResultQuery,
-        shape: ResultShape<'_>,
-        key: &mut Vec<u8>,
-        out: &mut Vec<u8>,
-    ) -> ResultServed {
-        if let ResultShape::Extended { bind, .. } = shape {
-            if !text_results(bind) {
-                return ResultServed::No;
-            }
-        }
-        if !build_key(q, shape, key) {
-            return ResultServed::No;
-        }
-        let hash = hash_key(key);
-        self.scratch.clear();
-        let found =
-            self.port
-                .store()
-                .read(RESULTS_TABLE, &hash.to_be_bytes(), 0, &mut self.scratch);
-        if found == StoreLookup::Hit {
-            if let Some(answer) = stored_answer(&self.scratch, key) {
-                compose_answer(answer, shape, out);
-                CoreStats::add(&self.stats().keys_hit, 1);
-                return ResultServed::Hit;
-            }
-        }
-        CoreStats::add(&self.stats().keys_miss, 1);
-        ResultServed::Miss(Box::new(ResultKey {
-            hash,
-            key: key.as_slice().into(),
-            tables: q.tables.clone(),
-            equalities: equalities(q, shape),
-        }))
-    }
-}
-
 /// The answer of an entry whose key is `key`.
-fn stored_answer<'a>(entry: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+pub(super) fn stored_answer<'a>(entry: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
     let len = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?) as usize;
     let stored = entry.get(4..4 + len)?;
     (stored == key).then(|| &entry[4 + len..])
 }
 
 /// Writes the stored answer framed for the client's batch.
-fn compose_answer(answer: &[u8], shape: ResultShape<'_>, out: &mut Vec<u8>) {
+pub(super) fn compose_answer(answer: &[u8], shape: ResultShape<'_>, out: &mut Vec<u8>) {
     let mut body = answer;
     if let ResultShape::Extended {
         parse, describe, ..
@@ -256,7 +216,7 @@ fn compose_answer(answer: &[u8], shape: ResultShape<'_>, out: &mut Vec<u8>) {
 }
 
 /// The equalities with their values for this batch (canonical text of the column's type).
-fn equalities(q: &ResultQuery, shape: ResultShape<'_>) -> Box<[ResultEquality]> {
+pub(super) fn equalities(q: &ResultQuery, shape: ResultShape<'_>) -> Box<[ResultEquality]> {
     let mut out = Vec::with_capacity(q.equalities.len());
     for (table, col, ty, value) in q.equalities.iter() {
         let text = match (value, shape) {

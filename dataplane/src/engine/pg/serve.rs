@@ -1,0 +1,398 @@
+//! Hits: batches of an open session answered from the store, without the origin.
+//!
+//! Served from cache, when [`Serve::may_serve`] holds and the store has the row (or a negative
+//! entry), are exactly these shapes:
+//! - simple: `Query(text)` where text is a point lookup with literal keys;
+//! - extended: `[Parse] Bind [Describe portal] Execute Sync` on one portal, the statement a
+//!   point lookup, all results in text format, `Execute` unlimited (or a limit >= 2).
+//!
+//! Answered as PostgreSQL answers them: `[ParseComplete] BindComplete [RowDescription] DataRow*
+//! CommandComplete ReadyForQuery(I)` (simple: no Parse/Bind parts, RowDescription always).
+//! Cacheable statements (simple, or the same extended shape with an unlimited Execute) are
+//! answered from the query-result cache ([`Serve::result`]; keys and framing in `results.rs`).
+//! What is not served says why ([`Served`]): the batch is then forwarded (`forward.rs`), a
+//! point lookup's miss with a fill of its key, a result's miss marked with its result key.
+//!
+//! [`Serve`] is the part of the core a hit needs (its port, the key-space snapshot, the scratch
+//! buffer), borrowed for one batch, as `execute::Exec` is for a RESP command.
+//!
+//! Invariants: a hit allocates nothing once the statement text is memoized. Thread model: the
+//! owning core.
+
+use rustc_hash::FxHashMap;
+
+use crate::keyspace::KeySpace;
+use crate::pgwire::{
+    compose_bind_complete, compose_parse_complete, compose_ready_for_query,
+    compose_select_complete, Bind, Format, Frontend, Target, TxStatus,
+};
+use crate::plane::{CorePort, CoreStats, ResultKey, RESULTS_TABLE};
+use crate::row::{ColumnsView, SECTION_COLUMNS};
+use crate::store::Lookup as StoreLookup;
+
+use super::batch::{Framed, SHAPE};
+use super::lookup::{canonical_param, classify_text, compose_data_row, Class, KeyValue, Lookup};
+use super::results::{
+    build_key, compose_answer, equalities, hash_key, stored_answer, text_results, ResultQuery,
+    ResultServed, ResultShape,
+};
+use super::PgSession;
+
+/// Distinct statement texts memoized per session before the memo starts over.
+const MEMO_LIMIT: usize = 4096;
+
+/// What serving from cache found.
+pub(super) enum Served {
+    Hit,
+    /// A point lookup the store does not hold: forward, and fill this key.
+    Miss(u32),
+    /// A cacheable statement the store does not hold: forward, marked with its key.
+    Result(Box<ResultKey>),
+    No,
+}
+
+/// What a hit needs of the core, borrowed for one batch.
+pub(super) struct Serve<'a> {
+    pub port: &'a CorePort,
+    pub keyspace: &'a KeySpace,
+    pub keyspace_generation: u64,
+    pub scratch: &'a mut Vec<u8>,
+}
+
+impl Serve<'_> {
+    /// Whether a cached answer may be served to this session now.
+    pub(super) fn may_serve(&self, pg: &PgSession) -> bool {
+        pg.tx_status == b'I'
+            && pg.settings.plain()
+            && self.port.serve_hits()
+            && self.port.applied_lsn() >= pg.fence
+    }
+
+    /// Serves the batch from the store when it is a cached point lookup or cached result.
+    pub(super) fn try_serve(
+        &mut self,
+        pg: &mut PgSession,
+        framed: &Framed<'_>,
+        out: &mut Vec<u8>,
+    ) -> Served {
+        if !self.may_serve(pg) {
+            return Served::No;
+        }
+        if pg.memo_generation != self.keyspace_generation {
+            pg.memo.clear();
+            pg.memo_generation = self.keyspace_generation;
+        }
+        match framed.shape {
+            [Some(Frontend::Query(text)), None, ..] if framed.count == 1 => {
+                let lookup = match memo_class(&mut pg.memo, text, self.keyspace) {
+                    Class::Lookup(l) => l,
+                    Class::Result(q) => return self.serve_result(pg, &q, ResultShape::Simple, out),
+                    Class::Other => return Served::No,
+                };
+                if lookup.datetime && !pg.settings.datetime_ok() {
+                    return Served::No;
+                }
+                pg.key_buf.clear();
+                if lookup.params != 0 || !literal_key(&lookup, &mut pg.key_buf) {
+                    return Served::No;
+                }
+                self.answer(&lookup, &pg.key_buf, out, Prefix::Simple)
+            }
+            _ => self.try_serve_extended(pg, framed, out),
+        }
+    }
+
+    fn try_serve_extended(
+        &mut self,
+        pg: &mut PgSession,
+        framed: &Framed<'_>,
+        out: &mut Vec<u8>,
+    ) -> Served {
+        let mut msgs = framed.shape[..framed.count.min(SHAPE)].iter().flatten();
+        let mut next = msgs.next();
+        let mut parse = None;
+        if let Some(Frontend::Parse {
+            name,
+            query,
+            param_types,
+        }) = next
+        {
+            parse = Some((*name, *query, *param_types));
+            next = msgs.next();
+        }
+        let Some(Frontend::Bind(bind)) = next else {
+            return Served::No;
+        };
+        next = msgs.next();
+        let mut describe = false;
+        if let Some(Frontend::Describe {
+            target: Target::Portal,
+            name,
+        }) = next
+        {
+            if *name != bind.portal {
+                return Served::No;
+            }
+            describe = true;
+            next = msgs.next();
+        }
+        let Some(Frontend::Execute { portal, max_rows }) = next else {
+            return Served::No;
+        };
+        if *portal != bind.portal || (*max_rows != 0 && *max_rows < 2) {
+            return Served::No;
+        }
+        if !matches!(msgs.next(), Some(Frontend::Sync)) || msgs.next().is_some() {
+            return Served::No;
+        }
+        let mut types = [0u32; 8];
+        let (text, ntypes): (&[u8], usize) = match parse {
+            Some((name, query, oids)) if name == bind.statement => {
+                (query, copy_types(oids.iter(), &mut types))
+            }
+            Some(_) => return Served::No,
+            None => match pg.statements.get(bind.statement) {
+                Some(s) => (
+                    &s.text[..],
+                    copy_types(s.param_types.iter().copied(), &mut types),
+                ),
+                None => return Served::No,
+            },
+        };
+        if ntypes > types.len() {
+            return Served::No;
+        }
+        let lookup = match memo_class(&mut pg.memo, text, self.keyspace) {
+            Class::Lookup(l) => l,
+            Class::Result(q) if *max_rows == 0 => {
+                let shape = ResultShape::Extended {
+                    parse: parse.is_some(),
+                    describe,
+                    bind,
+                    declared: &types[..ntypes],
+                };
+                let served = self.serve_result(pg, &q, shape, out);
+                if let (Served::Hit, Some((name, query, oids))) = (&served, parse) {
+                    let raw = framed.raw_parse.unwrap_or(&[]);
+                    pg.remember_parse(name, query, oids, raw, false);
+                }
+                return served;
+            }
+            Class::Result(_) | Class::Other => return Served::No,
+        };
+        if lookup.datetime && !pg.settings.datetime_ok() {
+            return Served::No;
+        }
+        if bind.param_count() != lookup.params.max(ntypes) || !servable_formats(bind, &lookup) {
+            return Served::No;
+        }
+        pg.key_buf.clear();
+        if !bound_key(&lookup, bind, &types[..ntypes], &mut pg.key_buf) {
+            return Served::No;
+        }
+        let prefix = Prefix::Extended {
+            parse: parse.is_some(),
+            describe,
+            bind,
+        };
+        let served = self.answer(&lookup, &pg.key_buf, out, prefix);
+        if let (Served::Hit, Some((name, query, oids))) = (&served, parse) {
+            let raw = framed.raw_parse.unwrap_or(&[]);
+            pg.remember_parse(name, query, oids, raw, false);
+        }
+        served
+    }
+
+    /// Reads the row and composes the whole answer into `out`.
+    fn answer(&mut self, lookup: &Lookup, key: &[u8], out: &mut Vec<u8>, p: Prefix) -> Served {
+        let format = |i: usize| match p {
+            Prefix::Simple => Format::Text,
+            Prefix::Extended { bind, .. } => bind.result_format(i),
+        };
+        self.scratch.clear();
+        let found = self
+            .port
+            .store()
+            .read(lookup.table, key, SECTION_COLUMNS, self.scratch);
+        let stale = found == StoreLookup::Hit
+            && ColumnsView::new(self.scratch).count() != lookup.pg_table.columns.len();
+        if found == StoreLookup::Miss || stale {
+            return Served::Miss(lookup.table);
+        }
+        let start = out.len();
+        let describe = match p {
+            Prefix::Simple => true,
+            Prefix::Extended {
+                parse, describe, ..
+            } => {
+                if parse {
+                    compose_parse_complete(out);
+                }
+                compose_bind_complete(out);
+                describe
+            }
+        };
+        if describe {
+            let at = out.len();
+            out.extend_from_slice(&lookup.row_description);
+            for (i, &f) in lookup.format_at.iter().enumerate() {
+                if format(i) == Format::Binary {
+                    out[at + f..at + f + 2].copy_from_slice(&Format::Binary.code().to_be_bytes());
+                }
+            }
+        }
+        let rows = if found == StoreLookup::Hit {
+            if compose_data_row(lookup, self.scratch, format, out).is_none() {
+                // A value without an exact binary form (NaN, escape-format bytea, ...).
+                out.truncate(start);
+                return Served::No;
+            }
+            1
+        } else {
+            0
+        };
+        compose_select_complete(out, rows);
+        compose_ready_for_query(out, TxStatus::Idle);
+        CoreStats::add(&self.port.stats().keys_hit, 1);
+        Served::Hit
+    }
+
+    /// A cacheable statement: its stored answer, or the key to forward it under.
+    fn serve_result(
+        &mut self,
+        pg: &mut PgSession,
+        q: &ResultQuery,
+        shape: ResultShape<'_>,
+        out: &mut Vec<u8>,
+    ) -> Served {
+        // Any answer may hold date/time values.
+        if !pg.settings.datetime_ok() {
+            return Served::No;
+        }
+        match self.result(q, shape, &mut pg.result_key, out) {
+            ResultServed::Hit => Served::Hit,
+            ResultServed::Miss(key) => Served::Result(key),
+            ResultServed::No => Served::No,
+        }
+    }
+
+    /// Serves a cacheable statement from the store, or says how to forward it.
+    fn result(
+        &mut self,
+        q: &ResultQuery,
+        shape: ResultShape<'_>,
+        key: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> ResultServed {
+        if let ResultShape::Extended { bind, .. } = shape {
+            if !text_results(bind) {
+                return ResultServed::No;
+            }
+        }
+        if !build_key(q, shape, key) {
+            return ResultServed::No;
+        }
+        let hash = hash_key(key);
+        self.scratch.clear();
+        let found = self
+            .port
+            .store()
+            .read(RESULTS_TABLE, &hash.to_be_bytes(), 0, self.scratch);
+        if found == StoreLookup::Hit {
+            if let Some(answer) = stored_answer(self.scratch, key) {
+                compose_answer(answer, shape, out);
+                CoreStats::add(&self.port.stats().keys_hit, 1);
+                return ResultServed::Hit;
+            }
+        }
+        CoreStats::add(&self.port.stats().keys_miss, 1);
+        ResultServed::Miss(Box::new(ResultKey {
+            hash,
+            key: key.as_slice().into(),
+            tables: q.tables.clone(),
+            equalities: equalities(q, shape),
+        }))
+    }
+}
+
+/// What precedes the rows in a served answer, and the result formats.
+#[derive(Clone, Copy)]
+enum Prefix<'a> {
+    Simple,
+    Extended {
+        parse: bool,
+        describe: bool,
+        bind: &'a Bind<'a>,
+    },
+}
+
+/// The memoized class of `text`, classifying it on first sight.
+fn memo_class(memo: &mut FxHashMap<Box<[u8]>, Class>, text: &[u8], keyspace: &KeySpace) -> Class {
+    if !memo.contains_key(text) {
+        if memo.len() >= MEMO_LIMIT {
+            memo.clear();
+        }
+        memo.insert(text.into(), classify_text(text, keyspace));
+    }
+    memo.get(text).cloned().unwrap_or(Class::Other)
+}
+
+/// The result formats (the protocol's 0/1/N rule) are ones a hit can produce: text, or binary
+/// for a column whose type converts exactly (see `binary.rs`).
+fn servable_formats(bind: &Bind<'_>, lookup: &Lookup) -> bool {
+    let n = bind.result_format_count();
+    if n > 1 && n != lookup.columns.len() {
+        return false;
+    }
+    (0..lookup.columns.len())
+        .all(|i| bind.result_format(i) == Format::Text || lookup.binary[i].is_some())
+}
+
+/// The store key of a lookup whose key values are all literals.
+fn literal_key(lookup: &Lookup, key: &mut Vec<u8>) -> bool {
+    for (i, (value, _)) in lookup.key.iter().enumerate() {
+        let KeyValue::Literal(v) = value else {
+            return false;
+        };
+        if i > 0 {
+            key.push(b':');
+        }
+        key.extend_from_slice(v);
+    }
+    true
+}
+
+/// The store key of a lookup from its literals and the Bind's parameters.
+fn bound_key(lookup: &Lookup, bind: &Bind<'_>, declared: &[u32], key: &mut Vec<u8>) -> bool {
+    for (i, (value, ty)) in lookup.key.iter().enumerate() {
+        if i > 0 {
+            key.push(b':');
+        }
+        match value {
+            KeyValue::Literal(v) => key.extend_from_slice(v),
+            KeyValue::Param(p) => {
+                let Some(Some(v)) = bind.params().nth(*p) else {
+                    return false;
+                };
+                let d = declared.get(*p).copied().unwrap_or(0);
+                if canonical_param(v, bind.param_format(*p), d, *ty, key).is_none() {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Copies declared parameter types into `types`; returns how many there are (more than
+/// `types.len()` when they did not fit).
+fn copy_types(declared: impl Iterator<Item = u32>, types: &mut [u32; 8]) -> usize {
+    let mut n = 0;
+    for t in declared {
+        if let Some(slot) = types.get_mut(n) {
+            *slot = t;
+        }
+        n += 1;
+    }
+    n
+}

@@ -8,7 +8,8 @@
 //! - [`row`]: how a row is laid out in the store's sections.
 //! - [`keyspace`]: key names (`users:42`) to store keys (table id, pk text).
 //! - [`plane`]: the typed queues and shared counters between the cores and the control plane.
-//! - [`transport`]: how bytes reach a core (kernel sockets today).
+//! - [`transport`]: how bytes reach a core: kernel sockets (mio) or a userspace TCP stack over
+//!   a DPDK or in-memory port.
 //! - [`net`]: the userspace network stack (Ethernet, ARP, IPv4, ICMP, TCP) over a `pgline_nic` queue.
 //! - [`engine`]: the per-core poll loop tying them together.
 //!

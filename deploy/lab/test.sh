@@ -39,6 +39,12 @@ bench/scenarios/run.sh --smoke all
 bench/scenarios/run.sh --dry-run --loadgen bench@192.0.2.10 all >/tmp/pgline-two-machine.txt
 grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pgline-two-machine.txt
 
+# Every fuzz target (RESP request parser, pgwire startup and frontend parsers, the statement
+# classifier: dataplane/fuzz) from its committed seeds, 30 s each here to keep .ci/run inside its
+# budget (run.sh's default, 60 s, or more by hand: FUZZ_SECONDS=600 dataplane/fuzz/run.sh).
+step "fuzz targets (${FUZZ_SECONDS:-30} s each)"
+FUZZ_SECONDS=${FUZZ_SECONDS:-30} dataplane/fuzz/run.sh
+
 # The appliance (docs/appliance.md): the .deb (its release build of pgline with the dpdk feature
 # reuses what the DPDK tests above compiled: only pgline-controlplane is compiled again, without
 # the tests' fault-injection feature), the VM image (two cached stages under

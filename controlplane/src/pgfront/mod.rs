@@ -4,8 +4,8 @@
 //! serve themselves as [`PgRequest`]s on `queues[core].pg_requests`; this module answers with
 //! [`PgReply`]s on `queues[core].pg_replies` (then `wake_core`). It authenticates each client by
 //! relaying its startup and password exchange to a new origin connection (trust, md5, SCRAM all
-//! work: no TLS, no channel binding), pools origin connections per (user, database) in
-//! transaction-pooling mode, rewrites named prepared statements per backend (`plan`), streams
+//! work: no TLS, no channel binding), pools origin connections per (user, database, startup
+//! settings, login state) in transaction-pooling mode, rewrites named prepared statements per backend (`plan`), streams
 //! replies in chunks of at most [`CHUNK`] bytes, forwards cancels and measures the session fence
 //! (the origin's WAL position after a batch that ends idle).
 //!
@@ -32,9 +32,10 @@
 //!
 //! Limitations: a pool grows by the connections its clients authenticate, and on demand only
 //! for `origin.url`'s user (see `pool`);
-//! sessions of one (user, database) share backends whatever their startup parameters
-//! (`application_name`, `client_encoding`, `options`...), so a session should not rely on
-//! parameters different from the pool's first client's; COPY FROM STDIN is refused (CopyFail);
+//! a backend whose session state (role, search path, output settings: see `state`) differs
+//! from its session's login state after a batch stays pinned to that session, and goes back
+//! to its pool only after ROLLBACK, DISCARD ALL and a re-read show the login state again;
+//! COPY FROM STDIN is refused (CopyFail);
 //! NotificationResponses reach a session only with the replies of its own batches.
 
 mod admit;

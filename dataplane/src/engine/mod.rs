@@ -261,7 +261,7 @@ impl Engine {
 
     /// The address PostgreSQL-protocol clients connect to (port 0 resolved on the kernel
     /// transport), `None` when the front is off. Userspace transports report `cfg.pg_listen`
-    /// and do not accept PostgreSQL connections yet (see `userspace`).
+    /// as configured: their stacks listen on its port beside the RESP one (see `userspace`).
     pub fn pg_local_addr(&self) -> Option<SocketAddr> {
         self.pg_local_addr
     }

@@ -43,7 +43,10 @@ grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pglin
 # classifier: dataplane/fuzz) from its committed seeds, 30 s each here to keep .ci/run inside its
 # budget (run.sh's default, 60 s, or more by hand: FUZZ_SECONDS=600 dataplane/fuzz/run.sh).
 step "fuzz targets (${FUZZ_SECONDS:-30} s each)"
-FUZZ_SECONDS=${FUZZ_SECONDS:-30} dataplane/fuzz/run.sh
+# Its build (sanitizers, nightly) is kept outside the clone, like the appliance image: a cold one
+# takes many minutes, a warm one recompiles only what changed.
+FUZZ_SECONDS=${FUZZ_SECONDS:-30} CARGO_TARGET_DIR=${PGLINE_FUZZ_TARGET:-/var/tmp/pgline-fuzz-target} \
+    dataplane/fuzz/run.sh
 
 # The appliance (docs/appliance.md): the .deb (its release build of pgline with the dpdk feature
 # reuses what the DPDK tests above compiled: only pgline-controlplane is compiled again, without

@@ -623,8 +623,15 @@ pub async fn publication_add(
     Ok(true)
 }
 
-/// Waits until every transaction open now has ended; false if some are still open after
-/// `timeout` (like `CREATE INDEX CONCURRENTLY` waiting for older snapshots).
+/// Waits until every transaction open now has ended, as new snapshots see it; false if some
+/// are still open after `timeout` (like `CREATE INDEX CONCURRENTLY` waiting for older
+/// snapshots).
+///
+/// "Ended" is judged by a fresh snapshot's `xip`, not by `pg_xact_status`: a committing
+/// backend marks the commit log before it leaves the proc array, so `pg_xact_status` says
+/// `committed` while new snapshots still see the transaction in progress. A transaction whose
+/// commit record precedes the publication change is not streamed; a fill whose snapshot still
+/// missed it would cache the older row for good (seen once: `admin_ops` warming under writes).
 pub async fn wait_for_older_transactions(
     client: &tokio_postgres::Client,
     timeout: std::time::Duration,
@@ -643,7 +650,7 @@ pub async fn wait_for_older_transactions(
         let row = client
             .query_one(
                 "SELECT count(*) FROM unnest($1::text[]) AS x \
-                 WHERE pg_xact_status(x::xid8) = 'in progress'",
+                 WHERE x::xid8 IN (SELECT pg_snapshot_xip(pg_current_snapshot()))",
                 &[&open],
             )
             .await?;

@@ -12,7 +12,6 @@
 
 mod pgwire_corpus;
 
-use pgline_controlplane::config::Config;
 use pgline_testkit::{lab, origin};
 use pgwire_corpus::{Diff, Endpoint, Stmt};
 
@@ -148,37 +147,10 @@ async fn corpus_self_check() {
     }
 }
 
-/// A config for `db` with pgline's PostgreSQL port on an ephemeral port (where the build knows
-/// the `[pgwire]` section).
-fn config(db: &origin::TestDb) -> Config {
-    let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
-    let sets = vec![
-        format!("origin.url={}", quote(&db.conn_string())),
-        format!("replication.slot={}", quote(&lab::slot_name(db))),
-        "resp.listen=\"127.0.0.1:0\"".to_string(),
-        "api.listen=\"127.0.0.1:0\"".to_string(),
-        "resp.cores=2".to_string(),
-        "resp.spin_polls=50".to_string(),
-        "store.memory=\"64MiB\"".to_string(),
-        "store.max_page=\"4KiB\"".to_string(),
-        "replication.status_interval_ms=100".to_string(),
-        "replication.reconnect_backoff_ms=100".to_string(),
-        "origin.pool_size=4".to_string(),
-        "pgwire.listen=\"127.0.0.1:0\"".to_string(),
-    ];
-    match Config::load(None, Vec::<(String, String)>::new(), &sets) {
-        Ok(cfg) => cfg,
-        Err(e) => {
-            eprintln!("config without [pgwire] ({e}): this build has no PostgreSQL port");
-            lab::config(db, 2)
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corpus_through_pgline_matches_the_origin() {
     let db = create_db("pgdiff").await;
-    let p = lab::start(config(&db)).await;
+    let p = lab::start(lab::config(&db, 2)).await;
     let addr = p.pg_addr().expect("the PostgreSQL front is on");
     let origin = origin_endpoint(&db);
     let pgline = Endpoint {

@@ -2,6 +2,7 @@
 # Start (or stop) a throw-away PostgreSQL origin for pgline's tests, demo and benchmarks.
 #
 #   deploy/lab/pg.sh start    # initdb if needed, start on 127.0.0.1:$PGLINE_PG_PORT
+#   deploy/lab/pg.sh init     # initdb only (a wrapper edits the cluster's files, then starts it)
 #   deploy/lab/pg.sh stop
 #   deploy/lab/pg.sh env      # print the connection settings as shell exports
 #   deploy/lab/pg.sh drop-slot NAME   # drop a replication slot once its walsender is gone
@@ -19,7 +20,7 @@ as_postgres() {
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-start() {
+init() {
     if [ -z "$PG_BIN" ] || [ ! -x "$PG_BIN/initdb" ]; then
         echo "pg.sh: PostgreSQL server binaries not found; install the 'postgresql' package" >&2
         exit 1
@@ -48,8 +49,17 @@ synchronous_commit = on
 timezone = 'UTC'
 log_min_messages = warning
 CONF
+        # PostgreSQL 18 warns on every md5 login and md5 password; the lab's tests compare
+        # message sequences across versions.
+        if [ "$("$PG_BIN/postgres" --version | sed -E 's/.* ([0-9]+).*/\1/')" -ge 18 ]; then
+            echo "md5_password_warnings = off" >> "$PG_DIR/postgresql.conf"
+        fi
         echo "host replication all 127.0.0.1/32 scram-sha-256" >> "$PG_DIR/pg_hba.conf"
     fi
+}
+
+start() {
+    init
     if as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR" status >/dev/null 2>&1; then
         echo "pg.sh: already running on port $PG_PORT"
     else
@@ -82,10 +92,11 @@ drop_slot() {
 
 case "${1:-start}" in
     start) start ;;
+    init) init ;;
     stop) stop ;;
     drop-slot) drop_slot "${2:?usage: $0 drop-slot NAME}" ;;
     env)
         echo "export PGHOST=127.0.0.1 PGPORT=$PG_PORT PGUSER=postgres PGPASSWORD=$PG_PASSWORD"
         ;;
-    *) echo "usage: $0 start|stop|env|drop-slot NAME" >&2; exit 2 ;;
+    *) echo "usage: $0 start|init|stop|env|drop-slot NAME" >&2; exit 2 ;;
 esac

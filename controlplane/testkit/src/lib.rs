@@ -8,6 +8,8 @@
 //! - [`pg`]: a raw PostgreSQL protocol client (SCRAM-SHA-256 login, whole backend messages
 //!   out), for tests that compare bytes or send what a driver would not; its [`pg::Login`] is
 //!   the tests' one SCRAM client, also used by the dataplane's tests over their own sockets.
+//! - [`pki`]: a throw-away CA with server and client certificates (current or expired) as PEM
+//!   files, for the TLS tests.
 //!
 //! `lab` and `resp` need the `pgline` feature (on by default); the dataplane's tests use the
 //! crate without it, so that they do not build the control plane.
@@ -23,6 +25,7 @@
 pub mod lab;
 pub mod origin;
 pub mod pg;
+pub mod pki;
 #[cfg(feature = "pgline")]
 pub mod resp;
 

@@ -25,7 +25,7 @@ enum Stop {
 /// Runs the WAL consumer until `shutdown` turns true (or its sender or `events`' receiver is
 /// dropped). Errors never end it: each is logged, then it backs off and reconnects.
 pub async fn run_consumer(
-    origin: tokio_postgres::Config,
+    origin: crate::origin::Settings,
     cfg: WalConfig,
     state: Arc<ReplicationState>,
     events: mpsc::Sender<WalEvent>,
@@ -103,7 +103,7 @@ const MAX_MARKS: usize = 1024;
 impl Session<'_> {
     async fn run(
         &mut self,
-        origin: &tokio_postgres::Config,
+        origin: &crate::origin::Settings,
         streamed_before: &mut bool,
     ) -> Result<Stop, WalError> {
         let reset = self.prepare_origin(origin, *streamed_before).await?;
@@ -134,10 +134,10 @@ impl Session<'_> {
     /// after we had streamed from it.
     async fn prepare_origin(
         &mut self,
-        origin: &tokio_postgres::Config,
+        origin: &crate::origin::Settings,
         streamed_before: bool,
     ) -> Result<bool, WalError> {
-        let (client, connection) = origin.connect(crate::origin::pg_tls()).await?;
+        let (client, connection) = origin.pg.connect(origin.pg_tls()).await?;
         let driver = tokio::spawn(async move {
             let _ = connection.await;
         });

@@ -259,7 +259,7 @@ async fn connect_origin(cfg: &Config) -> Result<Origin, StartError> {
     let client = pool
         .get()
         .await
-        .map_err(|e| StartError::Origin(crate::origin::hint_refusal(&e.to_string())))?;
+        .map_err(|e| StartError::Origin(crate::origin::describe_error(&e)))?;
     let level: String = client
         .query_one("SHOW wal_level", &[])
         .await

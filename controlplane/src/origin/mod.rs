@@ -448,6 +448,28 @@ async fn open_stream_now(addr: &OriginAddr, tls: &OriginTls) -> io::Result<Origi
     }
 }
 
+/// The text of an origin error and of every error under it (`tokio-postgres` and deadpool
+/// keep the cause, e.g. the certificate check that failed, out of their own text), with the
+/// hint of [`hint_refusal`].
+pub fn describe_error(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = String::new();
+    let mut next = Some(e);
+    while let Some(level) = next {
+        let part = match level.downcast_ref::<io::Error>() {
+            Some(io) => tls::describe(io),
+            None => level.to_string(),
+        };
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+        next = level.source();
+    }
+    hint_refusal(&text)
+}
+
 /// The origin's message, with a hint when it refused a connection because it was not
 /// encrypted (a `hostssl`-only `pg_hba.conf` and `sslmode=disable`).
 pub fn hint_refusal(message: &str) -> String {

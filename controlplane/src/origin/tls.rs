@@ -302,7 +302,11 @@ impl Verifier {
                     if presented.is_empty() {
                         "no host".to_owned()
                     } else {
-                        presented.join(", ")
+                        presented
+                            .iter()
+                            .map(|p| name_text(p))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     }
                 ),
                 other => format!("the origin's certificate was rejected: {other}"),
@@ -395,6 +399,15 @@ pub fn describe(e: &std::io::Error) -> String {
     }
 }
 
+/// A name webpki presents (`DnsName("db.example")`, `IpAddress(10.0.0.1)`) as plain text.
+fn name_text(presented: &str) -> &str {
+    let inner = match (presented.find('('), presented.rfind(')')) {
+        (Some(a), Some(b)) if a < b => &presented[a + 1..b],
+        _ => presented,
+    };
+    inner.trim_matches('"')
+}
+
 /// `secs` since the UNIX epoch as `YYYY-MM-DD HH:MM:SS UTC`.
 pub fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
@@ -420,6 +433,13 @@ pub fn utc(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn presented_names_read_plainly() {
+        assert_eq!(name_text("DnsName(\"localhost\")"), "localhost");
+        assert_eq!(name_text("IpAddress(10.0.0.1)"), "10.0.0.1");
+        assert_eq!(name_text("db"), "db");
+    }
 
     #[test]
     fn utc_dates() {

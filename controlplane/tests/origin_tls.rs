@@ -512,3 +512,83 @@ async fn multi_host_follows_target_session_attrs() {
         .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
         .await;
 }
+
+/// `pgline check --origin <url>`: the `origin TLS` line (and the line after it, the fix).
+fn check_line(url: &str) -> (String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pgline"))
+        .args(["check", "--origin", url, "--listen", "127.0.0.1:0"])
+        .env_remove("PGLINE_CONFIG")
+        .env("PGLINE_API_LISTEN", "127.0.0.1:0")
+        .output()
+        .expect("run pgline check");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    let i = lines
+        .iter()
+        .position(|l| l.contains("origin TLS"))
+        .unwrap_or_else(|| panic!("no origin TLS line in\n{out}"));
+    (
+        lines[i].to_owned(),
+        lines.get(i + 1).copied().unwrap_or("").to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgline_check_names_each_cause() {
+    let db = TlsDb::create("otls_check").await;
+    let ca = pki_file("ca.crt");
+    let (l, _) = check_line(&db.url(
+        "localhost",
+        &format!("sslmode=verify-full sslrootcert={ca}"),
+    ));
+    assert!(
+        l.starts_with("PASS") && l.contains("TLSv1.3") && l.contains("verify-full"),
+        "{l}"
+    );
+    let (l, fix) = check_line(&db.url("127.0.0.1", "sslmode=require"));
+    assert!(
+        l.starts_with("WARN") && l.contains("without server verification"),
+        "{l}"
+    );
+    assert!(fix.contains("verify-full"), "{fix}");
+    let (l, fix) = check_line(&db.url(
+        "127.0.0.1",
+        &format!("sslmode=verify-full sslrootcert={ca}"),
+    ));
+    assert!(
+        l.starts_with("FAIL") && l.contains("not valid for host '127.0.0.1'"),
+        "{l}"
+    );
+    assert!(fix.contains("verify-ca"), "{fix}");
+    let other = pki_file("other-ca.crt");
+    let (l, fix) = check_line(&db.url(
+        "localhost",
+        &format!("sslmode=verify-ca sslrootcert={other}"),
+    ));
+    assert!(
+        l.starts_with("FAIL") && l.contains("not signed by a trusted CA"),
+        "{l}"
+    );
+    assert!(fix.contains("sslrootcert"), "{fix}");
+
+    let dir = std::env::temp_dir().join(format!("pgline-otls-chk-{}", std::process::id()));
+    let old = pki::Ca::new(&dir, "ca", "expired test CA");
+    let port = fake_origin(
+        b'S',
+        Some(old.server("old", &["localhost"], pki::Validity::Expired)),
+    )
+    .await;
+    let url = format!(
+        "host=localhost port={port} user=u password=p sslmode=verify-full sslrootcert={}",
+        old.cert.display()
+    );
+    let (l, fix) = tokio::task::spawn_blocking(move || check_line(&url))
+        .await
+        .unwrap();
+    assert!(
+        l.starts_with("FAIL") && l.contains("expired at 2002-"),
+        "{l}"
+    );
+    assert!(fix.contains("renew"), "{fix}");
+    let _ = std::fs::remove_dir_all(dir);
+}

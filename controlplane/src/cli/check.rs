@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pgline_controlplane::config::{Config, NicMode};
+use pgline_controlplane::origin;
 use serde::Serialize;
 use tokio_postgres::Client;
 
@@ -327,7 +328,62 @@ const ORIGIN_CHECKS: [&str; 7] = [
     "tables",
 ];
 
+/// `origin TLS`: opens a connection to the origin's first reachable host and negotiates TLS as
+/// `sslmode` says (no login), naming the cause of a failed handshake.
+async fn check_origin_tls(cfg: &Config, r: &mut Report) {
+    const CHECK: &str = "origin TLS";
+    let settings = match cfg.origin.pg_config() {
+        Ok(s) => s,
+        Err(e) => return r.fail(CHECK, e.to_string(), "fix origin.url"),
+    };
+    let tls = &settings.tls;
+    let mode = tls.mode.as_str();
+    if !tls.wanted() {
+        return r.warn(
+            CHECK,
+            "off (sslmode=disable): the origin connections are not encrypted",
+            "set sslmode=verify-full and sslrootcert=<the origin's CA file> in origin.url",
+        );
+    }
+    let timeout = Duration::from_millis(cfg.origin.connect_timeout_ms.max(100));
+    let conn = match origin::open(&settings, Some(timeout), 0).await {
+        Ok((conn, _)) => conn,
+        Err(e) => {
+            let detail = e.to_string();
+            let fix = if detail.contains("not signed by a trusted CA") {
+                "sslrootcert must name the CA that signed the origin's certificate                  (sslrootcert=system for a public CA)"
+            } else if detail.contains("not valid for host") {
+                "connect by a name the origin's certificate carries (origin.url host=), or                  use sslmode=verify-ca"
+            } else if detail.contains("expired") || detail.contains("not valid yet") {
+                "renew the origin's certificate (ssl_cert_file) and reload PostgreSQL                  (SELECT pg_reload_conf())"
+            } else if detail.contains("does not support SSL") {
+                "turn TLS on at the origin (ssl = on in postgresql.conf), or lower sslmode"
+            } else {
+                "check origin.url (host, port) and its TLS keys (sslmode, sslrootcert, sslcert,                  sslkey)"
+            };
+            return r.fail(CHECK, detail, fix);
+        }
+    };
+    let Some(summary) = conn.tls_summary() else {
+        return r.warn(
+            CHECK,
+            format!("the origin does not offer TLS (sslmode={mode}): connections are plaintext"),
+            "turn TLS on at the origin (ssl = on) and set sslmode=verify-full",
+        );
+    };
+    let what = format!("{summary}, sslmode={mode}");
+    match tls.check {
+        origin::tls::Check::None => r.warn(
+            CHECK,
+            format!("{what}: TLS without server verification"),
+            "set sslmode=verify-full and sslrootcert=<the origin's CA file> in origin.url",
+        ),
+        _ => r.pass(CHECK, format!("{what}, CA {}", tls.roots)),
+    }
+}
+
 async fn check_origin(cfg: &Config, r: &mut Report) {
+    check_origin_tls(cfg, r).await;
     let client = match connect(cfg).await {
         Ok((client, detail)) => {
             r.pass("origin reachable", detail);
@@ -362,13 +418,7 @@ async fn connect(cfg: &Config) -> Result<(Client, String), String> {
     let (client, conn) = tokio::time::timeout(timeout, pg.connect(settings.pg_tls()))
         .await
         .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
-        .map_err(|e| {
-            let mut text = e.to_string();
-            if let Some(src) = std::error::Error::source(&e) {
-                text = format!("{text}: {src}");
-            }
-            text
-        })?;
+        .map_err(|e| origin::describe_error(&e))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

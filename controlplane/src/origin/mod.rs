@@ -323,7 +323,8 @@ impl OriginStream {
             "{} {}",
             c.protocol_version()
                 .and_then(|v| v.as_str())
-                .unwrap_or("TLS"),
+                .unwrap_or("TLS")
+                .replace('_', "."),
             c.negotiated_cipher_suite()
                 .and_then(|s| s.suite().as_str())
                 .unwrap_or("")

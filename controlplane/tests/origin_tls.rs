@@ -196,6 +196,10 @@ async fn boots_and_encrypts(db: &TlsDb, url: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // A pooled TLS connection is not taken for dead (TLS records that carry no data).
+    let relay = p.pg_relay().expect("relay");
+    assert_eq!(relay.origin_stats().backend_dead, 0);
+
     let rows = c
         .query(
             "SELECT a.backend_type, a.application_name, s.ssl \
@@ -591,4 +595,140 @@ async fn pgline_check_names_each_cause() {
     );
     assert!(fix.contains("renew"), "{fix}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Reads one backend message (tag, body) from a raw socket.
+async fn read_msg(s: &mut tokio::net::TcpStream) -> (u8, Vec<u8>) {
+    let tag = s.read_u8().await.expect("a message");
+    let len = s.read_i32().await.unwrap() as usize;
+    let mut body = vec![0; len - 4];
+    s.read_exact(&mut body).await.unwrap();
+    (tag, body)
+}
+
+/// Through the relay with a TLS origin leg: the origin offers SCRAM-SHA-256-PLUS, the client
+/// does not see it, and a client that says it could bind (`y`) gets pgline's FATAL telling it
+/// to use channel_binding=disable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_scram_hides_channel_binding() {
+    let db = TlsDb::create("otls_scram").await;
+    let p = lab::start(config(&db, &db.url("localhost", "sslmode=require"))).await;
+    let addr = p.pg_addr().expect("pg port");
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::startup_message(
+        [("user", "postgres"), ("database", db.name.as_str())],
+        &mut buf,
+    )
+    .unwrap();
+    s.write_all(&buf).await.unwrap();
+    let (tag, body) = read_msg(&mut s).await;
+    assert_eq!(tag, b'R');
+    assert_eq!(&body[..4], &10i32.to_be_bytes(), "AuthenticationSASL");
+    let mechanisms: Vec<&[u8]> = body[4..]
+        .split(|&b| b == 0)
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert_eq!(mechanisms, [&b"SCRAM-SHA-256"[..]], "PLUS is not relayed");
+
+    buf.clear();
+    postgres_protocol::message::frontend::sasl_initial_response(
+        "SCRAM-SHA-256",
+        b"y,,n=,r=abcdefghijklmnop",
+        &mut buf,
+    )
+    .unwrap();
+    s.write_all(&buf).await.unwrap();
+    let (tag, body) = read_msg(&mut s).await;
+    assert_eq!(tag, b'E');
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("channel_binding=disable"), "{text}");
+    assert!(text.contains("28000"), "{text}");
+
+    // A client that does not bind (`n`) logs in.
+    let (client, conn) = tokio_postgres::Config::new()
+        .host(&addr.ip().to_string())
+        .port(addr.port())
+        .user("postgres")
+        .password("pgline")
+        .dbname(&db.name)
+        .channel_binding(tokio_postgres::config::ChannelBinding::Disable)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("SCRAM without binding through the relay");
+    tokio::spawn(conn);
+    client.simple_query("SELECT 1").await.unwrap();
+    drop(client);
+    p.shutdown().await;
+}
+
+/// The relay with `target_session_attrs=read-write` over a host list whose first host is
+/// read-only: the relayed login that lands there is refused with a retryable FATAL, and the
+/// next one starts on the read-write host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_login_on_a_read_only_host_moves_on() {
+    let db = TlsDb::create("otls_relay_rw").await;
+    local(&db.name)
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let plain = pgline_testkit::origin::admin_client().await;
+    let (_, plain_port, _, _) = pgline_testkit::origin::origin_base();
+    plain
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+        .await
+        .unwrap();
+    plain
+        .batch_execute(&format!("CREATE DATABASE {}", db.name))
+        .await
+        .unwrap();
+    let plain_db =
+        pgline_testkit::origin::connect(&pgline_testkit::origin::conn_string(&db.name)).await;
+    plain_db
+        .batch_execute("CREATE TABLE users (id int PRIMARY KEY, name text NOT NULL)")
+        .await
+        .unwrap();
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={PORT},{plain_port} user=postgres password=pgline \
+         dbname={} target_session_attrs=read-write",
+        db.name
+    );
+    let p = lab::start(config(&db, &url)).await;
+    let addr = p.pg_addr().expect("pg port");
+    let login = || async {
+        tokio_postgres::connect(
+            &format!(
+                "host={} port={} user=postgres password=pgline dbname={}",
+                addr.ip(),
+                addr.port(),
+                db.name
+            ),
+            tokio_postgres::NoTls,
+        )
+        .await
+    };
+    let e = login()
+        .await
+        .err()
+        .expect("the first relayed login lands on the read-only host");
+    let text = origin::describe_error(&e);
+    assert!(text.contains("target_session_attrs"), "{text}");
+    let (client, conn) = login()
+        .await
+        .expect("the next login starts on the read-write host");
+    tokio::spawn(conn);
+    client
+        .batch_execute("INSERT INTO users VALUES (9, 'written through the relay')")
+        .await
+        .expect("a write through the relay");
+    drop(client);
+    p.shutdown().await;
+    drop(plain_db);
+    let _ = plain
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+        .await;
 }

@@ -166,8 +166,8 @@ impl Backend {
     /// Whether this idle connection can no longer run a batch: the origin closed it (EOF,
     /// reset), or sent something nobody asked for (the `FATAL 57P01` of
     /// `pg_terminate_backend` or of a shutdown, a notice, a notification). A non-blocking
-    /// `MSG_PEEK` on the socket, so that input the runtime has not been told about yet is
-    /// seen too.
+    /// look at the socket itself (see `OriginConn::unusable`, which also handles TLS), so that
+    /// input the runtime has not been told about yet is seen too.
     pub fn unusable(&mut self) -> bool {
         self.conn.unusable()
     }

@@ -647,7 +647,7 @@ async fn relayed_scram_hides_channel_binding() {
 
     // A client that does not bind (`n`) logs in.
     let (client, conn) = tokio_postgres::Config::new()
-        .host(&addr.ip().to_string())
+        .host(addr.ip().to_string())
         .port(addr.port())
         .user("postgres")
         .password("pgline")

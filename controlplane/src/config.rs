@@ -372,6 +372,9 @@ pub struct ReplicationConfig {
     pub max_lag_ms: u64,
     pub status_interval_ms: u64,
     pub reconnect_backoff_ms: u64,
+    /// Bound on the bytes of changes buffered for open transactions (Begin…Commit and
+    /// streamed); past it the largest transaction is applied as a flush of its tables.
+    pub max_txn_memory: usize,
 }
 
 impl Default for ReplicationConfig {
@@ -382,6 +385,7 @@ impl Default for ReplicationConfig {
             max_lag_ms: DEFAULT_MAX_LAG_MS,
             status_interval_ms: 1_000,
             reconnect_backoff_ms: 500,
+            max_txn_memory: crate::wal::DEFAULT_MAX_TXN_MEMORY,
         }
     }
 }
@@ -413,6 +417,11 @@ impl ReplicationConfig {
             self.reconnect_backoff_ms >= 10,
             "replication.reconnect_backoff_ms",
             "must be >= 10",
+        )?;
+        check(
+            self.max_txn_memory >= 1 << 20,
+            "replication.max_txn_memory",
+            "must be >= 1048576 (1 MiB)",
         )
     }
 }

@@ -331,6 +331,10 @@ struct ReplSample {
     resets: u64,
     txns: u64,
     changes: u64,
+    buffered_bytes: u64,
+    buffered_peak_bytes: u64,
+    txn_overflows: u64,
+    proto_version: u64,
 }
 
 impl Sample {
@@ -380,6 +384,10 @@ impl Sample {
                 resets: load(&r.resets),
                 txns: load(&r.txns),
                 changes: load(&r.changes),
+                buffered_bytes: load(&r.buffered_bytes),
+                buffered_peak_bytes: load(&r.buffered_peak_bytes),
+                txn_overflows: load(&r.txn_overflows),
+                proto_version: load(&r.proto_version),
             },
             uptime_s: shared.uptime().as_secs_f64(),
             pgwire: PgwireSnapshot::default(),
@@ -601,7 +609,7 @@ impl Sample {
         use MetricType::{Counter, Gauge};
         let r = &self.repl;
         let b = |v: bool| if v { 1.0 } else { 0.0 };
-        let rows: [(&str, &str, MetricType, f64); 12] = [
+        let rows: [(&str, &str, MetricType, f64); 16] = [
             ("pgline_replication_connected", "1 while a replication connection is open.", Gauge, b(r.connected)),
             ("pgline_replication_streaming", "1 while the WAL stream is in streaming mode.", Gauge, b(r.streaming)),
             ("pgline_replication_serve_hits", "1 while hits are served; 0 means every read goes to the origin (lag past replication.max_lag_ms or stream down).", Gauge, b(r.serve_hits)),
@@ -614,6 +622,10 @@ impl Sample {
             ("pgline_replication_slot_resets", "Times the slot was missing and re-created (the cache was flushed).", Counter, r.resets as f64),
             ("pgline_replication_transactions", "Transactions received from the WAL.", Counter, r.txns as f64),
             ("pgline_replication_changes", "Row changes received from the WAL.", Counter, r.changes as f64),
+            ("pgline_replication_proto_version", "pgoutput protocol version of the WAL stream (0 before the first).", Gauge, r.proto_version as f64),
+            ("pgline_wal_buffered_bytes", "Estimated bytes of changes buffered for open (Begin…Commit and streamed) transactions; bounded by replication.max_txn_memory.", Gauge, r.buffered_bytes as f64),
+            ("pgline_wal_buffered_peak_bytes", "Highest pgline_wal_buffered_bytes since start.", Gauge, r.buffered_peak_bytes as f64),
+            ("pgline_wal_txn_overflows", "Transactions past replication.max_txn_memory, applied as a flush of their tables at commit.", Counter, r.txn_overflows as f64),
         ];
         for (name, help, kind, v) in rows {
             scalar(enc, name, help, kind, v)?;

@@ -325,6 +325,7 @@ fn start_control_plane(
         status_interval: Duration::from_millis(cfg.replication.status_interval_ms),
         keepalive_request_interval: Duration::from_millis(100),
         reconnect_backoff: Duration::from_millis(cfg.replication.reconnect_backoff_ms),
+        max_txn_memory: cfg.replication.max_txn_memory,
     };
     let mut tasks = vec![tokio::spawn(wal::run_consumer(
         pg,

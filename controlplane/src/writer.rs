@@ -566,6 +566,18 @@ impl Writer {
                         self.drop_table(rel);
                     }
                 }
+                Change::Invalidate { rels } => {
+                    let mut dropped = 0;
+                    for &rel in &rels {
+                        dropped += self.drop_table(rel);
+                    }
+                    tracing::info!(
+                        xid = txn.xid,
+                        tables = ?rels,
+                        entries = dropped,
+                        "a transaction too large to buffer committed: flushed its tables"
+                    );
+                }
             }
         }
         self.applying_xid = 0;

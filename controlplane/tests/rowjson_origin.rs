@@ -263,7 +263,6 @@ async fn scalar_zoo_matches_row_to_json() {
         "'0/16B3748'::pg_lsn",
         "'x'::\"char\"",
         "'pg_class'::regclass",
-        "'<a>1</a>'::xml",
         "'$.a'::jsonpath",
         "'ab'::name",
         "'12'::xid",
@@ -290,7 +289,16 @@ async fn scalar_zoo_matches_row_to_json() {
         "1e-20::float8",
         "'1e+20'::float4",
     ];
-    let diffs = zoo_diffs(&client, &exprs).await;
+    let mut diffs = zoo_diffs(&client, &exprs).await;
+    // xml needs a server built with libxml (the PostgreSQL 18 lab's wheel is not).
+    let xml_ok = client
+        .simple_query("SELECT '<a/>'::xml")
+        .await
+        .map_err(|e| eprintln!("xml skipped: {e}"))
+        .is_ok();
+    if xml_ok {
+        diffs.extend(zoo_diffs(&client, &["'<a>1</a>'::xml"]).await);
+    }
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
     // The documented limitations: composites nest as objects and box[] splits on ';' in
     // PostgreSQL. If one of these starts to match, update the module docs.

@@ -2,6 +2,7 @@
 //!
 //! Purpose: open a `replication=database` session, authenticate (cleartext, MD5 or
 //! SCRAM-SHA-256), run replication commands (`IDENTIFY_SYSTEM`, `START_REPLICATION ... LOGICAL`)
+//! (pgoutput protocol chosen from the server's version, `streaming 'on'` from protocol 2)
 //! and then exchange CopyBoth sub-messages: `XLogData`/keepalives in, Standby Status Updates out.
 //! `tokio-postgres` has no replication API, so this module speaks the protocol itself over the
 //! origin connector ([`crate::origin`]: connection, framing, login) and writes frontend messages
@@ -132,6 +133,27 @@ pub struct ReplicationConn {
     conn: OriginConn,
     wbuf: BytesMut,
     streaming: bool,
+    /// Major version from the login's `server_version` (None if absent or unparseable).
+    server_major: Option<u32>,
+    /// pgoutput protocol of the running `START_REPLICATION` (0 before it).
+    proto_version: u32,
+}
+
+/// The highest pgoutput protocol a server of this major version speaks (16+ → 4, 15 → 3,
+/// 14 → 2, older or unknown → 1).
+pub fn max_proto_version(server_major: Option<u32>) -> u32 {
+    match server_major {
+        Some(m) if m >= 16 => 4,
+        Some(15) => 3,
+        Some(14) => 2,
+        _ => 1,
+    }
+}
+
+/// The major version in a `server_version` string ("15.18 (Debian …)", "18.6", "9.6.24").
+pub fn parse_server_major(version: &str) -> Option<u32> {
+    let digits: String = version.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
 }
 
 impl ReplicationConn {
@@ -167,7 +189,7 @@ impl ReplicationConn {
             password: config.get_password(),
         };
         let timeout = config.get_connect_timeout().copied();
-        let (conn, _, _) = origin::connect(origin, timeout, &startup, who, 64 * 1024)
+        let (conn, logged_in, _) = origin::connect(origin, timeout, &startup, who, 64 * 1024)
             .await
             .map_err(|e| match e {
                 origin::ConnectError::Open { addr, source } => WalError::Connect {
@@ -186,6 +208,12 @@ impl ReplicationConn {
             conn,
             wbuf: BytesMut::with_capacity(1024),
             streaming: false,
+            server_major: logged_in
+                .params
+                .iter()
+                .find(|(k, _)| k == "server_version")
+                .and_then(|(_, v)| parse_server_major(v)),
+            proto_version: 0,
         })
     }
 
@@ -254,9 +282,22 @@ impl ReplicationConn {
         })
     }
 
-    /// Starts logical streaming from `slot` with pgoutput protocol 1 for `publication`, at
-    /// `start_lsn` (0 means "from the slot's confirmed position"). On success the connection is
-    /// in CopyBoth mode: use [`recv`](Self::recv) and [`send_status`](Self::send_status).
+    /// The origin's major version, from the login's `server_version`.
+    pub fn server_major(&self) -> Option<u32> {
+        self.server_major
+    }
+
+    /// The pgoutput protocol of the running stream (0 before [`start_logical`](Self::start_logical)).
+    pub fn proto_version(&self) -> u32 {
+        self.proto_version
+    }
+
+    /// Starts logical streaming from `slot` for `publication`, at `start_lsn` (0 means "from
+    /// the slot's confirmed position"), with the highest pgoutput protocol the server's version
+    /// implies ([`max_proto_version`]) and `streaming 'on'` from protocol 2 (never `parallel`).
+    /// If the server answers that it only supports a lower protocol, it retries one lower.
+    /// On success the connection is in CopyBoth mode: use [`recv`](Self::recv) and
+    /// [`send_status`](Self::send_status).
     pub async fn start_logical(
         &mut self,
         slot: &str,
@@ -268,8 +309,37 @@ impl ReplicationConn {
                 "NUL byte in slot or publication name".into(),
             ));
         }
+        let mut proto = max_proto_version(self.server_major);
+        loop {
+            match self.try_start(slot, publication, start_lsn, proto).await {
+                Err(WalError::Server { code, message, .. })
+                    if proto > 1
+                        && code == "0A000"
+                        && message.contains("only supports protocol") =>
+                {
+                    tracing::info!(proto, %message, "origin refused the pgoutput protocol; trying one lower");
+                    proto -= 1;
+                }
+                other => {
+                    if other.is_ok() {
+                        self.proto_version = proto;
+                    }
+                    return other;
+                }
+            }
+        }
+    }
+
+    async fn try_start(
+        &mut self,
+        slot: &str,
+        publication: &str,
+        start_lsn: u64,
+        proto: u32,
+    ) -> Result<(), WalError> {
+        let streaming = if proto >= 2 { ", streaming 'on'" } else { "" };
         let sql = format!(
-            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '{proto}', publication_names {}{streaming})",
             quote_ident(slot),
             format_lsn(start_lsn),
             quote_literal(&quote_ident(publication)),
@@ -437,6 +507,28 @@ fn unexpected(during: &str, msg: &Backend) -> WalError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn protocol_from_server_version() {
+        let major = |v: &str| parse_server_major(v);
+        assert_eq!(major("15.18 (Debian 15.18-1.pgdg120+1)"), Some(15));
+        assert_eq!(major("18.6"), Some(18));
+        assert_eq!(major("9.6.24"), Some(9));
+        assert_eq!(major("17beta1"), Some(17));
+        assert_eq!(major("devel"), None);
+        let proto = |v: &str| max_proto_version(major(v));
+        assert_eq!(
+            [
+                proto("18.6"),
+                proto("16.1"),
+                proto("15.4"),
+                proto("14.2"),
+                proto("13.9")
+            ],
+            [4, 4, 3, 2, 1]
+        );
+        assert_eq!(max_proto_version(None), 1);
+    }
 
     #[test]
     fn quoting() {

@@ -1,5 +1,6 @@
-//! The consumer task: session set-up, the streaming loop, transaction assembly, feedback and
-//! reconnects. See the parent module for the invariants it keeps.
+//! The consumer task: session set-up, the streaming loop, transaction assembly (Begin…Commit
+//! and streamed, buffered in [`TxnBuffers`]), feedback and reconnects. See the parent module
+//! for the invariants it keeps.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -9,7 +10,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, watch};
 
 use super::conn::{ReplicationConn, ReplicationEvent};
-use super::pgoutput::{parse_message, Message};
+use super::pgoutput::{parse_message_in, Message};
+use super::txnbuf::{Overflowed, TxnBuffers};
 use super::{slot, Change, ReplicationState, WalConfig, WalError, WalEvent, WalTxn};
 use crate::clock::{unix_now_us, PG_EPOCH_UNIX_US};
 use crate::lsn::format_lsn;
@@ -50,7 +52,7 @@ pub async fn run_consumer(
             state: &state,
             events: &events,
             shutdown: &mut shutdown,
-            txn: None,
+            open: TxnBuffers::new(cfg.max_txn_memory),
             last_progress: 0,
             flush_floor: 0,
             marks: VecDeque::new(),
@@ -84,8 +86,9 @@ struct Session<'a> {
     state: &'a ReplicationState,
     events: &'a mpsc::Sender<WalEvent>,
     shutdown: &'a mut watch::Receiver<bool>,
-    /// The transaction being assembled (Begin seen, Commit not yet).
-    txn: Option<WalTxn>,
+    /// The transactions being assembled: Begin seen and Commit not yet, and streamed ones.
+    /// A new session starts empty: the server re-sends whatever was open.
+    open: TxnBuffers,
     /// Last `Progress` lsn sent.
     last_progress: u64,
     /// The slot's confirmed position at start: a lower `applied_lsn` is not reported (it would
@@ -125,9 +128,16 @@ impl Session<'_> {
         conn.start_logical(&self.cfg.slot, &self.cfg.publication, start)
             .await?;
         self.state.streaming.store(true, Ordering::Release);
+        let proto = conn.proto_version();
+        self.state
+            .proto_version
+            .store(u64::from(proto), Ordering::Relaxed);
         *streamed_before = true;
-        tracing::info!(slot = %self.cfg.slot, start = %format_lsn(start), "WAL streaming started");
-        self.stream(&mut conn).await
+        tracing::info!(slot = %self.cfg.slot, start = %format_lsn(start), proto, "WAL streaming started");
+        let result = self.stream(&mut conn).await;
+        // The session's open transactions go with it: the next one is re-sent them whole.
+        self.state.buffered_bytes.store(0, Ordering::Relaxed);
+        result
     }
 
     /// Checks the origin, ensures publication and slot; true if the slot had to be re-created
@@ -274,8 +284,8 @@ impl Session<'_> {
                 self.mark(end);
                 self.state.received_lsn.fetch_max(end, Ordering::AcqRel);
                 self.state.server_wal_end.fetch_max(end, Ordering::AcqRel);
-                let msg = parse_message(&data)?;
-                self.process_message(msg).await
+                let (sub, msg) = parse_message_in(&data, self.open.in_block())?;
+                self.process_message(msg, sub, data.len()).await
             }
             ReplicationEvent::Keepalive {
                 wal_end,
@@ -292,7 +302,10 @@ impl Session<'_> {
                     Ordering::Release,
                 );
                 let applied = self.state.applied_lsn.load(Ordering::Acquire);
-                if self.txn.is_none() && wal_end > self.last_progress && wal_end > applied {
+                // Open streamed transactions do not hold Progress back: their commit comes
+                // after this wal_end, and the server re-sends them whole from the slot's
+                // restart point after a reconnect.
+                if !self.open.in_txn() && wal_end > self.last_progress && wal_end > applied {
                     // Progress is advisory and superseded by the next one: never wait for room
                     // (a slow applier would otherwise stall the stream and its feedback).
                     match self.events.try_send(WalEvent::Progress { lsn: wal_end }) {
@@ -312,26 +325,23 @@ impl Session<'_> {
         }
     }
 
-    async fn process_message(&mut self, msg: Message) -> Result<Flow, WalError> {
+    /// One decoded message; `sub` is the xid a message inside a stream block carried, `wire`
+    /// its size on the wire (for the memory bound).
+    async fn process_message(
+        &mut self,
+        msg: Message,
+        sub: Option<u32>,
+        wire: usize,
+    ) -> Result<Flow, WalError> {
         let change = match msg {
-            Message::Begin {
-                final_lsn,
-                commit_ts,
-                xid,
-            } => {
-                if let Some(open) = self.txn.take() {
+            Message::Begin { xid, .. } => {
+                if let Some(dropped) = self.open.begin(xid)? {
                     tracing::warn!(
-                        xid = open.xid,
+                        xid = dropped,
                         "Begin inside an open transaction; dropped it"
                     );
+                    self.publish_buffered();
                 }
-                self.txn = Some(WalTxn {
-                    xid,
-                    commit_lsn: final_lsn,
-                    end_lsn: 0,
-                    commit_ts_us: commit_ts.saturating_add(PG_EPOCH_UNIX_US),
-                    changes: Vec::new(),
-                });
                 return Ok(Flow::Continue);
             }
             Message::Commit {
@@ -339,9 +349,39 @@ impl Session<'_> {
                 end_lsn,
                 commit_ts,
                 ..
-            } => return self.process_commit(commit_lsn, end_lsn, commit_ts).await,
+            } => {
+                let txn = self
+                    .open
+                    .commit(commit_lsn, end_lsn, to_unix_us(commit_ts))?;
+                return self.process_commit(txn).await;
+            }
+            Message::StreamStart { xid, first_segment } => {
+                self.open.stream_start(xid, first_segment)?;
+                return Ok(Flow::Continue);
+            }
+            Message::StreamStop => {
+                self.open.stream_stop()?;
+                return Ok(Flow::Continue);
+            }
+            Message::StreamCommit {
+                xid,
+                commit_lsn,
+                end_lsn,
+                commit_ts,
+                ..
+            } => {
+                let txn =
+                    self.open
+                        .stream_commit(xid, commit_lsn, end_lsn, to_unix_us(commit_ts))?;
+                return self.process_commit(txn).await;
+            }
+            Message::StreamAbort { xid, subxid, .. } => {
+                self.open.stream_abort(xid, subxid);
+                self.publish_buffered();
+                return Ok(Flow::Continue);
+            }
             Message::Relation(rel) => {
-                if self.txn.is_none() {
+                if !self.open.in_txn() && !self.open.in_block() {
                     let txn = WalTxn {
                         xid: 0,
                         commit_lsn: 0,
@@ -368,32 +408,43 @@ impl Session<'_> {
                 return Ok(Flow::Continue)
             }
         };
-        let txn = self
-            .txn
-            .as_mut()
-            .ok_or_else(|| WalError::Protocol("row change outside a transaction".into()))?;
-        txn.changes.push(change);
+        let overflowed = self.open.push(sub, change, wire)?;
+        for o in overflowed {
+            self.note_overflow(o);
+        }
+        self.publish_buffered();
         Ok(Flow::Continue)
     }
 
-    async fn process_commit(
-        &mut self,
-        commit_lsn: u64,
-        end_lsn: u64,
-        commit_ts: i64,
-    ) -> Result<Flow, WalError> {
-        let mut txn = self
-            .txn
-            .take()
-            .ok_or_else(|| WalError::Protocol("Commit without Begin".into()))?;
-        txn.commit_lsn = commit_lsn;
-        txn.end_lsn = end_lsn;
-        txn.commit_ts_us = commit_ts.saturating_add(PG_EPOCH_UNIX_US);
+    fn note_overflow(&self, o: Overflowed) {
+        self.state.txn_overflows.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            xid = o.xid,
+            mib = o.bytes >> 20,
+            limit_mib = self.cfg.max_txn_memory >> 20,
+            tables = ?o.rels,
+            "transaction exceeds replication.max_txn_memory: its row changes are dropped and its tables flushed at commit"
+        );
+    }
+
+    /// Publishes the buffered bytes (and their peak).
+    fn publish_buffered(&self) {
+        let bytes = self.open.bytes() as u64;
+        self.state.buffered_bytes.store(bytes, Ordering::Relaxed);
+        self.state
+            .buffered_peak_bytes
+            .fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// Delivers a committed transaction, unless it is a re-delivery.
+    async fn process_commit(&mut self, txn: WalTxn) -> Result<Flow, WalError> {
+        self.publish_buffered();
         let applied = self.state.applied_lsn.load(Ordering::Acquire);
-        if end_lsn <= applied {
-            tracing::debug!(xid = txn.xid, end = %format_lsn(end_lsn), "skipping re-delivered txn");
+        if txn.end_lsn <= applied {
+            tracing::debug!(xid = txn.xid, end = %format_lsn(txn.end_lsn), "skipping re-delivered txn");
             return Ok(Flow::Continue);
         }
+        let end_lsn = txn.end_lsn;
         let n = txn.changes.len() as u64;
         let flow = self.deliver_flow(WalEvent::Txn(txn)).await?;
         if matches!(flow, Flow::Continue) {
@@ -419,6 +470,11 @@ impl Session<'_> {
             _ = wait_shutdown(self.shutdown) => Some(Stop::Shutdown),
         }
     }
+}
+
+/// A pgoutput timestamp (µs since 2000-01-01) as µs since the Unix epoch.
+fn to_unix_us(pg_ts: i64) -> i64 {
+    pg_ts.saturating_add(PG_EPOCH_UNIX_US)
 }
 
 /// Resolves once shutdown is requested or its sender is dropped.

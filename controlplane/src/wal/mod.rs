@@ -1,8 +1,9 @@
 //! The WAL consumer: keeps the cache coherent by tailing the origin's WAL.
 //!
 //! Purpose: stream committed changes of the published tables from a permanent logical slot
-//! (`pgoutput`, protocol 1) and hand them, one whole transaction at a time and in commit order,
-//! to the store writer as [`WalEvent`]s. Not on the hit path: it runs as one tokio task in the
+//! (`pgoutput`, the highest protocol the origin speaks: 4 on PostgreSQL 16+, 3 on 15, 2 on 14,
+//! else 1; `streaming 'on'` from protocol 2) and hand them, one whole transaction at a time and
+//! in commit order, to the store writer as [`WalEvent`]s. Not on the hit path: it runs as one tokio task in the
 //! control plane ([`run_consumer`]).
 //!
 //! ```text
@@ -18,8 +19,17 @@
 //!   by the `flush` field of status updates, and that is always `state.applied_lsn`, which the
 //!   store writer sets after applying. So after any crash or disconnect the server re-sends
 //!   every change the cache has not applied. (`write` reports what was received.)
-//! - A [`WalTxn`] is delivered only when its Commit arrives; a connection lost mid-transaction
-//!   discards the partial transaction, and the server re-sends it whole.
+//! - A [`WalTxn`] is delivered only when its Commit (or Stream Commit) arrives; a connection
+//!   lost mid-transaction discards the partial transaction, and the server re-sends it whole.
+//! - Streamed (in-progress) transactions are buffered per top-level xid until Stream Commit;
+//!   a subtransaction's abort cuts the buffer at that subtransaction's first change, a
+//!   top-level abort drops it. Nothing of an uncommitted transaction reaches the writer.
+//! - Memory bound: the changes buffered over every open transaction (Begin…Commit and
+//!   streamed) stay under [`WalConfig::max_txn_memory`] (estimated bytes). Past it the largest
+//!   transaction *overflows*: its row changes are dropped, only the tables it touches (and its
+//!   Relation messages) are kept, and at commit it is delivered as those Relations plus one
+//!   [`Change::Invalidate`], which the writer applies like a TRUNCATE of those tables (entries
+//!   out, leases voided, result-cache answers dropped). No stale entry survives it.
 //! - A transaction whose `end_lsn <= state.applied_lsn` is a re-delivery and is skipped here.
 //! - [`WalEvent::Progress`] is sent only between transactions, so `lsn` never splits one.
 //! - If the slot vanished after we had streamed from it, the consumer re-creates it and sends
@@ -38,6 +48,8 @@
 //! - `Progress` is sent with `try_send` and skipped when the channel is full (the next
 //!   keepalive supersedes it), so a slow applier never stalls the stream on Progress alone.
 //! - Type, Origin and logical-decoding Message messages are ignored.
+//! - The memory bound counts an estimate (wire bytes of each message plus the decoded vectors),
+//!   not the allocator's figure.
 
 #![deny(unsafe_code)]
 
@@ -46,6 +58,7 @@ mod consumer;
 mod error;
 pub mod pgoutput;
 pub mod slot;
+mod txnbuf;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
@@ -62,6 +75,8 @@ pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_KEEPALIVE_REQUEST_INTERVAL: Duration = Duration::from_millis(100);
 /// Default pause before reconnecting after an error.
 pub const DEFAULT_RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
+/// Default bound on the changes buffered for open transactions (64 MiB).
+pub const DEFAULT_MAX_TXN_MEMORY: usize = 64 << 20;
 
 /// Settings of the WAL consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +94,9 @@ pub struct WalConfig {
     pub keepalive_request_interval: Duration,
     /// Pause between a failed session and the next connection attempt.
     pub reconnect_backoff: Duration,
+    /// Bound on the (estimated) bytes of changes buffered over all open transactions; past
+    /// it the largest one overflows into a table flush at commit (see the module docs).
+    pub max_txn_memory: usize,
 }
 
 impl WalConfig {
@@ -91,6 +109,7 @@ impl WalConfig {
             status_interval: DEFAULT_STATUS_INTERVAL,
             keepalive_request_interval: DEFAULT_KEEPALIVE_REQUEST_INTERVAL,
             reconnect_backoff: DEFAULT_RECONNECT_BACKOFF,
+            max_txn_memory: DEFAULT_MAX_TXN_MEMORY,
         }
     }
 
@@ -153,6 +172,14 @@ pub struct ReplicationState {
     pub txns: AtomicU64,
     /// Row changes delivered.
     pub changes: AtomicU64,
+    /// Estimated bytes of changes buffered for open (Begin…Commit and streamed) transactions.
+    pub buffered_bytes: AtomicU64,
+    /// Highest `buffered_bytes` seen since start.
+    pub buffered_peak_bytes: AtomicU64,
+    /// Transactions that went past `max_txn_memory` and were delivered as table flushes.
+    pub txn_overflows: AtomicU64,
+    /// pgoutput protocol version of the current (or last) session; 0 before the first.
+    pub proto_version: AtomicU64,
 }
 
 impl ReplicationState {
@@ -215,6 +242,11 @@ pub enum Change {
         old_key: Vec<TupleValue>,
     },
     Truncate {
+        rels: Vec<u32>,
+    },
+    /// The transaction changed these tables, but its row changes were too many to buffer
+    /// (`max_txn_memory`): drop everything cached of them, as for a TRUNCATE.
+    Invalidate {
         rels: Vec<u32>,
     },
 }

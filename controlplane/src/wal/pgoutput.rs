@@ -1,8 +1,15 @@
-//! Decoder for the `pgoutput` logical decoding output plugin, protocol version 1.
+//! Decoder for the `pgoutput` logical decoding output plugin, protocol versions 1 to 4.
 //!
 //! Purpose: turn the payload of one `XLogData` message into a typed [`Message`]. This is the
 //! only place that knows pgoutput's byte layout (PostgreSQL docs, "Logical Replication Message
 //! Formats").
+//!
+//! Streamed transactions (protocol 2+, `streaming 'on'`): Stream Start/Stop/Commit/Abort are
+//! decoded by [`parse_message_in`] wherever they appear. Between a Stream Start and its Stream
+//! Stop, the Relation, Type, Insert, Update, Delete, Truncate and Message messages carry the
+//! (sub)transaction's xid right after the type byte; the caller says whether it is inside such
+//! a block (`in_stream`), and gets that xid back. Protocols 3 and 4 change nothing else that
+//! pgline asks for (two-phase and parallel streaming are never requested).
 //!
 //! Invariants:
 //! - Input is untrusted: every length and count is checked against the bytes that remain;
@@ -16,8 +23,8 @@
 //!
 //! Thread model: pure functions, no state.
 //!
-//! Limitations: protocol version 1 only (no streamed transactions, two-phase or binary
-//! columns; a `'b'` column is rejected as `UnknownColumnKind`). Names are decoded as UTF-8
+//! Limitations: no two-phase messages and no binary columns (a `'b'` column is rejected as
+//! `UnknownColumnKind`). Names are decoded as UTF-8
 //! (the replication connection asks for `client_encoding=UTF8`).
 
 use bytes::Bytes;
@@ -27,7 +34,8 @@ use bytes::Bytes;
 pub enum DecodeError {
     /// The message ended before a field it declares.
     Truncated,
-    /// The first byte is not a known protocol-1 message type.
+    /// The first byte is not a known message type (or a stream control message inside a
+    /// stream block).
     UnknownMessage(u8),
     /// A tuple column kind other than `n`, `u`, `t`.
     UnknownColumnKind(u8),
@@ -152,13 +160,80 @@ pub enum Message {
         prefix: String,
         content: Bytes,
     },
+    /// Start of a block of changes of the in-progress transaction `xid`.
+    StreamStart {
+        xid: u32,
+        /// The first block of this transaction (in this session).
+        first_segment: bool,
+    },
+    /// End of the current stream block.
+    StreamStop,
+    /// The streamed transaction `xid` committed.
+    StreamCommit {
+        xid: u32,
+        flags: u8,
+        commit_lsn: u64,
+        end_lsn: u64,
+        /// Microseconds since 2000-01-01 UTC.
+        commit_ts: i64,
+    },
+    /// The streamed transaction `xid` (when `subxid == xid`) or its subtransaction `subxid`
+    /// aborted.
+    StreamAbort {
+        xid: u32,
+        subxid: u32,
+        /// Abort LSN and time: only sent with `streaming 'parallel'` (protocol 4), which pgline
+        /// never asks for; decoded when present.
+        lsn_ts: Option<(u64, i64)>,
+    },
 }
 
-/// Decodes one pgoutput (protocol version 1) message.
+/// Decodes one pgoutput message outside a stream block (what protocol 1 sends).
 pub fn parse_message(data: &Bytes) -> Result<Message, DecodeError> {
+    parse_message_in(data, false).map(|(_, msg)| msg)
+}
+
+/// Decodes one pgoutput message. With `in_stream` (between Stream Start and Stream Stop), the
+/// data messages carry a transaction id, returned as `Some(xid)`; otherwise the id is `None`.
+/// Stream Start, Commit and Abort are rejected inside a block, as PostgreSQL never sends them
+/// there.
+pub fn parse_message_in(
+    data: &Bytes,
+    in_stream: bool,
+) -> Result<(Option<u32>, Message), DecodeError> {
     let mut r = Reader { buf: data, pos: 0 };
     let tag = r.u8().map_err(|_| DecodeError::Empty)?;
+    let carries_xid = in_stream && matches!(tag, b'R' | b'Y' | b'I' | b'U' | b'D' | b'T' | b'M');
+    let xid = if carries_xid { Some(r.u32()?) } else { None };
     let msg = match tag {
+        b'S' | b'c' | b'A' if in_stream => return Err(DecodeError::UnknownMessage(tag)),
+        b'S' => Message::StreamStart {
+            xid: r.u32()?,
+            first_segment: r.u8()? == 1,
+        },
+        b'E' => Message::StreamStop,
+        b'c' => Message::StreamCommit {
+            xid: r.u32()?,
+            flags: r.u8()?,
+            commit_lsn: r.u64()?,
+            end_lsn: r.u64()?,
+            commit_ts: r.i64()?,
+        },
+        b'A' => {
+            let xid = r.u32()?;
+            let subxid = r.u32()?;
+            // The parallel-streaming tail is there or not: decide by what is left.
+            let lsn_ts = if r.remaining() == 0 {
+                None
+            } else {
+                Some((r.u64()?, r.i64()?))
+            };
+            Message::StreamAbort {
+                xid,
+                subxid,
+                lsn_ts,
+            }
+        }
         b'B' => Message::Begin {
             final_lsn: r.u64()?,
             commit_ts: r.i64()?,
@@ -216,7 +291,7 @@ pub fn parse_message(data: &Bytes) -> Result<Message, DecodeError> {
     if r.pos != data.len() {
         return Err(DecodeError::TrailingBytes);
     }
-    Ok(msg)
+    Ok((xid, msg))
 }
 
 fn parse_relation(r: &mut Reader<'_>) -> Result<Relation, DecodeError> {

@@ -274,19 +274,200 @@ fn malformed() {
     assert_eq!(parse_message(&b(&o)), Err(DecodeError::InvalidUtf8));
 }
 
+#[test]
+fn stream_start_stop() {
+    let mut v = vec![b'S'];
+    v.extend_from_slice(&901u32.to_be_bytes());
+    v.push(1);
+    assert_eq!(
+        parse_message_in(&b(&v), false),
+        Ok((
+            None,
+            Message::StreamStart {
+                xid: 901,
+                first_segment: true
+            }
+        ))
+    );
+    v[5] = 0;
+    assert_eq!(
+        parse_message(&b(&v)),
+        Ok(Message::StreamStart {
+            xid: 901,
+            first_segment: false
+        })
+    );
+    for n in 1..v.len() {
+        assert_eq!(parse_message(&b(&v[..n])), Err(DecodeError::Truncated));
+    }
+    // Stream Start cannot nest.
+    assert_eq!(
+        parse_message_in(&b(&v), true),
+        Err(DecodeError::UnknownMessage(b'S'))
+    );
+    // Stream Stop is one byte, in a block or not.
+    assert_eq!(
+        parse_message_in(&b(b"E"), true),
+        Ok((None, Message::StreamStop))
+    );
+    assert_eq!(parse_message(&b(b"E\0")), Err(DecodeError::TrailingBytes));
+}
+
+#[test]
+fn stream_commit() {
+    let mut v = vec![b'c'];
+    v.extend_from_slice(&901u32.to_be_bytes());
+    v.push(0);
+    v.extend_from_slice(&0x10u64.to_be_bytes());
+    v.extend_from_slice(&0x28u64.to_be_bytes());
+    v.extend_from_slice(&777i64.to_be_bytes());
+    assert_eq!(
+        parse_message(&b(&v)),
+        Ok(Message::StreamCommit {
+            xid: 901,
+            flags: 0,
+            commit_lsn: 0x10,
+            end_lsn: 0x28,
+            commit_ts: 777
+        })
+    );
+    for n in 1..v.len() {
+        assert_eq!(parse_message(&b(&v[..n])), Err(DecodeError::Truncated));
+    }
+    assert_eq!(
+        parse_message_in(&b(&v), true),
+        Err(DecodeError::UnknownMessage(b'c'))
+    );
+}
+
+#[test]
+fn stream_abort_with_and_without_parallel_tail() {
+    // Top-level abort, as sent without `streaming 'parallel'`: no LSN/time tail.
+    let mut v = vec![b'A'];
+    v.extend_from_slice(&901u32.to_be_bytes());
+    v.extend_from_slice(&901u32.to_be_bytes());
+    assert_eq!(
+        parse_message(&b(&v)),
+        Ok(Message::StreamAbort {
+            xid: 901,
+            subxid: 901,
+            lsn_ts: None
+        })
+    );
+    // A subtransaction's abort.
+    let mut sub = vec![b'A'];
+    sub.extend_from_slice(&901u32.to_be_bytes());
+    sub.extend_from_slice(&905u32.to_be_bytes());
+    assert!(matches!(
+        parse_message(&b(&sub)),
+        Ok(Message::StreamAbort {
+            xid: 901,
+            subxid: 905,
+            lsn_ts: None
+        })
+    ));
+    // With the parallel tail (protocol 4, `streaming 'parallel'`).
+    let mut par = sub.clone();
+    par.extend_from_slice(&0x99u64.to_be_bytes());
+    par.extend_from_slice(&5i64.to_be_bytes());
+    assert_eq!(
+        parse_message(&b(&par)),
+        Ok(Message::StreamAbort {
+            xid: 901,
+            subxid: 905,
+            lsn_ts: Some((0x99, 5))
+        })
+    );
+    // A partial tail is truncated, not silently ignored.
+    assert_eq!(
+        parse_message(&b(&par[..par.len() - 3])),
+        Err(DecodeError::Truncated)
+    );
+    assert_eq!(parse_message(&b(&v[..6])), Err(DecodeError::Truncated));
+}
+
+/// Prefixes `body` (a protocol-1 message) with the in-stream xid after its type byte.
+fn in_stream(body: &[u8], xid: u32) -> Bytes {
+    let mut v = vec![body[0]];
+    v.extend_from_slice(&xid.to_be_bytes());
+    v.extend_from_slice(&body[1..]);
+    b(&v)
+}
+
+#[test]
+fn data_messages_inside_a_stream_carry_the_subxact_xid() {
+    // Insert of a subtransaction (xid 905 under top-level 901).
+    let mut ins = vec![b'I'];
+    ins.extend_from_slice(&7u32.to_be_bytes());
+    ins.push(b'N');
+    ins.extend_from_slice(&tuple_bytes());
+    let (xid, msg) = parse_message_in(&in_stream(&ins, 905), true).unwrap();
+    assert_eq!(xid, Some(905));
+    assert_eq!(msg, parse_message(&b(&ins)).unwrap());
+    // The same bytes outside a block are a different (here: malformed) message.
+    assert!(parse_message(&in_stream(&ins, 905)).is_err());
+
+    // A Relation inside a stream.
+    let mut rel = vec![b'R'];
+    rel.extend_from_slice(&16384u32.to_be_bytes());
+    rel.extend_from_slice(b"public\0t\0d");
+    rel.extend_from_slice(&1i16.to_be_bytes());
+    rel.extend_from_slice(b"\x01id\0");
+    rel.extend_from_slice(&23u32.to_be_bytes());
+    rel.extend_from_slice(&(-1i32).to_be_bytes());
+    let (xid, msg) = parse_message_in(&in_stream(&rel, 901), true).unwrap();
+    assert_eq!(xid, Some(901));
+    let Message::Relation(r) = msg else {
+        panic!("not a relation")
+    };
+    assert_eq!((r.id, r.name.as_str(), r.columns.len()), (16384, "t", 1));
+
+    // Update, Delete, Truncate, Type and Message all take the xid.
+    let mut upd = vec![b'U'];
+    upd.extend_from_slice(&7u32.to_be_bytes());
+    upd.push(b'N');
+    upd.extend_from_slice(&tuple_bytes());
+    let mut del = vec![b'D'];
+    del.extend_from_slice(&9u32.to_be_bytes());
+    del.push(b'K');
+    del.extend_from_slice(&1i16.to_be_bytes());
+    del.extend_from_slice(b"t\0\0\0\x015");
+    let mut tr = vec![b'T'];
+    tr.extend_from_slice(&1i32.to_be_bytes());
+    tr.push(0);
+    tr.extend_from_slice(&3u32.to_be_bytes());
+    let mut ty = vec![b'Y'];
+    ty.extend_from_slice(&600u32.to_be_bytes());
+    ty.extend_from_slice(b"public\0mood\0");
+    let mut m = vec![b'M', 1];
+    m.extend_from_slice(&8u64.to_be_bytes());
+    m.extend_from_slice(b"pfx\0");
+    m.extend_from_slice(&0i32.to_be_bytes());
+    for body in [&upd, &del, &tr, &ty, &m] {
+        let (xid, msg) = parse_message_in(&in_stream(body, 77), true).unwrap();
+        assert_eq!(xid, Some(77));
+        assert_eq!(msg, parse_message(&b(body)).unwrap());
+        // Without its xid the message is cut short or misread, never accepted as-is.
+        let cut = in_stream(body, 77).slice(..4);
+        assert_eq!(parse_message_in(&cut, true), Err(DecodeError::Truncated));
+    }
+}
+
 proptest! {
     #[test]
     fn random_bytes_never_panic(v in proptest::collection::vec(any::<u8>(), 0..256)) {
-        let _ = parse_message(&Bytes::from(v));
+        let _ = parse_message(&Bytes::from(v.clone()));
+        let _ = parse_message_in(&Bytes::from(v), true);
     }
 
     #[test]
     fn random_tail_after_valid_tag_never_panics(
-        tag in prop::sample::select(b"BCORYIUDTM".to_vec()),
+        tag in prop::sample::select(b"BCORYIUDTMSEcA".to_vec()),
         v in proptest::collection::vec(any::<u8>(), 0..128),
+        in_stream in any::<bool>(),
     ) {
         let mut all = vec![tag];
         all.extend_from_slice(&v);
-        let _ = parse_message(&Bytes::from(all));
+        let _ = parse_message_in(&Bytes::from(all), in_stream);
     }
 }

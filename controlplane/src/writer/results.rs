@@ -288,7 +288,7 @@ impl Results {
             Change::Insert { rel, new } => (*rel, None, Some(new), false),
             Change::Update { rel, old_key, new } => (*rel, old_key.as_ref(), Some(new), true),
             Change::Delete { rel, old_key } => (*rel, Some(old_key), None, false),
-            Change::Truncate { .. } => return,
+            Change::Truncate { .. } | Change::Invalidate { .. } => return,
         };
         if rel == RESULTS_TABLE {
             return;
@@ -401,14 +401,15 @@ impl super::Writer {
     }
 }
 
-/// The relation a change is about (0 for a truncate: its tables go through `drop_table`).
+/// The relation a change is about (0 for a truncate or an invalidation: their tables go
+/// through `drop_table`).
 pub(super) fn change_rel(change: &Change) -> u32 {
     match change {
         Change::Relation(r) => r.id,
         Change::Insert { rel, .. } | Change::Update { rel, .. } | Change::Delete { rel, .. } => {
             *rel
         }
-        Change::Truncate { .. } => 0,
+        Change::Truncate { .. } | Change::Invalidate { .. } => 0,
     }
 }
 

@@ -141,6 +141,14 @@ async fn psql_require_and_verify_full_run_cached_and_relayed_queries() {
         .await
         .unwrap();
     assert!(!ok && err.contains("does not match host name"), "{err}");
+    // The relay hands the origin's SASL exchange to the client: over a plaintext origin leg the
+    // origin offers no SCRAM-SHA-256-PLUS, so libpq's default channel_binding=prefer logs in
+    // (above) and channel_binding=require is refused by the client itself.
+    let info = conninfo(&p, &db, "localhost", "sslmode=require channel_binding=require");
+    let (ok, _, err) = tokio::task::spawn_blocking(move || psql(&info, &["SELECT 1"]))
+        .await
+        .unwrap();
+    assert!(!ok && err.contains("channel binding"), "{err}");
     let (done, _) = handshakes(&p);
     assert!(done >= 2, "handshakes counted: {done}");
     p.shutdown().await;

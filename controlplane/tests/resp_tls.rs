@@ -66,7 +66,10 @@ async fn redis_cli_and_redis_py_get_rows_over_tls() {
         assert!(ok, "{out}");
         assert!(out.contains("\"name\":\"user 7\""), "{out}");
     }
-    assert!(p.shared.total(|s| &s.keys_hit) >= 1, "the second GET is a hit");
+    assert!(
+        p.shared.total(|s| &s.keys_hit) >= 1,
+        "the second GET is a hit"
+    );
     // Plaintext RESP on the TLS port gets no answer: the bytes are not a ClientHello.
     let port = p.tls_addr().unwrap().port();
     let out = tokio::task::spawn_blocking(move || {
@@ -91,13 +94,18 @@ async fn redis_cli_and_redis_py_get_rows_over_tls() {
 
     // redis-py with ssl=True, when the lab venv has it.
     let python = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/lab/pgwire_venv.sh"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/lab/pgwire_venv.sh"
+        ))
         .output()
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     match python {
-        None => eprintln!("redis-py: the lab venv (deploy/lab/pgwire_venv.sh) is unavailable: skipped"),
+        None => {
+            eprintln!("redis-py: the lab venv (deploy/lab/pgwire_venv.sh) is unavailable: skipped")
+        }
         Some(python) => {
             let script = format!(
                 "import redis\n\
@@ -146,7 +154,10 @@ async fn auth_clients_yes_needs_a_certificate_from_the_client_ca() {
     let (_, out) = redis_cli(&p, &ca, &[], &["GET", "users:2"]).await;
     assert!(!out.contains("user 2"), "no certificate, no row: {out}");
     let (_, out) = redis_cli(&p, &ca, &with(&stranger), &["GET", "users:2"]).await;
-    assert!(!out.contains("user 2"), "a certificate of another CA: {out}");
+    assert!(
+        !out.contains("user 2"),
+        "a certificate of another CA: {out}"
+    );
     assert!(
         p.shared.total(|s| &s.tls_handshake_failures) >= failures + 2,
         "both refusals counted"

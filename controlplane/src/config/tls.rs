@@ -225,7 +225,10 @@ impl FrontTls {
 
     /// The certificate in use.
     pub fn loaded(&self) -> CertInfo {
-        self.loaded.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -261,10 +264,8 @@ fn build(
                     .add(ca)
                     .map_err(|e| TlsError::ClientCa(e.to_string()))?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider.clone(),
-            );
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
             let verifier = if auth == TlsAuthClients::Optional {
                 verifier.allow_unauthenticated()
             } else {
@@ -368,12 +369,24 @@ mod tests {
         };
         let e = build(&cfg, TlsAuthClients::No).expect_err("no cert file");
         assert!(
-            matches!(e, TlsError::Read { key: "cert_file", .. }),
+            matches!(
+                e,
+                TlsError::Read {
+                    key: "cert_file",
+                    ..
+                }
+            ),
             "{e}"
         );
-        assert!(matches!(read_key(&cfg.key_file), Err(TlsError::KeyMode { mode: 0o644, .. })));
+        assert!(matches!(
+            read_key(&cfg.key_file),
+            Err(TlsError::KeyMode { mode: 0o644, .. })
+        ));
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        assert!(matches!(read_key(&cfg.key_file), Err(TlsError::Empty { .. })));
+        assert!(matches!(
+            read_key(&cfg.key_file),
+            Err(TlsError::Empty { .. })
+        ));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -136,7 +136,8 @@ impl Core {
         let bind = |addr: Option<std::net::SocketAddr>, token| -> io::Result<_> {
             let Some(addr) = addr else { return Ok(None) };
             let mut l = kernel::bind_listener(addr, true, 1024)?;
-            poll.registry().register(&mut l, token, Interest::READABLE)?;
+            poll.registry()
+                .register(&mut l, token, Interest::READABLE)?;
             Ok(Some(l))
         };
         let pg_listener = bind(pg_listen, PG_LISTENER)?;

@@ -15,13 +15,16 @@ use crate::config::CertInfo;
         (status = 200, description = "Reloaded: the certificate new connections get", body = CertInfo),
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "No token configured", body = ErrorBody),
-        (status = 404, description = "No front serves TLS (no [tls] certificate in use)", body = ErrorBody),
+        (status = 409, description = "No front serves TLS (no [tls] certificate in use)", body = ErrorBody),
         (status = 422, description = "The files could not be loaded; the old certificate stays", body = ErrorBody),
     ))]
 pub async fn reload(Node(node): Node) -> Result<Json<CertInfo>, ApiError> {
     match node.reload_tls() {
-        None => Err(ApiError::not_found(
-            "no front serves TLS: set [tls] cert_file/key_file with pgwire.tls or resp.tls_listen",
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            "no front serves TLS: set [tls] cert_file/key_file with pgwire.tls or resp.tls_listen \
+             (read at start)",
         )),
         Some(Ok(info)) => Ok(Json(info)),
         Some(Err(e)) => Err(ApiError::new(

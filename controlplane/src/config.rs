@@ -19,8 +19,10 @@ use serde::{Deserialize, Serialize};
 
 mod nic;
 mod pgwire;
+mod tls;
 pub use nic::{NicConfig, NicMode};
 pub use pgwire::PgwireConfig;
+pub use tls::{CertInfo, FrontTls, PgwireTls, TlsAuthClients, TlsConfig, TlsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -46,6 +48,7 @@ pub const SECTIONS: &[&str] = &[
     "log",
     "api",
     "pgwire",
+    "tls",
 ];
 
 /// Keys whose value is always a string when it comes from an environment variable, even if it
@@ -64,6 +67,7 @@ pub struct Config {
     pub log: LogConfig,
     pub api: ApiConfig,
     pub pgwire: PgwireConfig,
+    pub tls: TlsConfig,
 }
 
 pub const DEFAULT_ORIGIN_URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
@@ -194,6 +198,11 @@ pub struct RespConfig {
     pub requests_per_turn: usize,
     pub spin_polls: u32,
     pub miss_queue: usize,
+    /// `ip:port` of the RESP TLS listener beside `listen` (empty: none); needs `[tls]`.
+    pub tls_listen: String,
+    /// Client certificates on `tls_listen`: `no`, `optional`, `yes` (Redis's names; Redis's
+    /// default is `yes`, pgline's `no`).
+    pub tls_auth_clients: TlsAuthClients,
 }
 
 impl Default for RespConfig {
@@ -214,6 +223,8 @@ impl Default for RespConfig {
             requests_per_turn: engine::DEFAULT_REQUESTS_PER_TURN,
             spin_polls: engine::DEFAULT_SPIN_POLLS,
             miss_queue: 4096,
+            tls_listen: String::new(),
+            tls_auth_clients: TlsAuthClients::No,
         }
     }
 }
@@ -271,7 +282,16 @@ impl RespConfig {
             "resp.requests_per_turn",
             "must be >= 1",
         )?;
-        check(self.miss_queue >= 16, "resp.miss_queue", "must be >= 16")
+        check(self.miss_queue >= 16, "resp.miss_queue", "must be >= 16")?;
+        if !self.tls_listen.is_empty() {
+            self.tls_listen
+                .parse::<SocketAddr>()
+                .map_err(|e| ConfigError::Invalid {
+                    key: "resp.tls_listen",
+                    reason: format!("{:?} is not an ip:port address ({e})", self.tls_listen),
+                })?;
+        }
+        Ok(())
     }
 }
 
@@ -629,6 +649,7 @@ impl Config {
         self.replication.validate()?;
         self.api.validate()?;
         self.pgwire.validate()?;
+        tls::validate(self)?;
         self.store.page_level()?;
         self.store().validate().map_err(|e| ConfigError::Invalid {
             key: "store",

@@ -155,11 +155,40 @@ fn serve(cfg: Config) -> ExitCode {
         if let Some(api) = pgline.api_addr() {
             println!("  HTTP API: http://{api}/v1/status (GET /v1/openapi.json describes it)");
         }
-        let _ = tokio::signal::ctrl_c().await;
+        wait_for_stop(&pgline).await;
         tracing::info!("shutting down");
         pgline.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+/// Waits for Ctrl-C; SIGHUP meanwhile reloads the fronts' TLS
+/// certificate (`[tls]`), as `POST /v1/tls/reload` does.
+async fn wait_for_stop(pgline: &Pgline) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!("SIGHUP not handled (no TLS reload by signal): {e}");
+            None
+        }
+    };
+    loop {
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return,
+            _ = hup => {
+                if pgline.reload_tls().is_none() {
+                    tracing::info!("SIGHUP: no front serves TLS, nothing to reload");
+                }
+            }
+        }
+    }
 }
 
 /// Installs the log subscriber; returns the hook that makes `log.level` changeable at run time.

@@ -283,6 +283,16 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         |s| &s.connections_auth_failures,
     ),
     (
+        "pgline_core_tls_handshakes",
+        "TLS handshakes completed on the fronts (PostgreSQL after SSLRequest, the RESP TLS listener).",
+        |s| &s.tls_handshakes,
+    ),
+    (
+        "pgline_core_tls_handshake_failures",
+        "TLS handshakes that failed on the fronts (bad ClientHello, no common cipher, client certificate refused); the connection was closed.",
+        |s| &s.tls_handshake_failures,
+    ),
+    (
         "pgline_resp_auth_failures",
         "Wrong passwords given over RESP (AUTH, HELLO ... AUTH).",
         |s| &s.auth_failures,

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 pub use crate::admin::LogReload;
 use crate::admin::{Admin, AdminParts};
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
-use crate::config::{Config, ConfigError, NicMode, Runtime};
+use crate::config::{Config, ConfigError, FrontTls, NicMode, Runtime};
 use crate::metrics::NicCounters;
 use crate::pgfront::{RelayConfig, RelayState};
 use crate::result_plane::ResultPlane;
@@ -82,6 +82,8 @@ pub struct Pgline {
     engine: Mutex<Option<Engine>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     local_addr: SocketAddr,
+    /// The RESP TLS listener's address (`resp.tls_listen`, port 0 resolved).
+    tls_addr: Option<SocketAddr>,
     /// `nic.mode = "mem"`: the far end of each core's in-memory port.
     mem_ports: Mutex<Vec<MemQueue>>,
     api_addr: Option<SocketAddr>,
@@ -151,8 +153,15 @@ impl Pgline {
             (writer_wake, relay_wake),
             &shutdown_rx,
         );
-        let cores = start_cores(&cfg, shared.clone())?;
+        let tls = FrontTls::new(&cfg)
+            .map_err(|e| ConfigError::Invalid {
+                key: "tls",
+                reason: e.to_string(),
+            })?
+            .map(Arc::new);
+        let cores = start_cores(&cfg, shared.clone(), tls.as_deref())?;
         let local_addr = cores.engine.local_addr();
+        let tls_addr = cores.engine.tls_local_addr();
         tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
         let api_listener = bind_api(&cfg).await?;
         let api_cfg = cfg.api.clone();
@@ -169,6 +178,7 @@ impl Pgline {
             pg_relay: control.pg_relay,
             pg_addr: cores.engine.pg_local_addr(),
             nic: cores.nic,
+            tls,
         }));
         let pgline = Arc::new(Pgline {
             admin,
@@ -176,6 +186,7 @@ impl Pgline {
             engine: Mutex::new(Some(cores.engine)),
             tasks: Mutex::new(control.tasks),
             local_addr,
+            tls_addr,
             mem_ports: Mutex::new(cores.mem_ports),
             api_addr: api_listener.as_ref().and_then(|l| l.local_addr().ok()),
         });
@@ -210,6 +221,11 @@ impl Pgline {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The RESP TLS listener's address; None without `resp.tls_listen`.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// The HTTP API's address; None with `api.enabled = false`.
@@ -423,7 +439,11 @@ fn check_transport(cfg: &Config) -> Result<(), StartError> {
 
 /// Starts the dataplane cores on the configured client transport. For `nic.mode = "mem"` also
 /// returns the far ends of the in-memory ports, one per core, for the caller to drive.
-fn start_cores(cfg: &Config, shared: Arc<Shared>) -> Result<Cores, StartError> {
+fn start_cores(
+    cfg: &Config,
+    shared: Arc<Shared>,
+    tls: Option<&FrontTls>,
+) -> Result<Cores, StartError> {
     check_transport(cfg)?;
     let listen_error = |source| StartError::Listen {
         addr: cfg.resp.listen.clone(),
@@ -432,7 +452,8 @@ fn start_cores(cfg: &Config, shared: Arc<Shared>) -> Result<Cores, StartError> {
     let mut engine_cfg = cfg.engine();
     match cfg.nic.mode {
         NicMode::Kernel => Ok(Cores {
-            engine: Engine::start(engine_cfg, shared).map_err(listen_error)?,
+            engine: Engine::start_with_tls(engine_cfg, shared, tls.map(FrontTls::front))
+                .map_err(listen_error)?,
             mem_ports: Vec::new(),
             nic: Vec::new(),
         }),

@@ -37,6 +37,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/flush"),
     ("get", "/v1/keys/{key}"),
     ("get", "/v1/queries"),
+    ("post", "/v1/tls/reload"),
     ("get", "/v1/openapi.json"),
 ];
 

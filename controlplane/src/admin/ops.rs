@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::patch::{self, restart_hint, LIVE_KEYS};
 use super::{AdminError, KeyInfo, LogReload, TableState, TableStates, TableStatus};
 use crate::catalog::{self, CatalogCell, CatalogError, TableInfo};
-use crate::config::{Config, Runtime};
+use crate::config::{CertInfo, Config, FrontTls, Runtime, TlsError};
 use crate::keytext::{check_key_text, KeyCheck};
 use crate::lsn::format_lsn;
 use crate::metrics::{NicCounters, NicPortSnapshot};
@@ -67,6 +67,8 @@ pub struct Admin {
     pg_addr: Option<SocketAddr>,
     /// Device counters of the NIC ports the cores serve on (`nic.mode = "dpdk"`).
     nic: Vec<Arc<dyn NicCounters>>,
+    /// TLS on the fronts, None when neither front serves it.
+    tls: Option<Arc<FrontTls>>,
 }
 
 /// What [`Admin::new`] is built from (the composition root's parts).
@@ -83,6 +85,7 @@ pub struct AdminParts {
     pub pg_relay: Option<Arc<RelayState>>,
     pub pg_addr: Option<SocketAddr>,
     pub nic: Vec<Arc<dyn NicCounters>>,
+    pub tls: Option<Arc<FrontTls>>,
 }
 
 impl Admin {
@@ -100,6 +103,7 @@ impl Admin {
             pg_relay,
             pg_addr,
             nic,
+            tls,
         } = parts;
         Admin {
             shared,
@@ -119,7 +123,25 @@ impl Admin {
             pg_relay,
             pg_addr,
             nic,
+            tls,
         }
+    }
+
+    /// Reloads the fronts' certificate and key from `[tls]`'s files (`POST /v1/tls/reload`,
+    /// SIGHUP): new connections get the new one; on error the old one stays in use. `None`
+    /// when no front serves TLS.
+    pub fn reload_tls(&self) -> Option<Result<CertInfo, TlsError>> {
+        let tls = self.tls.as_ref()?;
+        let result = tls.reload();
+        match &result {
+            Ok(info) => tracing::info!(
+                cert_file = %info.cert_file,
+                leaf_sha256 = %info.leaf_sha256,
+                "TLS certificate reloaded"
+            ),
+            Err(e) => tracing::error!(error = %e, "TLS reload failed: the old certificate stays"),
+        }
+        Some(result)
     }
 
     // ---- views --------------------------------------------------------------------------

@@ -31,6 +31,7 @@ mod settings;
 mod status;
 mod system;
 mod tables;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock, Weak};
@@ -135,6 +136,7 @@ fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(cache::flush))
         .routes(routes!(cache::key_info))
         .routes(routes!(system::queries))
+        .routes(routes!(tls::reload))
         .routes(routes!(system::openapi_json))
 }
 

@@ -62,6 +62,9 @@ pub struct PgwireConfig {
     /// no session uses are forgotten (their idle connections closed), and a startup that
     /// would need one more is refused with SQLSTATE 53300.
     pub max_pools: usize,
+    /// TLS on this front: `off` (SSLRequest → `N`), `on` (`S`), `required` (a plaintext
+    /// StartupMessage is refused with PostgreSQL's hostssl-only FATAL 28000); needs `[tls]`.
+    pub tls: super::PgwireTls,
 }
 
 impl Default for PgwireConfig {
@@ -81,6 +84,7 @@ impl Default for PgwireConfig {
             auth_timeout_ms: DEFAULT_PG_AUTH_TIMEOUT_MS,
             pool_idle_timeout_ms: DEFAULT_PG_POOL_IDLE_TIMEOUT_MS,
             max_pools: DEFAULT_PG_MAX_POOLS,
+            tls: super::PgwireTls::Off,
         }
     }
 }

@@ -78,6 +78,9 @@ pub(crate) struct Conn {
     /// The last parse stopped at an incomplete request: reading more may go past the read-ahead
     /// bound (up to the request size limit). Cleared by every read.
     pub incomplete: bool,
+    /// The session asked the transport to start TLS once its output (the `S` of an SSLRequest)
+    /// is written; nothing is read until then.
+    pub start_tls: bool,
 }
 
 /// Initial capacity of a connection's input and output buffers.
@@ -116,6 +119,7 @@ impl Conn {
             source: None,
             doomed: false,
             incomplete: false,
+            start_tls: false,
         }
     }
 

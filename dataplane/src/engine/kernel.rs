@@ -13,6 +13,13 @@
 //! ```
 //! Accepting applies the per-port connection limit (each core's share) and, when set, the
 //! per-source one ([`super::limits::Sources`]).
+//!
+//! TLS ([`super::tls`]): a connection accepted on the RESP TLS listener gets its session at
+//! accept; a PostgreSQL one after its SSLRequest was answered `S` (`Conn::start_tls`: the `S`
+//! is written in plaintext, nothing is read until it is, then the session is installed).
+//! Ingress then decrypts what the socket gave into the connection's input, egress seals its
+//! output and writes the ciphertext. A connection whose TLS fails gets rustls's alert (best
+//! effort) and is closed; the other connections of the core go on.
 //! Everything between the read and the write is the transport-independent session layer
 //! ([`super::session`], [`super::slots`]); this file is only what is particular to sockets.
 //! The loop never blocks while there is work: it spins for `spin_polls` empty turns, then sleeps
@@ -33,12 +40,14 @@ use crate::transport::kernel;
 use super::limits::Sources;
 use super::session::{Next, Worker};
 use super::slots::{Entry, Slots, Transport};
+use super::tls::{Ingested, TlsFront, TlsSession};
 use super::EngineConfig;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
 const PG_LISTENER: Token = Token(2);
-const FIRST_CONN: usize = 3;
+const TLS_LISTENER: Token = Token(3);
+const FIRST_CONN: usize = 4;
 /// What a PostgreSQL client over the connection limit gets (it expects a startup reply;
 /// PostgreSQL sends such an ErrorResponse too): FATAL 53300, then the socket is closed.
 pub(crate) const PG_REJECT: &[u8] =
@@ -76,6 +85,17 @@ pub(crate) struct Socket {
     readable: bool,
     /// The socket refused part of the output; wait for a writable event.
     write_blocked: bool,
+    /// The connection's TLS session, once it has one.
+    tls: Option<Box<TlsSession>>,
+}
+
+/// The listener a connection came in on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Front {
+    Resp,
+    Pg,
+    /// The RESP TLS listener (`resp.tls_listen`).
+    RespTls,
 }
 
 /// The kernel transport's side of a turn: the registry and the read buffer.
@@ -90,46 +110,51 @@ pub struct Core {
     listener: TcpListener,
     /// The PostgreSQL-protocol listener, when the pgwire front is on.
     pg_listener: Option<TcpListener>,
+    /// The RESP TLS listener, when `resp.tls_listen` is set.
+    tls_listener: Option<TcpListener>,
     slots: Slots<Socket>,
     sockets: Sockets,
     worker: Worker,
 }
 
 impl Core {
-    /// Binds this core's listeners (RESP on `listen`, PostgreSQL on `pg_listen` if given) and
-    /// registers its waker with `shared`.
+    /// Binds this core's listeners (RESP on `listen`, PostgreSQL on `pg_listen` if given, RESP
+    /// over TLS on `tls.resp_listen` if given) and registers its waker with `shared`.
     pub fn new(
         id: usize,
         ports: Ports,
         shared: Arc<Shared>,
         cfg: Arc<EngineConfig>,
         sources: Arc<Sources>,
+        tls: Option<TlsFront>,
     ) -> io::Result<Core> {
         let Ports { listen, pg_listen } = ports;
         let poll = Poll::new()?;
         let mut listener = kernel::bind_listener(listen, true, 1024)?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
-        let pg_listener = match pg_listen {
-            Some(addr) => {
-                let mut l = kernel::bind_listener(addr, true, 1024)?;
-                poll.registry()
-                    .register(&mut l, PG_LISTENER, Interest::READABLE)?;
-                Some(l)
-            }
-            None => None,
+        let bind = |addr: Option<std::net::SocketAddr>, token| -> io::Result<_> {
+            let Some(addr) = addr else { return Ok(None) };
+            let mut l = kernel::bind_listener(addr, true, 1024)?;
+            poll.registry()
+                .register(&mut l, token, Interest::READABLE)?;
+            Ok(Some(l))
         };
+        let pg_listener = bind(pg_listen, PG_LISTENER)?;
+        let tls_listener = bind(tls.as_ref().and_then(|t| t.resp_listen), TLS_LISTENER)?;
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
         let port = shared.core_port(id);
         port.set_waker(Arc::new(MioWaker(waker)));
         let registry = poll.registry().try_clone()?;
         let mut worker = Worker::new(port, cfg);
         worker.sources = sources;
+        worker.tls = tls;
         Ok(Core {
             poll,
             events: Events::with_capacity(1024),
             listener,
             pg_listener,
+            tls_listener,
             slots: Slots::new(),
             sockets: Sockets {
                 registry,
@@ -147,6 +172,14 @@ impl Core {
     /// The address this core's PostgreSQL listener is bound to, if it has one.
     pub fn pg_local_addr(&self) -> io::Result<Option<std::net::SocketAddr>> {
         self.pg_listener
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()
+    }
+
+    /// The address this core's RESP TLS listener is bound to, if it has one.
+    pub fn tls_local_addr(&self) -> io::Result<Option<std::net::SocketAddr>> {
+        self.tls_listener
             .as_ref()
             .map(|l| l.local_addr())
             .transpose()
@@ -203,12 +236,14 @@ impl Core {
         }
         let mut accept = false;
         let mut accept_pg = false;
+        let mut accept_tls = false;
         let mut any = false;
         for event in self.events.iter() {
             any = true;
             match event.token() {
                 LISTENER => accept = true,
                 PG_LISTENER => accept_pg = true,
+                TLS_LISTENER => accept_tls = true,
                 WAKER => {}
                 Token(t) => {
                     let slot = t - FIRST_CONN;
@@ -231,35 +266,56 @@ impl Core {
             }
         }
         if accept {
-            self.poll_accept(false);
+            self.poll_accept(Front::Resp);
         }
         if accept_pg {
-            self.poll_accept(true);
+            self.poll_accept(Front::Pg);
+        }
+        if accept_tls {
+            self.poll_accept(Front::RespTls);
         }
         any
     }
 
-    /// Accepts what is queued on the RESP listener (`pg`: the PostgreSQL one).
-    fn poll_accept(&mut self, pg: bool) {
+    /// Accepts what is queued on the listener of `front`.
+    fn poll_accept(&mut self, front: Front) {
+        let pg = front == Front::Pg;
         loop {
-            let listener = match (pg, &self.pg_listener) {
-                (false, _) => &self.listener,
-                (true, Some(l)) => l,
-                (true, None) => return,
+            let listener = match front {
+                Front::Resp => Some(&self.listener),
+                Front::Pg => self.pg_listener.as_ref(),
+                Front::RespTls => self.tls_listener.as_ref(),
             };
+            let Some(listener) = listener else { return };
             let (mut stream, peer) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => return,
             };
             let Some(source) = self.admit(pg, peer.ip()) else {
-                let _ = stream.write(match (pg, self.slots.open_on(pg) >= self.limit(pg)) {
-                    (true, true) => PG_REJECT,
-                    (false, true) => RESP_REJECT,
-                    (true, false) => PG_REJECT_SOURCE,
-                    (false, false) => RESP_REJECT_SOURCE,
-                });
+                // A TLS client would read a plaintext refusal as a broken record: it is only
+                // closed.
+                if front != Front::RespTls {
+                    let _ = stream.write(match (pg, self.slots.open_on(pg) >= self.limit(pg)) {
+                        (true, true) => PG_REJECT,
+                        (false, true) => RESP_REJECT,
+                        (true, false) => PG_REJECT_SOURCE,
+                        (false, false) => RESP_REJECT_SOURCE,
+                    });
+                }
                 continue;
+            };
+            let tls = match (front, &self.worker.tls) {
+                (Front::RespTls, Some(t)) => match t.resp.accept() {
+                    Ok(session) => Some(session),
+                    Err(_) => {
+                        if let Some(ip) = source {
+                            self.worker.sources.close(pg, ip);
+                        }
+                        continue;
+                    }
+                },
+                _ => None,
             };
             let _ = kernel::configure_stream(&stream);
             let (slot, generation) = self.slots.vacant();
@@ -282,6 +338,7 @@ impl Core {
                 peer_closed: false,
                 readable: true,
                 write_blocked: false,
+                tls,
             };
             let mut conn = if pg {
                 self.worker.new_pg_conn(generation)
@@ -289,6 +346,9 @@ impl Core {
                 self.worker.new_conn(generation)
             };
             conn.source = source;
+            if let Some(session) = conn.pg.as_mut() {
+                session.peer = Some(peer.ip());
+            }
             self.slots.fill(slot, conn, socket, self.worker.stats());
         }
     }
@@ -342,9 +402,20 @@ impl Transport for Sockets {
             return next;
         }
         let more_input = worker.process_requests(&mut entry.conn, token);
-        match dispatch_egress(entry, worker.stats()) {
-            Err(_) => Next::Close,
-            Ok(()) => worker.next_step(&entry.conn, more_input, entry.io.readable),
+        if dispatch_egress(entry, worker.stats()).is_err() {
+            return Next::Close;
+        }
+        if entry.conn.start_tls && entry.conn.output_done() && !start_tls(entry, worker) {
+            return Next::Close;
+        }
+        let next = worker.next_step(&entry.conn, more_input, entry.io.readable);
+        match &entry.io.tls {
+            // Closing with ciphertext the socket did not take yet (the last reply, an alert):
+            // wait for it to drain; the limits sweep closes a peer that never reads.
+            Some(tls) if next == Next::Close && tls.wants_write() && entry.io.write_blocked => {
+                Next::Idle
+            }
+            _ => next,
         }
     }
 
@@ -358,7 +429,9 @@ impl Sockets {
     fn process_ingress(&mut self, entry: &mut Entry<Socket>, worker: &Worker) -> Option<Next> {
         let Entry { conn, io, .. } = entry;
         let mut read = 0;
-        while io.readable && read < READ_PER_TURN && worker.wants_input(conn) {
+        // Waiting to start TLS: what comes now must be read by the TLS session.
+        let reading = !conn.start_tls;
+        while reading && io.readable && read < READ_PER_TURN && worker.wants_input(conn) {
             match io.stream.read(&mut self.read_buf) {
                 Ok(0) => {
                     // The client half-closed: answer what it sent, then close.
@@ -366,7 +439,21 @@ impl Sockets {
                     conn.eof = true;
                 }
                 Ok(n) => {
-                    conn.input_buffer().extend_from_slice(&self.read_buf[..n]);
+                    match io.tls.as_mut() {
+                        None => conn.input_buffer().extend_from_slice(&self.read_buf[..n]),
+                        Some(tls) => {
+                            let plain = conn.input_buffer();
+                            match tls.ingest(&self.read_buf[..n], plain, worker.stats()) {
+                                Ok(Ingested::Open) => {}
+                                Ok(Ingested::Closed) => conn.eof = true,
+                                Err(_) => {
+                                    // rustls queued an alert: send it if the socket takes it.
+                                    let _ = tls.write_to(&mut io.stream);
+                                    return Some(Next::Close);
+                                }
+                            }
+                        }
+                    }
                     conn.last_input = worker.now;
                     conn.incomplete = false;
                     read += n;
@@ -388,8 +475,32 @@ impl Sockets {
     }
 }
 
-/// Writes as much of the output as the socket takes.
+/// Installs a TLS session on a PostgreSQL connection whose `S` has been written; false when
+/// none can be made (the connection is closed).
+fn start_tls(entry: &mut Entry<Socket>, worker: &Worker) -> bool {
+    entry.conn.start_tls = false;
+    let Some(front) = worker.tls.as_ref() else {
+        return false;
+    };
+    match front.pg.accept() {
+        Ok(session) => {
+            entry.io.tls = Some(session);
+            if let Some(pg) = entry.conn.pg.as_mut() {
+                pg.encrypted = true;
+            }
+            // The ClientHello may already be in the socket, behind the edge that was consumed.
+            entry.io.readable = true;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Writes as much of the output as the socket takes (sealed first on a TLS connection).
 fn dispatch_egress(entry: &mut Entry<Socket>, stats: &CoreStats) -> io::Result<()> {
+    if entry.io.tls.is_some() {
+        return dispatch_egress_tls(entry, stats);
+    }
     let Entry { conn, io, .. } = entry;
     while !conn.output_done() && !io.write_blocked {
         match io.stream.write(conn.output()) {
@@ -404,6 +515,38 @@ fn dispatch_egress(entry: &mut Entry<Socket>, stats: &CoreStats) -> io::Result<(
         }
     }
     Ok(())
+}
+
+/// [`dispatch_egress`] over TLS: output moves into the session as far as its bounded buffer
+/// takes it (the rest stays in the connection, under the reply-backlog bound), ciphertext goes
+/// to the socket. A closing connection says close_notify.
+fn dispatch_egress_tls(entry: &mut Entry<Socket>, stats: &CoreStats) -> io::Result<()> {
+    let Entry { conn, io, .. } = entry;
+    let Some(tls) = io.tls.as_mut() else {
+        return Ok(());
+    };
+    loop {
+        while !conn.output_done() {
+            let n = tls.seal(conn.output());
+            if n == 0 {
+                break;
+            }
+            conn.advance_output(n);
+        }
+        if conn.closing && conn.output_done() && tls.established() {
+            tls.close();
+        }
+        if !tls.wants_write() || io.write_blocked {
+            return Ok(());
+        }
+        match tls.write_to(&mut io.stream) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => CoreStats::add(&stats.bytes_out, n as u64),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => io.write_blocked = true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

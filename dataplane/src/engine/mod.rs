@@ -32,6 +32,7 @@ mod pg;
 mod prefetch;
 mod session;
 mod slots;
+pub mod tls;
 pub mod userspace;
 
 use std::net::SocketAddr;
@@ -47,6 +48,7 @@ use crate::transport::stream::StreamStack;
 use pgline_nic::Queue;
 
 pub use limits::ConnLimits;
+pub use tls::{PgTlsMode, TlsAcceptor, TlsFront};
 
 /// Default number of dataplane cores.
 pub const DEFAULT_CORES: usize = 1;
@@ -121,23 +123,45 @@ pub struct Engine {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
     pg_local_addr: Option<SocketAddr>,
+    tls_local_addr: Option<SocketAddr>,
 }
 
 impl Engine {
     /// Binds every core's listener (so an address in use fails here), then starts the threads.
     pub fn start(cfg: EngineConfig, shared: Arc<Shared>) -> std::io::Result<Engine> {
+        Engine::start_with_tls(cfg, shared, None)
+    }
+
+    /// [`Engine::start`] with TLS on the fronts: SSLRequest answered `S` per `tls.pg_mode`,
+    /// and a RESP TLS listener on `tls.resp_listen` when set.
+    pub fn start_with_tls(
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        tls: Option<TlsFront>,
+    ) -> std::io::Result<Engine> {
         let cfg = Arc::new(cfg);
         let stop = Arc::new(AtomicBool::new(false));
         let mut cores = Vec::with_capacity(cfg.cores);
         let mut listen = cfg.listen;
         let mut pg_listen = cfg.pg_listen;
+        let mut tls = tls;
         let sources = Arc::new(limits::Sources::default());
         for id in 0..cfg.cores {
             let ports = kernel::Ports { listen, pg_listen };
-            let core = kernel::Core::new(id, ports, shared.clone(), cfg.clone(), sources.clone())?;
+            let core = kernel::Core::new(
+                id,
+                ports,
+                shared.clone(),
+                cfg.clone(),
+                sources.clone(),
+                tls.clone(),
+            )?;
             // With port 0 the first core picks the port; the others join it.
             listen = core.local_addr()?;
             pg_listen = core.pg_local_addr()?;
+            if let Some(t) = tls.as_mut() {
+                t.resp_listen = core.tls_local_addr()?;
+            }
             cores.push(core);
         }
         let mut threads = Vec::with_capacity(cores.len());
@@ -155,6 +179,7 @@ impl Engine {
             shared,
             local_addr: listen,
             pg_local_addr: pg_listen,
+            tls_local_addr: tls.and_then(|t| t.resp_listen),
         })
     }
 
@@ -219,6 +244,7 @@ impl Engine {
             shared,
             local_addr: cfg.listen,
             pg_local_addr: cfg.pg_listen,
+            tls_local_addr: None,
         })
     }
 
@@ -264,6 +290,12 @@ impl Engine {
     /// as configured: their stacks listen on its port beside the RESP one (see `userspace`).
     pub fn pg_local_addr(&self) -> Option<SocketAddr> {
         self.pg_local_addr
+    }
+
+    /// The address RESP clients connect to over TLS (port 0 resolved), `None` without a RESP
+    /// TLS listener.
+    pub fn tls_local_addr(&self) -> Option<SocketAddr> {
+        self.tls_local_addr
     }
 
     /// Stops the cores and waits for them.

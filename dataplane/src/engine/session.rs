@@ -36,6 +36,7 @@ use super::execute::{Exec, Outcome};
 use super::limits::{CoreLimits, Sources};
 use super::pg::{PgEngine, PgSession};
 use super::prefetch;
+use super::tls::TlsFront;
 use super::EngineConfig;
 use crate::pgwire::Limits as PgLimits;
 
@@ -67,6 +68,8 @@ pub(crate) struct Worker {
     pub(crate) sources: Arc<Sources>,
     /// The core's clock, read once per turn by the transport loop.
     pub(crate) now: Instant,
+    /// TLS on the fronts (kernel transport only; `None`: not served).
+    pub(crate) tls: Option<TlsFront>,
 }
 
 impl Worker {
@@ -90,6 +93,7 @@ impl Worker {
             args: Vec::with_capacity(64),
             pg_limits,
             scratch: Vec::with_capacity(64 * 1024),
+            tls: None,
         }
     }
 

@@ -54,6 +54,11 @@ pub struct CoreStats {
     pub auth_failures: AtomicU64,
     /// Buffer bytes the core's connections hold beyond their initial buffers (gauge).
     pub reply_memory_bytes: AtomicU64,
+    /// TLS handshakes completed on the fronts (PostgreSQL after SSLRequest, RESP TLS listener).
+    pub tls_handshakes: AtomicU64,
+    /// TLS handshakes that failed (bad ClientHello, no common cipher, client certificate
+    /// refused, ...); the connection was closed.
+    pub tls_handshake_failures: AtomicU64,
 }
 
 impl CoreStats {

@@ -2,9 +2,12 @@
 //! batches, cached point lookups, and forwarding of everything else to the control plane.
 //!
 //! ```text
-//!  Startup  SSLRequest/GSSENCRequest -> 'N', wait for the real packet
+//!  Startup  SSLRequest               -> 'S' (pgwire.tls on, kernel transport: the transport
+//!                                       starts TLS) or 'N'; wait for the real packet
+//!           GSSENCRequest            -> 'N', wait for the real packet
 //!           CancelRequest            -> PgRequest Cancel, close
 //!           StartupMessage           -> PgRequest Startup ──▶ Auth
+//!                                       (pgwire.tls = required and no TLS: FATAL 28000)
 //!  Auth     replies end Auth         -> next 'p' messages -> PgRequest Auth
 //!           replies end Ready(s)     ──▶ Ready
 //!  Ready    one batch (up to Sync, or one Query) at a time:
@@ -45,6 +48,7 @@ mod results;
 mod serve;
 mod settings;
 
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -59,6 +63,7 @@ use crate::plane::{ConnToken, CorePort, CoreStats, PgFlow, PgReply, PgReplyEnd, 
 
 use super::conn::Conn;
 use super::session::Worker;
+use super::tls::PgTlsMode;
 use super::EngineConfig;
 use batch::{frame, Frame};
 use serve::{Serve, Served};
@@ -103,6 +108,14 @@ pub(crate) struct PgSession {
     pub scan: settings::ReplyScan,
     /// Flow control of relayed replies, shared with the control plane's session.
     pub flow: Arc<PgFlow>,
+    /// An SSLRequest was answered (a second one is refused, as PostgreSQL does).
+    pub ssl_done: bool,
+    /// A GSSENCRequest was answered.
+    pub gss_done: bool,
+    /// The session runs over TLS (set by the transport once it started it).
+    pub encrypted: bool,
+    /// The client's address, for the messages that name it (`pgwire.tls = required`).
+    pub peer: Option<IpAddr>,
 }
 
 impl PgSession {
@@ -121,6 +134,10 @@ impl PgSession {
             settings: settings::Settings::default(),
             scan: settings::ReplyScan::default(),
             flow: Arc::default(),
+            ssl_done: false,
+            gss_done: false,
+            encrypted: false,
+            peer: None,
         }
     }
 
@@ -169,6 +186,8 @@ pub(crate) struct PgEngine<'w> {
     keyspace: &'w KeySpace,
     keyspace_generation: u64,
     scratch: &'w mut Vec<u8>,
+    /// `pgwire.tls` on this transport (`Off` where TLS is not served).
+    tls: PgTlsMode,
 }
 
 impl<'w> PgEngine<'w> {
@@ -181,6 +200,7 @@ impl<'w> PgEngine<'w> {
             keyspace: &worker.keyspace,
             keyspace_generation: worker.keyspace_generation,
             scratch: &mut worker.scratch,
+            tls: worker.tls.as_ref().map_or(PgTlsMode::Off, |t| t.pg_mode),
         }
     }
 
@@ -233,12 +253,23 @@ impl<'w> PgEngine<'w> {
         };
         let kind = match startup {
             Startup::SslRequest | Startup::GssEncRequest => {
-                compose_ssl_response(&mut conn.wbuf, false);
-                conn.rpos += consumed;
+                self.negotiate_encryption(conn, startup == Startup::SslRequest, consumed);
                 return Step::Done;
             }
             Startup::Cancel { .. } => PgRequestKind::Cancel,
             Startup::Startup(m) => {
+                let encrypted = conn.pg.as_ref().is_some_and(|pg| pg.encrypted);
+                if self.tls == PgTlsMode::Required && !encrypted {
+                    let peer = conn.pg.as_ref().and_then(|pg| pg.peer);
+                    let message = no_encryption_message(peer, m.user(), m.database());
+                    fatal(
+                        conn,
+                        sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                        message.as_bytes(),
+                        self.port.stats(),
+                    );
+                    return Step::Done;
+                }
                 if let Some(pg) = conn.pg.as_mut() {
                     pg.settings.note_identity(
                         m.user(),
@@ -265,6 +296,49 @@ impl<'w> PgEngine<'w> {
             pg.phase = Phase::Auth;
         }
         Step::Done
+    }
+
+    /// Answers an SSLRequest (`ssl`) or a GSSENCRequest of `len` bytes as PostgreSQL does:
+    /// `S` when TLS is served here (the transport starts it once the `S` is written), else
+    /// `N`; a second request of the same kind, or one inside TLS, is refused as an unsupported
+    /// protocol (FATAL 0A000); bytes that came after the request, before the answer, are
+    /// refused (FATAL 08P01, CVE-2021-23214): they were not encrypted and may have been
+    /// injected by a man in the middle.
+    fn negotiate_encryption(&mut self, conn: &mut Conn, ssl: bool, len: usize) {
+        let Some(pg) = conn.pg.as_mut() else { return };
+        let again = if ssl { pg.ssl_done } else { pg.gss_done };
+        if again || pg.encrypted {
+            let message = if ssl {
+                &b"unsupported frontend protocol 1234.5679: server supports 3.0 to 3.0"[..]
+            } else {
+                b"unsupported frontend protocol 1234.5680: server supports 3.0 to 3.0"
+            };
+            fatal(
+                conn,
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                message,
+                self.port.stats(),
+            );
+            return;
+        }
+        let accept = ssl && self.tls != PgTlsMode::Off;
+        if ssl {
+            pg.ssl_done = true;
+        } else {
+            pg.gss_done = true;
+        }
+        compose_ssl_response(&mut conn.wbuf, accept);
+        conn.rpos += len;
+        if !conn.input().is_empty() {
+            let message = if ssl {
+                &b"received unencrypted data after SSL request"[..]
+            } else {
+                b"received unencrypted data after GSSAPI encryption request"
+            };
+            protocol_error(conn, message, self.port.stats());
+            return;
+        }
+        conn.start_tls = accept;
     }
 
     /// Forwards the password/SASL messages buffered during authentication.
@@ -433,6 +507,17 @@ pub(crate) enum Step {
     Incomplete,
     /// The control plane's queue is full: try again next turn.
     Retry,
+}
+
+/// PostgreSQL's refusal of a plaintext session when pg_hba.conf has only `hostssl` lines for
+/// it, word for word (`pgwire.tls = required`).
+fn no_encryption_message(peer: Option<IpAddr>, user: &[u8], database: &[u8]) -> String {
+    let host = peer.map_or_else(|| "[local]".to_string(), |ip| ip.to_string());
+    format!(
+        "no pg_hba.conf entry for host \"{host}\", user \"{}\", database \"{}\", no encryption",
+        String::from_utf8_lossy(user),
+        String::from_utf8_lossy(database)
+    )
 }
 
 /// Answers bad input with a FATAL 08P01 ErrorResponse and closes the connection.

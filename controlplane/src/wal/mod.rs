@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use conn::{ReplicationConn, ReplicationEvent, SystemInfo};
-pub use consumer::run_consumer;
+pub use consumer::{run_consumer, run_consumer_from};
 pub use error::WalError;
 pub use pgoutput::{DecodeError, RelColumn, Relation, TupleValue};
 pub use slot::PublicationScope;
@@ -153,6 +153,21 @@ pub struct ReplicationState {
     pub txns: AtomicU64,
     /// Row changes delivered.
     pub changes: AtomicU64,
+    /// Times the stream resumed on a different server: a new timeline (a promoted standby) or
+    /// a different cluster.
+    pub failovers: AtomicU64,
+    /// Failovers that flushed the cache (slot not synced to the new primary, or WAL applied
+    /// past the new timeline's switch point, or a different cluster).
+    pub failover_flushes: AtomicU64,
+    /// Last failover: stream lost → streaming on the new server and caught up with it, ms.
+    pub last_failover_gap_ms: AtomicU64,
+    /// Whether the last failover flushed the cache.
+    pub last_failover_flushed: AtomicBool,
+    /// The slot is a failover slot (PostgreSQL 17+, synchronized to standbys).
+    pub slot_failover: AtomicBool,
+    /// With `replication.url` on a standby: its replay delay behind its primary, ms (checked
+    /// at every status update); 0 when streaming from the primary.
+    pub standby_replay_lag_ms: AtomicU64,
 }
 
 impl ReplicationState {
@@ -227,8 +242,12 @@ pub enum WalEvent {
     Progress {
         lsn: u64,
     },
-    /// The slot was missing and has been re-created: changes were lost, flush the cache.
+    /// The slot was missing and has been re-created, or the stream moved to a server that
+    /// lacks WAL the cache has applied: changes were lost, flush the cache. The stream restarts
+    /// at `lsn`: applying the reset means `applied_lsn = lsn` (possibly lower than before, on
+    /// a new timeline).
     Reset {
         reason: String,
+        lsn: u64,
     },
 }

@@ -331,6 +331,11 @@ struct ReplSample {
     resets: u64,
     txns: u64,
     changes: u64,
+    failovers: u64,
+    failover_flushes: u64,
+    last_failover_gap_ms: u64,
+    slot_failover: bool,
+    standby_replay_lag_ms: u64,
 }
 
 impl Sample {
@@ -380,6 +385,11 @@ impl Sample {
                 resets: load(&r.resets),
                 txns: load(&r.txns),
                 changes: load(&r.changes),
+                failovers: load(&r.failovers),
+                failover_flushes: load(&r.failover_flushes),
+                last_failover_gap_ms: load(&r.last_failover_gap_ms),
+                slot_failover: r.slot_failover.load(Ordering::Acquire),
+                standby_replay_lag_ms: load(&r.standby_replay_lag_ms),
             },
             uptime_s: shared.uptime().as_secs_f64(),
             pgwire: PgwireSnapshot::default(),
@@ -601,7 +611,7 @@ impl Sample {
         use MetricType::{Counter, Gauge};
         let r = &self.repl;
         let b = |v: bool| if v { 1.0 } else { 0.0 };
-        let rows: [(&str, &str, MetricType, f64); 12] = [
+        let rows: [(&str, &str, MetricType, f64); 17] = [
             ("pgline_replication_connected", "1 while a replication connection is open.", Gauge, b(r.connected)),
             ("pgline_replication_streaming", "1 while the WAL stream is in streaming mode.", Gauge, b(r.streaming)),
             ("pgline_replication_serve_hits", "1 while hits are served; 0 means every read goes to the origin (lag past replication.max_lag_ms or stream down).", Gauge, b(r.serve_hits)),
@@ -614,6 +624,11 @@ impl Sample {
             ("pgline_replication_slot_resets", "Times the slot was missing and re-created (the cache was flushed).", Counter, r.resets as f64),
             ("pgline_replication_transactions", "Transactions received from the WAL.", Counter, r.txns as f64),
             ("pgline_replication_changes", "Row changes received from the WAL.", Counter, r.changes as f64),
+            ("pgline_wal_failovers", "Times the stream resumed on another server (a promoted standby or another cluster).", Counter, r.failovers as f64),
+            ("pgline_wal_failover_flushes", "Failovers that flushed the cache (slot not synced to the new primary, or WAL applied past the new timeline's start).", Counter, r.failover_flushes as f64),
+            ("pgline_wal_last_failover_gap_seconds", "Last failover: stream lost until streaming from the new primary and caught up.", Gauge, r.last_failover_gap_ms as f64 / 1e3),
+            ("pgline_replication_slot_failover", "1 if the slot is a failover slot (PostgreSQL 17+, synchronized to standbys).", Gauge, b(r.slot_failover)),
+            ("pgline_replication_standby_replay_lag_seconds", "With replication.url on a standby: its replay delay behind the primary.", Gauge, r.standby_replay_lag_ms as f64 / 1e3),
         ];
         for (name, help, kind, v) in rows {
             scalar(enc, name, help, kind, v)?;

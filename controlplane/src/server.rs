@@ -326,8 +326,11 @@ fn start_control_plane(
         keepalive_request_interval: Duration::from_millis(100),
         reconnect_backoff: Duration::from_millis(cfg.replication.reconnect_backoff_ms),
     };
-    let mut tasks = vec![tokio::spawn(wal::run_consumer(
+    // Validated when the config was loaded.
+    let replication = cfg.replication_pg_config().ok().flatten();
+    let mut tasks = vec![tokio::spawn(wal::run_consumer_from(
         pg,
+        replication,
         wal_cfg,
         repl.clone(),
         wal_tx,

@@ -56,6 +56,14 @@ pub async fn run_consumer_from(
         tracing::error!(error = %e, "WAL consumer not started");
         return;
     }
+    if let Some(standby) = replication.clone() {
+        tokio::spawn(watch_standby_lag(
+            standby,
+            cfg.status_interval,
+            state.clone(),
+            shutdown.clone(),
+        ));
+    }
     let mut streamed_before = false;
     let mut attempt = 0u64;
     // The server the last stream came from, and when that stream was lost.
@@ -107,6 +115,43 @@ pub async fn run_consumer_from(
         }
     }
     tracing::info!("WAL consumer stopped");
+}
+
+/// While the stream is on a standby: every `period`, its replay delay behind the primary into
+/// `state.standby_replay_lag_ms` (which `lag_ms` adds). While the standby cannot be asked, the
+/// last value stays and the stream's own lag grows as usual.
+async fn watch_standby_lag(
+    standby: tokio_postgres::Config,
+    period: std::time::Duration,
+    state: Arc<ReplicationState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut client = None;
+    loop {
+        if client.is_none() {
+            if let Ok((c, connection)) = standby.connect(crate::origin::pg_tls()).await {
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                client = Some(c);
+            }
+        }
+        if let Some(c) = &client {
+            match slot::standby_replay_lag_ms(c).await {
+                Ok(lag) => state
+                    .standby_replay_lag_ms
+                    .store(lag.unwrap_or(0), Ordering::Release),
+                Err(e) => {
+                    tracing::debug!(error = %e, "standby replay lag query failed");
+                    client = None;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = wait_shutdown(&mut shutdown) => return,
+        }
+    }
 }
 
 /// What [`Session::prepare_origin`] found and did.

@@ -177,7 +177,8 @@ impl ReplicationState {
         end.saturating_sub(self.applied_lsn.load(Ordering::Acquire))
     }
 
-    /// How stale the cache may be, in ms: 0 while streaming with `applied >= server_wal_end`;
+    /// How stale the cache may be, in ms: 0 while streaming with `applied >= server_wal_end`
+    /// (plus, when tailing a standby, the standby's replay delay);
     /// otherwise the time since the cache was last known to be current (the later of the last
     /// observed catch-up and the last applied commit). While not streaming it keeps growing,
     /// so a lost connection never looks like "no lag".
@@ -185,15 +186,19 @@ impl ReplicationState {
     /// Accepted race: the fields are read one by one, not as a snapshot; the error is bounded
     /// by one keepalive request interval.
     pub fn lag_ms(&self, now_us: i64) -> u64 {
+        // Tailing a standby: the stream itself is that far behind the primary.
+        let standby = self.standby_replay_lag_ms.load(Ordering::Acquire);
         let streaming = self.streaming.load(Ordering::Acquire);
         if streaming && self.lag_bytes() == 0 {
-            return 0;
+            return standby;
         }
         let current_at = self
             .caught_up_at_us
             .load(Ordering::Acquire)
             .max(self.applied_commit_ts_us.load(Ordering::Acquire));
-        u64::try_from(now_us.saturating_sub(current_at) / 1000).unwrap_or(0)
+        u64::try_from(now_us.saturating_sub(current_at) / 1000)
+            .unwrap_or(0)
+            .saturating_add(standby)
     }
 }
 

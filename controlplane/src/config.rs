@@ -104,17 +104,18 @@ impl Default for OriginConfig {
 }
 
 impl OriginConfig {
-    /// The parsed connection settings, with the session settings pgline's text formats rely on.
-    pub fn pg_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
-        let mut cfg: tokio_postgres::Config =
-            self.url.parse().map_err(|e| ConfigError::Invalid {
+    /// The parsed connection settings (`tokio-postgres`'s, the TLS settings, the session
+    /// attributes; see `origin::url`), with the session settings pgline's text formats rely on.
+    pub fn pg_config(&self) -> Result<crate::origin::Settings, ConfigError> {
+        let mut s =
+            crate::origin::Settings::parse(&self.url).map_err(|reason| ConfigError::Invalid {
                 key: "origin.url",
-                reason: format!("{e}"),
+                reason,
             })?;
-        cfg.options(SESSION_OPTIONS);
-        cfg.application_name("pgline");
-        cfg.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
-        Ok(cfg)
+        s.pg.options(SESSION_OPTIONS);
+        s.pg.application_name("pgline");
+        s.pg.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
+        Ok(s)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -656,7 +657,7 @@ impl Config {
 
     /// The connection settings of `replication.url` (the origin's other settings apply to it
     /// too), or `None` when the stream is on the origin.
-    pub fn replication_pg_config(&self) -> Result<Option<tokio_postgres::Config>, ConfigError> {
+    pub fn replication_pg_config(&self) -> Result<Option<crate::origin::Settings>, ConfigError> {
         let Some(url) = &self.replication.url else {
             return Ok(None);
         };
@@ -704,7 +705,7 @@ impl Config {
         };
         // Validated: origin.url parses. Its user (and database, defaulting to the user as in
         // libpq) is the identity the cache holds rows for.
-        let origin = self.origin.pg_config().ok();
+        let origin = self.origin.pg_config().ok().map(|s| s.pg);
         let origin_user = origin
             .as_ref()
             .and_then(|c| c.get_user())

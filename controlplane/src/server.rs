@@ -97,7 +97,7 @@ impl Deref for Pgline {
 
 /// The origin as the node starts on it: the pool, the catalog and the publication's scope.
 struct Origin {
-    pg: tokio_postgres::Config,
+    pg: crate::origin::Settings,
     pool: deadpool_postgres::Pool,
     catalog: Catalog,
     scope: PublicationScope,
@@ -243,8 +243,8 @@ impl Pgline {
 async fn connect_origin(cfg: &Config) -> Result<Origin, StartError> {
     let pg = cfg.origin.pg_config()?;
     let mgr = deadpool_postgres::Manager::from_config(
-        pg.clone(),
-        crate::origin::pg_tls(),
+        pg.pg.clone(),
+        pg.pg_tls(),
         deadpool_postgres::ManagerConfig {
             recycling_method: deadpool_postgres::RecyclingMethod::Fast,
         },
@@ -259,7 +259,7 @@ async fn connect_origin(cfg: &Config) -> Result<Origin, StartError> {
     let client = pool
         .get()
         .await
-        .map_err(|e| StartError::Origin(e.to_string()))?;
+        .map_err(|e| StartError::Origin(crate::origin::describe_error(&e)))?;
     let level: String = client
         .query_one("SHOW wal_level", &[])
         .await

@@ -3,8 +3,8 @@
 use pgline_controlplane::wal::{slot, PublicationScope, ReplicationConn, WalError};
 use pgline_testkit::TestDb;
 
-fn origin(db: &TestDb) -> tokio_postgres::Config {
-    db.conn_string().parse().expect("test conn string")
+fn origin(db: &TestDb) -> pgline_controlplane::origin::Settings {
+    pgline_controlplane::origin::Settings::parse(&db.conn_string()).expect("test conn string")
 }
 
 #[tokio::test]
@@ -24,7 +24,7 @@ async fn identify_system_over_scram() {
 async fn wrong_password_is_a_server_error() {
     let db = TestDb::create("walconn_pw").await;
     let mut cfg = origin(&db);
-    cfg.password("wrong");
+    cfg.pg.password("wrong");
     match ReplicationConn::connect(&cfg).await {
         Err(e) => assert_eq!(e.sqlstate(), Some("28P01"), "{e}"),
         Ok(_) => panic!("connected with a wrong password"),
@@ -37,7 +37,7 @@ async fn wrong_password_is_a_server_error() {
 async fn a_missing_database_is_the_origins_fatal() {
     let db = TestDb::create("walconn_nodb").await;
     let mut cfg = origin(&db);
-    cfg.dbname("pgline_no_such_database");
+    cfg.pg.dbname("pgline_no_such_database");
     match ReplicationConn::connect(&cfg).await {
         Err(e) => assert_eq!(e.sqlstate(), Some("3D000"), "{e}"),
         Ok(_) => panic!("connected to a database that does not exist"),

@@ -35,7 +35,8 @@ impl Harness {
         cfg.status_interval = Duration::from_millis(200);
         cfg.keepalive_request_interval = Duration::from_millis(50);
         cfg.reconnect_backoff = backoff;
-        let origin: tokio_postgres::Config = db.conn_string().parse().expect("conn string");
+        let origin =
+            pgline_controlplane::origin::Settings::parse(&db.conn_string()).expect("conn string");
         let state = Arc::new(ReplicationState::default());
         let (tx, rx) = mpsc::channel(16);
         let (shutdown, shutdown_rx) = watch::channel(false);

@@ -357,19 +357,19 @@ async fn check_origin(cfg: &Config, r: &mut Report) {
 }
 
 async fn connect(cfg: &Config) -> Result<(Client, String), String> {
-    let pg = cfg.origin.pg_config().map_err(|e| e.to_string())?;
+    let settings = cfg.origin.pg_config().map_err(|e| e.to_string())?;
+    let pg = &settings.pg;
     let timeout = Duration::from_millis(cfg.origin.connect_timeout_ms.max(100));
-    let (client, conn) =
-        tokio::time::timeout(timeout, pg.connect(pgline_controlplane::origin::pg_tls()))
-            .await
-            .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
-            .map_err(|e| {
-                let mut text = e.to_string();
-                if let Some(src) = std::error::Error::source(&e) {
-                    text = format!("{text}: {src}");
-                }
-                text
-            })?;
+    let (client, conn) = tokio::time::timeout(timeout, pg.connect(settings.pg_tls()))
+        .await
+        .map_err(|_| format!("no answer within {} ms", timeout.as_millis()))?
+        .map_err(|e| {
+            let mut text = e.to_string();
+            if let Some(src) = std::error::Error::source(&e) {
+                text = format!("{text}: {src}");
+            }
+            text
+        })?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

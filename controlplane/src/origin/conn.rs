@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use pgline_dataplane::pgwire;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{open_stream, OriginAddr, OriginStream};
+use super::{open_stream, OriginAddr, OriginStream, OriginTls};
 
 /// Largest backend message accepted, tag included (a row can be up to 1 GiB; leave room for
 /// headers).
@@ -55,18 +55,29 @@ pub struct OriginConn {
 }
 
 impl OriginConn {
-    /// Opens a connection to `addr` (`timeout`: none means the system's), with a read buffer
-    /// of `buffer` bytes to start with.
+    /// Opens a connection to `addr` (`timeout`: none means the system's), encrypted as `tls`
+    /// says, with a read buffer of `buffer` bytes to start with.
     pub async fn open(
         addr: &OriginAddr,
         timeout: Option<Duration>,
+        tls: &OriginTls,
         buffer: usize,
     ) -> io::Result<OriginConn> {
-        let stream = open_stream(addr, timeout).await?;
+        let stream = open_stream(addr, timeout, tls).await?;
         Ok(OriginConn {
             stream,
             rbuf: BytesMut::with_capacity(buffer),
         })
+    }
+
+    /// Whether the connection is encrypted.
+    pub fn is_tls(&self) -> bool {
+        self.stream.is_tls()
+    }
+
+    /// The TLS version and cipher suite (`None`: not encrypted).
+    pub fn tls_summary(&self) -> Option<String> {
+        self.stream.tls_summary()
     }
 
     /// Writes all of `bytes`.
@@ -103,17 +114,62 @@ impl OriginConn {
     }
 
     /// Whether this idle connection has something to read nobody asked for, or was closed
-    /// (EOF, reset). A non-blocking `MSG_PEEK` on the socket, so that input the runtime has not
-    /// been told about yet is seen too.
-    pub fn unusable(&self) -> bool {
+    /// (EOF, reset). A non-blocking read on the socket itself, so that input the runtime has
+    /// not been told about yet is seen too: a `MSG_PEEK` for plain TCP; under TLS the bytes are
+    /// taken and handed to the TLS session, since TLS records that carry no data (session
+    /// tickets, key updates) are no reason to drop the connection; data is (and is kept in
+    /// the read buffer), and so is the origin's close_notify.
+    pub fn unusable(&mut self) -> bool {
         if !self.rbuf.is_empty() {
             return true;
         }
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        // The socket is non-blocking (tokio's): nothing pending is WouldBlock.
-        match socket2::SockRef::from(&self.stream).peek(&mut probe) {
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
-            Ok(_) => true,
+        match &mut self.stream {
+            OriginStream::Plain(tcp) => {
+                let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+                // The socket is non-blocking (tokio's): nothing pending is WouldBlock.
+                match socket2::SockRef::from(&*tcp).peek(&mut probe) {
+                    Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+                    Ok(_) => true,
+                }
+            }
+            OriginStream::Tls(tls) => tls_unusable(tls, &mut self.rbuf),
         }
     }
+}
+
+/// Most socket reads one [`OriginConn::unusable`] check makes under TLS.
+const TLS_PROBE_READS: usize = 4;
+
+/// [`OriginConn::unusable`] for a TLS stream: feeds what the socket holds to the session.
+fn tls_unusable(
+    tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    rbuf: &mut BytesMut,
+) -> bool {
+    use std::io::Read as _;
+    let (tcp, session) = tls.get_mut();
+    let sock = socket2::SockRef::from(&*tcp);
+    for _ in 0..TLS_PROBE_READS {
+        // The socket is non-blocking (tokio's): nothing pending is WouldBlock.
+        match session.read_tls(&mut &*sock) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+            Err(_) | Ok(0) => return true,
+            Ok(_) => {}
+        }
+        let state = match session.process_new_packets() {
+            Ok(s) => s,
+            Err(_) => return true,
+        };
+        if state.peer_has_closed() {
+            return true;
+        }
+        let pending = state.plaintext_bytes_to_read();
+        if pending > 0 {
+            let mut plain = vec![0u8; pending];
+            if let Ok(k) = session.reader().read(&mut plain) {
+                rbuf.extend_from_slice(&plain[..k]);
+            }
+            return true;
+        }
+    }
+    false
 }

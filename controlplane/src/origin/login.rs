@@ -132,7 +132,10 @@ pub async fn login(
                 }
             }
             b'E' => {
-                let (severity, code, message) = error_fields(&frame[5..]);
+                let (severity, code, mut message) = error_fields(&frame[5..]);
+                if !conn.is_tls() {
+                    message = super::hint_refusal(&message);
+                }
                 return Err(LoginError::Refused {
                     severity,
                     code,

@@ -19,7 +19,7 @@ use postgres_protocol::message::frontend;
 
 use super::admit::StartupSlot;
 pub use crate::origin::OriginAddr;
-use crate::origin::{self, Credentials, LoginError, OriginConn};
+use crate::origin::{self, ConnectError, Credentials, LoginError, OriginConn, Settings};
 
 /// One row of text columns (`None`: NULL).
 pub type Row = Vec<Option<String>>;
@@ -36,6 +36,12 @@ pub struct Backend {
     pub cancels: Arc<CancelGate>,
     /// Held while the connection is in authentication (see `admit`).
     slot: Option<StartupSlot>,
+    /// The index of its host in `origin.url` (see `origin::Primary`).
+    pub host: usize,
+    /// `in_hot_standby` and `default_transaction_read_only` as the login reported them.
+    pub session_params: Vec<(String, String)>,
+    /// The origin asked for SASL: the client's next message is its SASLInitialResponse.
+    pub awaiting_sasl_initial: bool,
 }
 
 /// The cancels sent at one origin connection that may not have landed yet.
@@ -48,6 +54,8 @@ pub struct Backend {
 /// still be on its way is closed instead of pooled.
 #[derive(Debug, Default)]
 pub struct CancelGate {
+    /// Where the connection's cancels go (its host).
+    pub origin: OriginAddr,
     in_flight: AtomicUsize,
     /// A cancel's fate is unknown (it failed or timed out): it may still land at any time.
     unknown: AtomicBool,
@@ -90,17 +98,44 @@ impl CancelGate {
 }
 
 impl Backend {
-    /// Opens a TCP connection to the origin (no startup yet).
-    pub async fn connect(addr: &OriginAddr, timeout: Duration) -> io::Result<Backend> {
-        let conn = OriginConn::open(addr, Some(timeout), 16 * 1024).await?;
-        Ok(Backend {
+    /// Opens a connection to the origin (no startup yet), on the host that last proved
+    /// read-write first (see `origin::open`).
+    pub async fn connect(origin: &Settings, timeout: Duration) -> io::Result<Backend> {
+        let (conn, host) = origin::open(origin, Some(timeout), 16 * 1024)
+            .await
+            .map_err(connect_error)?;
+        Ok(Backend::new(conn, origin, host))
+    }
+
+    fn new(conn: OriginConn, origin: &Settings, host: usize) -> Backend {
+        Backend {
             conn,
             pid: 0,
             secret: 0,
             prepared: HashSet::new(),
-            cancels: Arc::default(),
+            cancels: Arc::new(CancelGate {
+                origin: origin.addrs().get(host).cloned().unwrap_or_default(),
+                ..CancelGate::default()
+            }),
             slot: None,
-        })
+            host,
+            session_params: Vec::new(),
+            awaiting_sasl_initial: false,
+        }
+    }
+
+    /// Notes a ParameterStatus message (whole frame) of the login, for the session attribute
+    /// check (`origin::session_fits`).
+    pub fn note_parameter(&mut self, frame: &[u8]) {
+        let mut parts = frame.get(5..).unwrap_or(&[]).split(|&b| b == 0);
+        let name = parts.next().unwrap_or(&[]);
+        if name == b"in_hot_standby" || name == b"default_transaction_read_only" {
+            let value = parts.next().unwrap_or(&[]);
+            self.session_params.push((
+                String::from_utf8_lossy(name).into_owned(),
+                String::from_utf8_lossy(value).into_owned(),
+            ));
+        }
     }
 
     /// The connection is in authentication under `slot`: reads end at its deadline.
@@ -133,8 +168,13 @@ impl Backend {
     /// `pg_terminate_backend` or of a shutdown, a notice, a notification). A non-blocking
     /// `MSG_PEEK` on the socket, so that input the runtime has not been told about yet is
     /// seen too.
-    pub fn unusable(&self) -> bool {
+    pub fn unusable(&mut self) -> bool {
         self.conn.unusable()
+    }
+
+    /// Whether the connection to the origin is encrypted.
+    pub fn is_tls(&self) -> bool {
+        self.conn.is_tls()
     }
 
     pub async fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -211,7 +251,7 @@ impl Backend {
 /// the pool's first client and the password of `origin.url` (only for that URL's user).
 #[derive(Clone)]
 pub struct Opener {
-    pub origin: OriginAddr,
+    pub origin: Settings,
     pub timeout: Duration,
     pub user: String,
     pub password: Vec<u8>,
@@ -222,21 +262,74 @@ impl Backend {
     /// Opens a connection and logs it in with `o`'s startup message and password (see
     /// [`origin::login`]), up to ReadyForQuery.
     pub async fn open(o: &Opener) -> io::Result<Backend> {
-        let mut b = Backend::connect(&o.origin, o.timeout).await?;
         let who = Credentials {
             user: &o.user,
             password: Some(&o.password),
         };
-        let logged = origin::login(&mut b.conn, &o.startup, who)
-            .await
-            .map_err(|e| match e {
-                LoginError::Frame(e) => e.into(),
-                LoginError::Auth(_) => io::Error::new(io::ErrorKind::PermissionDenied, e),
-                e => io::Error::other(e),
-            })?;
+        let (conn, logged, host) =
+            origin::connect(&o.origin, Some(o.timeout), &o.startup, who, 16 * 1024)
+                .await
+                .map_err(connect_error)?;
+        let mut b = Backend::new(conn, &o.origin, host);
         b.pid = logged.pid;
         b.secret = logged.secret;
         Ok(b)
+    }
+}
+
+/// The FATAL a client gets when it asks for SCRAM channel binding through the relay while
+/// the origin leg is TLS (docs/pgwire.md, "Channel binding").
+pub const CHANNEL_BINDING_REFUSED: &str = "pgline: SCRAM channel binding cannot pass through \
+     pgline (the client would bind to pgline's certificate, the origin checks its own): \
+     connect with channel_binding=disable";
+
+/// `SCRAM-SHA-256-PLUS`, the channel-binding SASL mechanism.
+const SCRAM_PLUS: &[u8] = b"SCRAM-SHA-256-PLUS";
+
+/// Appends the AuthenticationSASL message `frame` (whole, tag included) to `out` without the
+/// `SCRAM-SHA-256-PLUS` mechanism: a relayed client cannot bind to the origin's channel.
+pub fn compose_sasl_without_plus(frame: &[u8], out: &mut Vec<u8>) {
+    let mechanisms = frame.get(9..).unwrap_or(&[]);
+    let kept: Vec<&[u8]> = mechanisms
+        .split(|&b| b == 0)
+        .filter(|m| !m.is_empty() && *m != SCRAM_PLUS)
+        .collect();
+    let body_len = 4 + 4 + kept.iter().map(|m| m.len() + 1).sum::<usize>() + 1;
+    out.extend_from_slice(b"R");
+    out.extend_from_slice(&(body_len as i32).to_be_bytes());
+    out.extend_from_slice(&10i32.to_be_bytes());
+    for m in kept {
+        out.extend_from_slice(m);
+        out.extend_from_slice(&[0]);
+    }
+    out.extend_from_slice(&[0]);
+}
+
+/// Whether a client's SASLInitialResponse (`messages` starts with it) asks for channel
+/// binding: its gs2 header starts with `p=` (binding) or `y,` (the client could bind and
+/// believes the server cannot, which a TLS origin takes for a downgrade).
+pub fn sasl_wants_binding(messages: &[u8]) -> bool {
+    if messages.first() != Some(&b'p') {
+        return false;
+    }
+    let body = messages.get(5..).unwrap_or(&[]);
+    let Some(end) = body.iter().position(|&b| b == 0) else {
+        return false;
+    };
+    let data = body.get(end + 1 + 4..).unwrap_or(&[]);
+    data.starts_with(b"y,") || data.starts_with(b"p=")
+}
+
+/// An origin connection that could not be opened, as the relay reports it.
+fn connect_error(e: ConnectError) -> io::Error {
+    match e {
+        ConnectError::Open { source, .. } => source,
+        ConnectError::Login { source, .. } => match source {
+            LoginError::Frame(e) => e.into(),
+            LoginError::Auth(_) => io::Error::new(io::ErrorKind::PermissionDenied, source),
+            e => io::Error::other(e),
+        },
+        e => io::Error::other(e),
     }
 }
 
@@ -262,14 +355,17 @@ pub enum CancelSent {
     Unknown(io::Error),
 }
 
-/// Sends a CancelRequest for the origin backend `(pid, secret)` on a new connection.
+/// Sends a CancelRequest for the origin backend `(pid, secret)` on a new connection to
+/// `addr`, encrypted as `origin.url`'s `sslmode` says (the origin reads a CancelRequest inside
+/// TLS too).
 pub async fn send_cancel(
+    origin: &Settings,
     addr: &OriginAddr,
     timeout: Duration,
     pid: i32,
     secret: i32,
 ) -> CancelSent {
-    let mut conn = match OriginConn::open(addr, Some(timeout), 0).await {
+    let mut conn = match OriginConn::open(addr, Some(timeout), &origin.tls, 0).await {
         Ok(c) => c,
         Err(e) => return CancelSent::NotSent(e),
     };
@@ -288,6 +384,45 @@ pub async fn send_cancel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scram_plus_is_not_relayed() {
+        let mut frame = BytesMut::new();
+        let body = b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0";
+        frame.extend_from_slice(b"R");
+        frame.extend_from_slice(&((8 + body.len()) as i32).to_be_bytes());
+        frame.extend_from_slice(&10i32.to_be_bytes());
+        frame.extend_from_slice(body);
+        let mut out = Vec::new();
+        compose_sasl_without_plus(&frame, &mut out);
+        let mut want = Vec::new();
+        want.extend_from_slice(b"R");
+        want.extend_from_slice(&(8 + 15i32).to_be_bytes());
+        want.extend_from_slice(&10i32.to_be_bytes());
+        want.extend_from_slice(b"SCRAM-SHA-256\0\0");
+        assert_eq!(out, want);
+        assert_eq!(pgline_dataplane::pgwire::frame_len(&out), Some(out.len()));
+    }
+
+    #[test]
+    fn a_binding_gs2_header_is_seen() {
+        let initial = |data: &[u8]| {
+            let mut m = BytesMut::new();
+            postgres_protocol::message::frontend::sasl_initial_response(
+                "SCRAM-SHA-256",
+                data,
+                &mut m,
+            )
+            .unwrap();
+            m
+        };
+        assert!(sasl_wants_binding(&initial(b"y,,n=,r=abc")));
+        assert!(sasl_wants_binding(&initial(
+            b"p=tls-server-end-point,,n=,r=abc"
+        )));
+        assert!(!sasl_wants_binding(&initial(b"n,,n=,r=abc")));
+        assert!(!sasl_wants_binding(b"p\0\0\0\x08abc\0"));
+    }
 
     #[tokio::test]
     async fn a_connection_is_reusable_only_once_its_cancels_landed() {

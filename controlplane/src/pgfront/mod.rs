@@ -76,7 +76,8 @@ pub const POOL_WAIT: Duration = Duration::from_secs(30);
 /// The relay's settings.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    pub origin: OriginAddr,
+    /// `origin.url`: its hosts, TLS settings and session attributes.
+    pub origin: crate::origin::Settings,
     pub pool_size: usize,
     pub connect_timeout: Duration,
     pub max_sessions: usize,
@@ -97,16 +98,16 @@ pub struct RelayConfig {
 }
 
 impl RelayConfig {
-    /// From `[pgwire]` and the origin's first TCP host in `origin.url`.
+    /// From `[pgwire]` and `origin.url` (which must name a TCP host).
     pub fn from_config(cfg: &Config) -> Result<RelayConfig, ConfigError> {
-        let pg = cfg.origin.pg_config()?;
-        let origin = crate::origin::tcp_addrs(&pg)
-            .into_iter()
-            .next()
-            .ok_or_else(|| ConfigError::Invalid {
+        let origin = cfg.origin.pg_config()?;
+        if origin.addrs().is_empty() {
+            return Err(ConfigError::Invalid {
                 key: "origin.url",
                 reason: "the PostgreSQL front needs a TCP host".into(),
-            })?;
+            });
+        }
+        let pg = origin.pg.clone();
         Ok(RelayConfig {
             origin,
             pool_size: cfg.pgwire.pool_size,
@@ -275,7 +276,7 @@ impl RelayState {
         let cfg = self.cfg.own_session.as_ref()?;
         self.baseline
             .get_or_try_init(|| async {
-                let (client, conn) = cfg.connect(crate::origin::pg_tls()).await?;
+                let (client, conn) = cfg.connect(self.cfg.origin.pg_tls()).await?;
                 let task = tokio::spawn(conn);
                 let sql = format!(
                     "SELECT {}",
@@ -352,7 +353,8 @@ impl RelayState {
         let gate = Arc::clone(gate);
         gate.sent();
         tokio::spawn(async move {
-            let known = match backend::send_cancel(&origin, timeout, pid, secret).await {
+            let sent = backend::send_cancel(&origin, &gate.origin, timeout, pid, secret).await;
+            let known = match sent {
                 CancelSent::Landed => true,
                 CancelSent::NotSent(e) => {
                     tracing::warn!(error = %e, "pgwire: cannot send a cancel to the origin");

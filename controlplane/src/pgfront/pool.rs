@@ -127,7 +127,7 @@ impl Pool {
             let opener = self.opener();
             let open = {
                 let mut inner = self.lock();
-                while let Some((b, _)) = inner.idle.pop() {
+                while let Some((mut b, _)) = inner.idle.pop() {
                     if !b.unusable() {
                         inner.last_used = Instant::now();
                         return Ok(b);
@@ -199,7 +199,7 @@ impl Pool {
         let mut swept = Swept::default();
         let mut inner = self.lock();
         let mut kept = Vec::with_capacity(inner.idle.len());
-        for (b, since) in std::mem::take(&mut inner.idle) {
+        for (mut b, since) in std::mem::take(&mut inner.idle) {
             if b.unusable() {
                 swept.dead += 1;
             } else if now.saturating_duration_since(since) >= idle_timeout {

@@ -338,6 +338,19 @@ impl Session {
             let e = RelayError::client(sqlstate::PROTOCOL_VIOLATION, "unexpected password message");
             return self.fatal(&req, &e).await;
         };
+        if std::mem::take(&mut b.awaiting_sasl_initial)
+            && b.is_tls()
+            && super::backend::sasl_wants_binding(&req.messages)
+        {
+            tokio::spawn(async move { drop(b) });
+            let e = RelayError::new(
+                Source::Client,
+                Retry::Never,
+                sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+                super::backend::CHANNEL_BINDING_REFUSED,
+            );
+            return self.fatal(&req, &e).await;
+        }
         match b.write(&req.messages).await {
             Ok(()) => self.relay_auth(req, b).await,
             Err(e) => self.origin_gone(&req, &e).await,
@@ -354,8 +367,15 @@ impl Session {
             };
             match frame[0] {
                 b'R' => {
-                    out.buf.extend_from_slice(&frame);
-                    match origin::auth_request(&frame).map(|(code, _)| code) {
+                    let code = origin::auth_request(&frame).map(|(code, _)| code);
+                    if code == Some(10) {
+                        // The client binds to pgline's certificate, never the origin's: no PLUS.
+                        super::backend::compose_sasl_without_plus(&frame, &mut out.buf);
+                        b.awaiting_sasl_initial = true;
+                    } else {
+                        out.buf.extend_from_slice(&frame);
+                    }
+                    match code {
                         Some(0 | 12) => {}
                         Some(3 | 5 | 10 | 11) => {
                             self.auth = Some(b);
@@ -389,6 +409,26 @@ impl Session {
                     pgwire::compose_backend_key_data(&mut out.buf, self.key.0, self.key.1);
                 }
                 b'Z' => {
+                    let origin = &self.relay.cfg.origin;
+                    if let Err(why) = origin::session_fits(origin.attrs, &b.session_params) {
+                        // A relayed login cannot be replayed on another host: the client
+                        // reconnects, and starts on the next host.
+                        origin.primary.forget(b.host, origin.addrs().len());
+                        tokio::spawn(b.terminate());
+                        out.buf.clear();
+                        RelayError::origin(
+                            Retry::Reconnect,
+                            format!(
+                                "pgline: the origin host is not what target_session_attrs asks                                  for ({why}); reconnect to reach another host"
+                            ),
+                        )
+                        .compose_fatal(&mut out.buf);
+                        self.closed = true;
+                        return out.finish(PgReplyEnd::Close, 0).await;
+                    }
+                    if origin.attrs == origin::SessionAttrs::ReadWrite {
+                        origin.primary.set(b.host);
+                    }
                     out.buf.extend_from_slice(&frame);
                     let login = match state::ask_state(&mut b).await {
                         Ok(Some(s)) => s,
@@ -436,6 +476,10 @@ impl Session {
                         }
                     }
                     return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
+                }
+                b'S' => {
+                    b.note_parameter(&frame);
+                    out.buf.extend_from_slice(&frame);
                 }
                 _ => out.buf.extend_from_slice(&frame),
             }

@@ -148,27 +148,15 @@ pub struct ReplicationConn {
 }
 
 impl ReplicationConn {
-    /// Connects and authenticates with the settings of `config` (hosts, ports, user, password,
-    /// dbname, application_name, options, connect_timeout).
-    pub async fn connect(config: &tokio_postgres::Config) -> Result<ReplicationConn, WalError> {
+    /// Connects and authenticates with the settings of `origin` (hosts, ports, TLS, user,
+    /// password, dbname, application_name, options, connect_timeout), on the first host with
+    /// its `target_session_attrs` (see [`origin::connect`]).
+    pub async fn connect(origin: &origin::Settings) -> Result<ReplicationConn, WalError> {
+        let config = &origin.pg;
         let user = config
             .get_user()
             .ok_or_else(|| WalError::Config("no user".into()))?
             .to_owned();
-        let conn = origin::open_first(config, 64 * 1024)
-            .await
-            .map_err(|e| match e {
-                Some((addr, source)) => WalError::Connect {
-                    addr: addr.to_string(),
-                    source,
-                },
-                None => WalError::Config("no TCP host in origin config".into()),
-            })?;
-        let mut conn = ReplicationConn {
-            conn,
-            wbuf: BytesMut::with_capacity(1024),
-            streaming: false,
-        };
         let dbname = config.get_dbname().unwrap_or(&user).to_owned();
         let app = config.get_application_name().unwrap_or("pgline-wal");
         let mut params = vec![
@@ -191,8 +179,27 @@ impl ReplicationConn {
             user: &user,
             password: config.get_password(),
         };
-        origin::login(&mut conn.conn, &startup, who).await?;
-        Ok(conn)
+        let timeout = config.get_connect_timeout().copied();
+        let (conn, _, _) = origin::connect(origin, timeout, &startup, who, 64 * 1024)
+            .await
+            .map_err(|e| match e {
+                origin::ConnectError::Open { addr, source } => WalError::Connect {
+                    addr: addr.to_string(),
+                    source,
+                },
+                origin::ConnectError::Login { source, .. } => source.into(),
+                // None of the hosts is the primary yet (a failover in progress): retryable.
+                e @ origin::ConnectError::NoMatch(..) => WalError::Connect {
+                    addr: "origin".into(),
+                    source: std::io::Error::other(e.to_string()),
+                },
+                e @ origin::ConnectError::NoHost => WalError::Config(e.to_string()),
+            })?;
+        Ok(ReplicationConn {
+            conn,
+            wbuf: BytesMut::with_capacity(1024),
+            streaming: false,
+        })
     }
 
     /// Reads until `ReadyForQuery`; an `ErrorResponse` before it is returned as the error.

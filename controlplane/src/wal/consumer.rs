@@ -26,7 +26,7 @@ enum Stop {
 /// dropped). Errors never end it: each is logged, then it backs off and reconnects. The
 /// stream and the slot are on `origin` (see [`run_consumer_from`]).
 pub async fn run_consumer(
-    origin: tokio_postgres::Config,
+    origin: crate::origin::Settings,
     cfg: WalConfig,
     state: Arc<ReplicationState>,
     events: mpsc::Sender<WalEvent>,
@@ -45,8 +45,8 @@ pub async fn run_consumer(
 /// ended; streaming then resumes from `applied_lsn`. Otherwise the consumer sends
 /// [`WalEvent::Reset`] (flush) and restarts from the slot, created again if it has to be.
 pub async fn run_consumer_from(
-    origin: tokio_postgres::Config,
-    replication: Option<tokio_postgres::Config>,
+    origin: crate::origin::Settings,
+    replication: Option<crate::origin::Settings>,
     cfg: WalConfig,
     state: Arc<ReplicationState>,
     events: mpsc::Sender<WalEvent>,
@@ -121,7 +121,7 @@ pub async fn run_consumer_from(
 /// `state.standby_replay_lag_ms` (which `lag_ms` adds). While the standby cannot be asked, the
 /// last value stays and the stream's own lag grows as usual.
 async fn watch_standby_lag(
-    standby: tokio_postgres::Config,
+    standby: crate::origin::Settings,
     period: std::time::Duration,
     state: Arc<ReplicationState>,
     mut shutdown: watch::Receiver<bool>,
@@ -129,7 +129,7 @@ async fn watch_standby_lag(
     let mut client = None;
     loop {
         if client.is_none() {
-            if let Ok((c, connection)) = standby.connect(crate::origin::pg_tls()).await {
+            if let Ok((c, connection)) = standby.pg.connect(standby.pg_tls()).await {
                 tokio::spawn(async move {
                     let _ = connection.await;
                 });
@@ -173,7 +173,7 @@ struct Session<'a> {
     /// it has caught up with the new server (see `note_caught_up`).
     failover_since: Option<Instant>,
     /// Where the stream and the slot are, if not on the origin (a standby).
-    replication: Option<&'a tokio_postgres::Config>,
+    replication: Option<&'a crate::origin::Settings>,
     /// The transaction being assembled (Begin seen, Commit not yet).
     txn: Option<WalTxn>,
     /// Last `Progress` lsn sent.
@@ -193,7 +193,7 @@ const MAX_MARKS: usize = 1024;
 impl Session<'_> {
     async fn run(
         &mut self,
-        origin: &tokio_postgres::Config,
+        origin: &crate::origin::Settings,
         streamed_before: &mut bool,
         streamed_from: &mut Option<SystemInfo>,
         lost_at: Option<Instant>,
@@ -312,17 +312,17 @@ impl Session<'_> {
     /// on a PostgreSQL 17+ primary; an existing slot on such a primary is made one.
     async fn prepare_origin(
         &mut self,
-        origin: &tokio_postgres::Config,
+        origin: &crate::origin::Settings,
         streamed_before: bool,
         conn: &mut ReplicationConn,
     ) -> Result<Prepared, WalError> {
-        let (client, connection) = origin.connect(crate::origin::pg_tls()).await?;
+        let (client, connection) = origin.pg.connect(origin.pg_tls()).await?;
         let driver = tokio::spawn(async move {
             let _ = connection.await;
         });
         let standby = match self.replication {
             Some(r) => {
-                let (c, connection) = r.connect(crate::origin::pg_tls()).await?;
+                let (c, connection) = r.pg.connect(r.pg_tls()).await?;
                 let d = tokio::spawn(async move {
                     let _ = connection.await;
                 });

@@ -1,0 +1,514 @@
+//! TLS to the origin against a real PostgreSQL 15 that accepts only TLS
+//! (`deploy/lab/pg-tls.sh`, 127.0.0.1:54331, started here if needed), plus in-process fake
+//! origins for what no real server here does (an expired certificate).
+//!
+//! Each mode boots a real pgline and checks that the fill, the replication stream and the
+//! relay work, and that every one of pgline's origin connections is encrypted
+//! (`pg_stat_ssl`). The failures check that each cause is named.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgline_controlplane::config::Config;
+use pgline_controlplane::origin::{self, Credentials, Settings};
+use pgline_controlplane::server::Pgline;
+use pgline_controlplane::wal::ReplicationConn;
+use pgline_testkit::{lab, origin::run_cleanup, pki};
+use redis::AsyncCommands;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PORT: u16 = 54331;
+
+/// Starts the TLS lab origin (idempotent) and returns its PKI directory.
+fn lab_pki() -> PathBuf {
+    static START: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    START
+        .get_or_init(|| {
+            let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/lab/pg-tls.sh");
+            let out = std::process::Command::new(&script)
+                .arg("start")
+                .output()
+                .expect("run deploy/lab/pg-tls.sh");
+            assert!(
+                out.status.success(),
+                "deploy/lab/pg-tls.sh start failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let pki = std::process::Command::new(&script)
+                .arg("pki")
+                .output()
+                .expect("pg-tls.sh pki");
+            PathBuf::from(String::from_utf8_lossy(&pki.stdout).trim())
+        })
+        .clone()
+}
+
+fn pki_file(name: &str) -> String {
+    lab_pki().join(name).display().to_string()
+}
+
+/// A client of the TLS origin over its Unix socket (trusted: the tests' own set-up).
+async fn local(db: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(
+        &format!("host=/tmp port={PORT} user=postgres dbname={db}"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("Unix-socket connection to the TLS lab origin");
+    tokio::spawn(conn);
+    c
+}
+
+/// A database of its own on the TLS origin; dropped (slots included) on drop.
+struct TlsDb {
+    name: String,
+}
+
+impl TlsDb {
+    async fn create(tag: &str) -> TlsDb {
+        lab_pki();
+        let name = format!("t_{tag}_{}", std::process::id());
+        let admin = local("postgres").await;
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let c = local(&name).await;
+        c.batch_execute(
+            "CREATE TABLE users (id int PRIMARY KEY, name text NOT NULL);
+             INSERT INTO users VALUES (1, 'ann'), (2, 'bob');",
+        )
+        .await
+        .unwrap();
+        TlsDb { name }
+    }
+
+    fn url(&self, host: &str, extra: &str) -> String {
+        format!(
+            "host={host} port={PORT} user=postgres password=pgline dbname={} {extra}",
+            self.name
+        )
+    }
+}
+
+impl Drop for TlsDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        run_cleanup(async move {
+            let admin = local("postgres").await;
+            for _ in 0..20 {
+                let _ = admin
+                    .batch_execute(&format!(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                         WHERE database = '{name}' AND active_pid IS NOT NULL;
+                         SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE database = '{name}' AND NOT active;"
+                    ))
+                    .await;
+                let left: i64 = admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_replication_slots WHERE database = $1",
+                        &[&name],
+                    )
+                    .await
+                    .map(|r| r.get(0))
+                    .unwrap_or(0);
+                if left == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await;
+        });
+    }
+}
+
+fn toml_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// pgline's config for `db` with `url` as `origin.url`.
+fn config(db: &TlsDb, url: &str) -> Config {
+    let sets = vec![
+        format!("origin.url={}", toml_str(url)),
+        format!("replication.slot={}", toml_str(&db.name)),
+        "resp.listen=\"127.0.0.1:0\"".to_string(),
+        "api.listen=\"127.0.0.1:0\"".to_string(),
+        "pgwire.listen=\"127.0.0.1:0\"".to_string(),
+        "resp.cores=1".to_string(),
+        "store.memory=\"64MiB\"".to_string(),
+        "store.max_page=\"4KiB\"".to_string(),
+        "replication.status_interval_ms=100".to_string(),
+        "replication.reconnect_backoff_ms=100".to_string(),
+        "origin.pool_size=2".to_string(),
+    ];
+    Config::load(None, Vec::<(String, String)>::new(), &sets).expect("test config")
+}
+
+/// Boots pgline on `url` and checks fill, replication and relay; then that each of pgline's
+/// connections to the database is encrypted.
+async fn boots_and_encrypts(db: &TlsDb, url: &str) {
+    let c = local(&db.name).await;
+    c.batch_execute("UPDATE users SET name = 'ann' WHERE id = 1")
+        .await
+        .unwrap();
+    let p: Arc<Pgline> = lab::start(config(db, url)).await;
+    let mut r = lab::redis(&p).await;
+    let before: String = r.get("users:1").await.unwrap();
+    assert!(before.contains("\"ann\""), "{before}");
+
+    // Replication: an UPDATE reaches the cache.
+    c.batch_execute("UPDATE users SET name = 'anna' WHERE id = 1")
+        .await
+        .unwrap();
+    lab::sync(&p, &c).await;
+    let after: String = r.get("users:1").await.unwrap();
+    assert!(after.contains("\"anna\""), "{after}");
+
+    // The relay (plaintext client leg, TLS origin leg), twice: the second batch runs on a
+    // pooled connection, which must not look unusable under TLS.
+    let addr = p.pg_addr().expect("pg port");
+    let (client, conn) = tokio_postgres::connect(
+        &format!(
+            "host={} port={} user=postgres password=pgline dbname={}",
+            addr.ip(),
+            addr.port(),
+            db.name
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("relay login");
+    tokio::spawn(conn);
+    for _ in 0..3 {
+        let row = client
+            .query_one("SELECT name FROM users WHERE id = 2", &[])
+            .await
+            .expect("relayed query");
+        assert_eq!(row.get::<_, String>(0), "bob");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let rows = c
+        .query(
+            "SELECT a.backend_type, a.application_name, s.ssl \
+             FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.datname = current_database() AND a.client_addr IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    let seen: Vec<(String, String, bool)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert!(
+        seen.iter().any(|(t, _, _)| t == "walsender"),
+        "the walsender is connected: {seen:?}"
+    );
+    assert!(seen.len() >= 3, "walsender, fills, relay: {seen:?}");
+    assert!(
+        seen.iter().all(|(_, _, ssl)| *ssl),
+        "every origin connection is TLS: {seen:?}"
+    );
+    drop(client);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_and_require_encrypt_everything() {
+    let db = TlsDb::create("otls_req").await;
+    boots_and_encrypts(&db, &db.url("127.0.0.1", "")).await; // prefer, the default
+    boots_and_encrypts(&db, &db.url("127.0.0.1", "sslmode=require")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_ca_and_verify_full_encrypt_everything() {
+    let db = TlsDb::create("otls_verify").await;
+    let ca = pki_file("ca.crt");
+    boots_and_encrypts(
+        &db,
+        &db.url("127.0.0.1", &format!("sslmode=verify-ca sslrootcert={ca}")),
+    )
+    .await;
+    // The URI form, with the CA path percent-encoded.
+    let uri = format!(
+        "postgresql://postgres:pgline@localhost:{PORT}/{}?sslmode=verify-full&sslrootcert={}",
+        db.name,
+        ca.replace('/', "%2F")
+    );
+    boots_and_encrypts(&db, &uri).await;
+}
+
+/// pgline's start-up error on `url`.
+async fn start_error(db: &TlsDb, url: &str) -> String {
+    match Pgline::start(config(db, url)).await {
+        Ok(p) => {
+            p.shutdown().await;
+            panic!("pgline started on {url}")
+        }
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The raw connector's error (the replication stream's login) on `url`.
+async fn raw_error(url: &str) -> String {
+    let s = Settings::parse(url).expect("url");
+    match ReplicationConn::connect(&s).await {
+        Ok(_) => panic!("the raw connector logged in on {url}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_disable_is_refused_with_a_hint() {
+    let db = TlsDb::create("otls_disable").await;
+    let url = db.url("127.0.0.1", "sslmode=disable");
+    let e = start_error(&db, &url).await;
+    assert!(e.contains("no encryption"), "{e}");
+    assert!(e.contains("sslmode=require or stronger"), "{e}");
+    let e = raw_error(&url).await;
+    assert!(
+        e.contains("no encryption") && e.contains("sslmode=require"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_full_checks_the_host_name() {
+    let db = TlsDb::create("otls_name").await;
+    let url = db.url(
+        "127.0.0.1",
+        &format!("sslmode=verify-full sslrootcert={}", pki_file("ca.crt")),
+    );
+    let want = "not valid for host '127.0.0.1' (it names localhost)";
+    let e = start_error(&db, &url).await;
+    assert!(e.contains(want), "{e}");
+    let e = raw_error(&url).await;
+    assert!(e.contains(want), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_ca_is_refused() {
+    let db = TlsDb::create("otls_ca").await;
+    let other = pki_file("other-ca.crt");
+    let url = db.url(
+        "localhost",
+        &format!("sslmode=verify-ca sslrootcert={other}"),
+    );
+    let want = format!("not signed by a trusted CA (sslrootcert={other})");
+    let e = start_error(&db, &url).await;
+    assert!(e.contains(&want), "{e}");
+    let e = raw_error(&url).await;
+    assert!(e.contains(&want), "{e}");
+    // require with a root file checks the chain too, as libpq's does.
+    let e = raw_error(&db.url("localhost", &format!("sslmode=require sslrootcert={other}"))).await;
+    assert!(e.contains(&want), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_presented() {
+    let db = TlsDb::create("otls_cert").await;
+    let base = format!(
+        "host=localhost port={PORT} user=pgline_cert password=pgline dbname={} \
+         sslmode=verify-full sslrootcert={}",
+        db.name,
+        pki_file("ca.crt")
+    );
+    let e = raw_error(&base).await;
+    assert!(
+        e.contains("connection requires a valid client certificate"),
+        "{e}"
+    );
+    let with = format!(
+        "{base} sslcert={} sslkey={}",
+        pki_file("client.crt"),
+        pki_file("client.key")
+    );
+    let s = Settings::parse(&with).unwrap();
+    let mut conn = ReplicationConn::connect(&s)
+        .await
+        .expect("login with a client cert");
+    let info = conn.identify_system().await.unwrap();
+    assert_eq!(info.dbname.as_deref(), Some(db.name.as_str()));
+    // And tokio-postgres (fills, catalog) with the same settings.
+    let (c, task) =
+        s.pg.connect(s.pg_tls())
+            .await
+            .expect("tokio-postgres with a client cert");
+    tokio::spawn(task);
+    let ssl: bool = c
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ssl);
+}
+
+/// A fake origin on port 0 that answers an SSLRequest with `answer` and, for `S`, completes
+/// the handshake with `cert`; returns its port.
+async fn fake_origin(answer: u8, cert: Option<pki::Issued>) -> u16 {
+    use rustls::pki_types::pem::PemObject;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = cert.map(|c| {
+        let chain = rustls::pki_types::CertificateDer::pem_file_iter(&c.cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&c.key).unwrap();
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+        tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+    });
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let mut req = [0u8; 8];
+                if s.read_exact(&mut req).await.is_err() {
+                    return;
+                }
+                let _ = s.write_all(&[answer]).await;
+                if let Some(a) = acceptor {
+                    let _ = a.accept(s).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_is_refused() {
+    let dir = std::env::temp_dir().join(format!("pgline-otls-exp-{}", std::process::id()));
+    let ca = pki::Ca::new(&dir, "ca", "expired test CA");
+    let port = fake_origin(
+        b'S',
+        Some(ca.server("old", &["localhost"], pki::Validity::Expired)),
+    )
+    .await;
+    let url = format!(
+        "host=localhost port={port} user=u password=p dbname=d sslmode=verify-full \
+         sslrootcert={}",
+        ca.cert.display()
+    );
+    let e = raw_error(&url).await;
+    assert!(
+        e.contains("the origin's certificate expired at 2002-"),
+        "{e}"
+    );
+    let s = Settings::parse(&url).unwrap();
+    let e = s.pg.connect(s.pg_tls()).await.err().expect("refused");
+    let e = origin::describe_error(&e);
+    assert!(e.contains("expired at 2002-"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_against_an_origin_without_tls() {
+    let port = fake_origin(b'N', None).await;
+    let e = raw_error(&format!(
+        "host=127.0.0.1 port={port} user=u password=p sslmode=require"
+    ))
+    .await;
+    assert!(
+        e.contains("does not support SSL, but sslmode=require"),
+        "{e}"
+    );
+}
+
+/// A host list with `target_session_attrs`: a database that defaults to read-only on one
+/// cluster, read-write on the other; the raw connector lands where it is asked to, and
+/// remembers the read-write host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_host_follows_target_session_attrs() {
+    let db = TlsDb::create("otls_multi").await;
+    local(&db.name)
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .await
+        .unwrap();
+    // The same database on the plain lab cluster, read-write.
+    let plain = pgline_testkit::origin::admin_client().await;
+    let (_, plain_port, _, _) = pgline_testkit::origin::origin_base();
+    plain
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+        .await
+        .unwrap();
+    plain
+        .batch_execute(&format!("CREATE DATABASE {}", db.name))
+        .await
+        .unwrap();
+    let url = |attrs: &str| {
+        format!(
+            "host=127.0.0.1,127.0.0.1,127.0.0.1 port=1,{PORT},{plain_port} user=postgres \
+             password=pgline dbname={} target_session_attrs={attrs}",
+            db.name
+        )
+    };
+    let startup = |s: &Settings| {
+        let mut b = bytes::BytesMut::new();
+        postgres_protocol::message::frontend::startup_message(
+            [("user", "postgres"), ("database", db.name.as_str())],
+            &mut b,
+        )
+        .unwrap();
+        let _ = s;
+        b
+    };
+    let who = Credentials {
+        user: "postgres",
+        password: Some(b"pgline"),
+    };
+    let timeout = Some(Duration::from_secs(3));
+
+    let rw = Settings::parse(&url("read-write")).unwrap();
+    let (conn, _, host) = origin::connect(&rw, timeout, &startup(&rw), who, 1024)
+        .await
+        .expect("a read-write host");
+    assert_eq!(host, 2, "the TLS host defaults to read-only: skipped");
+    assert!(!conn.is_tls(), "the plain lab cluster answered");
+    assert_eq!(rw.primary.get(), 2, "remembered");
+    // The next login starts there.
+    let (_, _, again) = origin::connect(&rw, timeout, &startup(&rw), who, 1024)
+        .await
+        .unwrap();
+    assert_eq!(again, 2);
+
+    let ro = Settings::parse(&url("read-only")).unwrap();
+    let (conn, _, host) = origin::connect(&ro, timeout, &startup(&ro), who, 1024)
+        .await
+        .expect("a read-only host");
+    assert_eq!(host, 1);
+    assert!(conn.is_tls());
+
+    // The WAL stream's login with read-write lands on the plain cluster too.
+    let mut wal = ReplicationConn::connect(&Settings::parse(&url("read-write")).unwrap())
+        .await
+        .expect("replication login on the read-write host");
+    wal.identify_system().await.unwrap();
+    drop(wal);
+    let _ = plain
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+        .await;
+}

@@ -24,6 +24,11 @@
 //! - [`WalEvent::Progress`] is sent only between transactions, so `lsn` never splits one.
 //! - If the slot vanished after we had streamed from it, the consumer re-creates it and sends
 //!   [`WalEvent::Reset`] before anything else: changes were lost, the cache must be flushed.
+//! - Failover (a reconnect to another server, told by `IDENTIFY_SYSTEM`): the cache is kept only
+//!   if the slot is there and usable and nothing applied lies past the point where the old
+//!   timeline ended (`TIMELINE_HISTORY`); otherwise [`WalEvent::Reset`], whose `lsn` (the restart
+//!   point, possibly below the old `applied_lsn`) the writer stores into `applied_lsn` before
+//!   the consumer streams on. See `docs/consistency.md`, "Failover".
 //!
 //! Thread model: one task; [`ReplicationState`] is shared, all atomics, read by metrics/REST and
 //! the serving layer, written by this task except `applied_lsn` / `applied_commit_ts_us`

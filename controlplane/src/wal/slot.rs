@@ -17,6 +17,12 @@
 //! `FOR ALL TABLES` publication left by an older pgline cannot be altered into a list: it is
 //! dropped and created again in one transaction (so logical decoding never finds it missing).
 //!
+//! Failover (issue 14): on a PostgreSQL 17+ primary the slot is a failover slot
+//! ([`create_logical_slot`], [`enable_failover`]), so a standby's slot-sync worker keeps a copy
+//! that a promotion makes usable; [`slot_state`] tells whether a slot found after a reconnect
+//! can be resumed (not temporary, not invalidated). With the stream on a standby
+//! (`replication.url`) the slot is created there after [`log_standby_snapshot`] on the primary.
+//!
 //! Limitations: [`ensure_publication`] (every reconnect) only adds; [`set_publication`] (start-up)
 //! also drops what is not cached; the writer's periodic check keeps the list current between.
 

@@ -386,6 +386,11 @@ pub const DEFAULT_MAX_LAG_MS: u64 = 10_000;
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicationConfig {
+    /// Where the WAL stream and the slot are, if not on the origin: a standby's connection
+    /// string (PostgreSQL 16+, `hot_standby_feedback = on`, `wal_level = logical`). The
+    /// publication, fills and the relay stay on `origin.url`. Same syntax as `origin.url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
     pub slot: String,
     pub publication: String,
     /// Past this lag (or with the stream down) hits are not served: reads go to the origin.
@@ -400,6 +405,7 @@ pub struct ReplicationConfig {
 impl Default for ReplicationConfig {
     fn default() -> Self {
         ReplicationConfig {
+            url: None,
             slot: DEFAULT_SLOT.into(),
             publication: DEFAULT_PUBLICATION.into(),
             max_lag_ms: DEFAULT_MAX_LAG_MS,
@@ -647,6 +653,7 @@ impl Config {
         self.resp.validate()?;
         self.nic.validate()?;
         self.replication.validate()?;
+        self.replication_pg_config()?;
         self.api.validate()?;
         self.pgwire.validate()?;
         tls::validate(self)?;
@@ -678,10 +685,31 @@ impl Config {
         Ok(())
     }
 
+    /// The connection settings of `replication.url` (the origin's other settings apply to it
+    /// too), or `None` when the stream is on the origin.
+    pub fn replication_pg_config(&self) -> Result<Option<crate::origin::Settings>, ConfigError> {
+        let Some(url) = &self.replication.url else {
+            return Ok(None);
+        };
+        let origin = OriginConfig {
+            url: url.clone(),
+            ..self.origin.clone()
+        };
+        match origin.pg_config() {
+            Ok(c) => Ok(Some(c)),
+            Err(ConfigError::Invalid { reason, .. }) => Err(ConfigError::Invalid {
+                key: "replication.url",
+                reason,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
     /// A copy fit for output (API, `pgline config`, logs): secrets replaced by [`REDACTED`].
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
         c.origin.url = redact_conn_string(&c.origin.url);
+        c.replication.url = c.replication.url.as_deref().map(redact_conn_string);
         if c.api.token.is_some() {
             c.api.token = Some(REDACTED.into());
         }

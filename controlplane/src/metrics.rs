@@ -345,6 +345,12 @@ struct ReplSample {
     buffered_peak_bytes: u64,
     txn_overflows: u64,
     proto_version: u64,
+
+    failovers: u64,
+    failover_flushes: u64,
+    last_failover_gap_ms: u64,
+    slot_failover: bool,
+    standby_replay_lag_ms: u64,
 }
 
 impl Sample {
@@ -398,6 +404,12 @@ impl Sample {
                 buffered_peak_bytes: load(&r.buffered_peak_bytes),
                 txn_overflows: load(&r.txn_overflows),
                 proto_version: load(&r.proto_version),
+
+                failovers: load(&r.failovers),
+                failover_flushes: load(&r.failover_flushes),
+                last_failover_gap_ms: load(&r.last_failover_gap_ms),
+                slot_failover: r.slot_failover.load(Ordering::Acquire),
+                standby_replay_lag_ms: load(&r.standby_replay_lag_ms),
             },
             uptime_s: shared.uptime().as_secs_f64(),
             pgwire: PgwireSnapshot::default(),
@@ -619,7 +631,7 @@ impl Sample {
         use MetricType::{Counter, Gauge};
         let r = &self.repl;
         let b = |v: bool| if v { 1.0 } else { 0.0 };
-        let rows: [(&str, &str, MetricType, f64); 16] = [
+        let rows: [(&str, &str, MetricType, f64); 21] = [
             ("pgline_replication_connected", "1 while a replication connection is open.", Gauge, b(r.connected)),
             ("pgline_replication_streaming", "1 while the WAL stream is in streaming mode.", Gauge, b(r.streaming)),
             ("pgline_replication_serve_hits", "1 while hits are served; 0 means every read goes to the origin (lag past replication.max_lag_ms or stream down).", Gauge, b(r.serve_hits)),
@@ -636,6 +648,12 @@ impl Sample {
             ("pgline_wal_buffered_bytes", "Estimated bytes of changes buffered for open (Begin…Commit and streamed) transactions; bounded by replication.max_txn_memory.", Gauge, r.buffered_bytes as f64),
             ("pgline_wal_buffered_peak_bytes", "Highest pgline_wal_buffered_bytes since start.", Gauge, r.buffered_peak_bytes as f64),
             ("pgline_wal_txn_overflows", "Transactions past replication.max_txn_memory, applied as a flush of their tables at commit.", Counter, r.txn_overflows as f64),
+
+            ("pgline_wal_failovers", "Times the stream resumed on another server (a promoted standby or another cluster).", Counter, r.failovers as f64),
+            ("pgline_wal_failover_flushes", "Failovers that flushed the cache (slot not synced to the new primary, or WAL applied past the new timeline's start).", Counter, r.failover_flushes as f64),
+            ("pgline_wal_last_failover_gap_seconds", "Last failover: stream lost until streaming from the new primary and caught up.", Gauge, r.last_failover_gap_ms as f64 / 1e3),
+            ("pgline_replication_slot_failover", "1 if the slot is a failover slot (PostgreSQL 17+, synchronized to standbys).", Gauge, b(r.slot_failover)),
+            ("pgline_replication_standby_replay_lag_seconds", "With replication.url on a standby: its replay delay behind the primary.", Gauge, r.standby_replay_lag_ms as f64 / 1e3),
         ];
         for (name, help, kind, v) in rows {
             scalar(enc, name, help, kind, v)?;

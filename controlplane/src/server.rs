@@ -343,8 +343,11 @@ fn start_control_plane(
         reconnect_backoff: Duration::from_millis(cfg.replication.reconnect_backoff_ms),
         max_txn_memory: cfg.replication.max_txn_memory,
     };
-    let mut tasks = vec![tokio::spawn(wal::run_consumer(
+    // Validated when the config was loaded.
+    let replication = cfg.replication_pg_config().ok().flatten();
+    let mut tasks = vec![tokio::spawn(wal::run_consumer_from(
         pg,
+        replication,
         wal_cfg,
         repl.clone(),
         wal_tx,

@@ -532,12 +532,15 @@ impl Writer {
             WalEvent::Progress { lsn } => {
                 self.repl.applied_lsn.fetch_max(lsn, Ordering::AcqRel);
             }
-            WalEvent::Reset { reason } => {
-                tracing::warn!(%reason, "replication slot was re-created: flushing the cache");
+            WalEvent::Reset { reason, lsn } => {
+                tracing::warn!(%reason, "flushing the cache");
                 self.store.clear();
                 self.inflight.clear();
                 self.installed.clear();
                 self.results.clear(&self.leases);
+                // The stream restarts at `lsn`, which after a failover may lie below what was
+                // applied on the old timeline: the consumer skips nothing above it.
+                self.repl.applied_lsn.store(lsn, Ordering::Release);
             }
         }
         self.publish_gauges();

@@ -68,7 +68,7 @@ impl Harness {
             match ev {
                 WalEvent::Txn(t) => self.apply(t.end_lsn),
                 WalEvent::Progress { lsn } => self.apply(lsn),
-                WalEvent::Reset { reason } => panic!("unexpected reset: {reason}"),
+                WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
             }
         }
     }
@@ -82,7 +82,7 @@ impl Harness {
                     return t;
                 }
                 WalEvent::Progress { lsn } => self.apply(lsn),
-                WalEvent::Reset { reason } => panic!("unexpected reset: {reason}"),
+                WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
             }
         }
     }
@@ -475,7 +475,7 @@ async fn reconnects_without_losing_txns() {
                 h.apply(t.end_lsn);
             }
             WalEvent::Progress { lsn } => h.apply(lsn),
-            WalEvent::Reset { reason } => panic!("unexpected reset: {reason}"),
+            WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
         }
     }
     writer.await.expect("writer");

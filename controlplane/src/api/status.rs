@@ -83,6 +83,29 @@ pub struct ReplicationStatus {
     pub received_lsn: String,
     pub lag_bytes: u64,
     pub lag_ms: u64,
+    /// Replication connection attempts after the first.
+    #[serde(default)]
+    pub reconnects: u64,
+    /// Times the stream resumed on another server (a promoted standby, or another cluster).
+    #[serde(default)]
+    pub failovers: u64,
+    /// Failovers that flushed the cache.
+    #[serde(default)]
+    pub failover_flushes: u64,
+    /// Last failover: stream lost until streaming from the new primary and caught up, ms.
+    #[serde(default)]
+    pub last_failover_gap_ms: u64,
+    /// Whether the last failover flushed the cache.
+    #[serde(default)]
+    pub last_failover_flushed: bool,
+    /// The slot is a failover slot (PostgreSQL 17+): a promoted standby has it, and pgline
+    /// resumes there without a flush.
+    #[serde(default)]
+    pub slot_failover: bool,
+    /// With `replication.url` on a standby: its replay delay behind the primary, ms (adds to
+    /// the cache's lag); 0 otherwise.
+    #[serde(default)]
+    pub standby_replay_lag_ms: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -157,6 +180,13 @@ fn compose_status(node: &Admin) -> Status {
             received_lsn: format_lsn(repl.received_lsn.load(Ordering::Acquire)),
             lag_bytes: repl.lag_bytes(),
             lag_ms: shared.replication().lag_ms(),
+            reconnects: repl.reconnects.load(Ordering::Acquire),
+            failovers: repl.failovers.load(Ordering::Acquire),
+            failover_flushes: repl.failover_flushes.load(Ordering::Acquire),
+            last_failover_gap_ms: repl.last_failover_gap_ms.load(Ordering::Acquire),
+            last_failover_flushed: repl.last_failover_flushed.load(Ordering::Acquire),
+            slot_failover: repl.slot_failover.load(Ordering::Acquire),
+            standby_replay_lag_ms: repl.standby_replay_lag_ms.load(Ordering::Acquire),
         },
         origin_pool: PoolStatus {
             max_size: pool.max_size as u64,

@@ -318,12 +318,13 @@ fn check_nic(cfg: &Config, nic: Nic, r: &mut Report) {
     }
 }
 
-const ORIGIN_CHECKS: [&str; 7] = [
+const ORIGIN_CHECKS: [&str; 8] = [
     "wal_level",
     "replication privilege",
     "replication slots free",
     "wal senders free",
     "slot",
+    "failover",
     "publication",
     "tables",
 ];
@@ -488,6 +489,7 @@ async fn origin_checks(
     }
     check_capacity(cfg, c, r).await?;
     check_slot(cfg, c, r).await?;
+    check_failover(cfg, c, r).await?;
     check_publication(cfg, c, r, superuser).await?;
     check_tables(cfg, c, r).await
 }
@@ -593,6 +595,91 @@ async fn check_slot(cfg: &Config, c: &Client, r: &mut Report) -> Result<(), toki
         r.pass(
             "slot",
             format!("{slot} exists (pgoutput, confirmed {lsn}); pgline resumes from it"),
+        );
+    }
+    Ok(())
+}
+
+/// Whether a failover to a standby keeps the cache (docs/consistency.md, "Failover"): on
+/// PostgreSQL 17+ the slot must be a failover slot and the primary must hold logical
+/// walsenders back for its standbys (`synchronized_standby_slots`); before 17 a failover
+/// always flushes.
+async fn check_failover(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    let slot = &cfg.replication.slot;
+    let version: i32 = c
+        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .await?
+        .get(0);
+    if version < 170_000 {
+        r.pass(
+            "failover",
+            format!(
+                "PostgreSQL {}: no failover slots before 17; after a failover to a standby \
+                 pgline flushes the cache and refills it",
+                version / 10_000
+            ),
+        );
+        return Ok(());
+    }
+    let row = c
+        .query_one(
+            "SELECT current_setting('synchronized_standby_slots'), pg_is_in_recovery(), \
+                    (SELECT failover FROM pg_replication_slots WHERE slot_name = $1)",
+            &[slot],
+        )
+        .await?;
+    let (standby_slots, in_recovery, failover): (String, bool, Option<bool>) =
+        (row.get(0), row.get(1), row.get(2));
+    if in_recovery {
+        r.pass(
+            "failover",
+            "origin.url is a standby: failover slots are a primary's (see replication.url)",
+        );
+        return Ok(());
+    }
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    if failover == Some(false) {
+        problems.push(format!("slot {slot} is not a failover slot"));
+        fixes.push(format!(
+            "pgline serve makes it one when it next connects (ALTER_REPLICATION_SLOT {slot} \
+             (FAILOVER true))"
+        ));
+    }
+    if standby_slots.trim().is_empty() {
+        problems.push("synchronized_standby_slots is empty".to_string());
+        fixes.push(
+            "set synchronized_standby_slots to the standbys' physical slots in postgresql.conf \
+             (and sync_replication_slots = on, hot_standby_feedback = on and a dbname in \
+             primary_conninfo on the standby); without it a failover may flush the cache"
+                .to_string(),
+        );
+    }
+    if problems.is_empty() {
+        let state = if failover == Some(true) {
+            "is a failover slot"
+        } else {
+            "will be created as a failover slot"
+        };
+        r.pass(
+            "failover",
+            format!(
+                "slot {slot} {state}, synchronized_standby_slots = {standby_slots}: a promoted \
+                 standby keeps the cache"
+            ),
+        );
+    } else {
+        r.warn(
+            "failover",
+            format!(
+                "{}: a failover to a standby flushes the cache",
+                problems.join("; ")
+            ),
+            fixes.join("; "),
         );
     }
     Ok(())

@@ -48,6 +48,19 @@ pub struct SystemInfo {
     pub dbname: Option<String>,
 }
 
+/// Where timeline `tli` ended, according to a later timeline's history file `history` (the
+/// content of [`ReplicationConn::timeline_history`]): WAL of `tli` past this LSN does not exist
+/// on the later timeline. `None` if `tli` is not one of its ancestors. Comment and blank lines
+/// are skipped.
+pub fn switch_point(history: &str, tli: u32) -> Option<u64> {
+    history.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let parent: u32 = fields.next()?.parse().ok()?;
+        let lsn = parse_lsn(fields.next()?)?;
+        (parent == tli).then_some(lsn)
+    })
+}
+
 /// One CopyBoth message from the server while streaming.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicationEvent {
@@ -290,6 +303,19 @@ impl ReplicationConn {
     /// The pgoutput protocol of the running stream (0 before [`start_logical`](Self::start_logical)).
     pub fn proto_version(&self) -> u32 {
         self.proto_version
+    }
+
+    /// `TIMELINE_HISTORY tli`: the content of timeline `tli`'s history file (one line per
+    /// ancestor timeline: `parent_tli<TAB>switch_lsn<TAB>reason`). See [`switch_point`].
+    pub async fn timeline_history(&mut self, tli: u32) -> Result<String, WalError> {
+        let rows = self
+            .simple_query(&format!("TIMELINE_HISTORY {tli}"))
+            .await?;
+        let content = rows
+            .first()
+            .and_then(|r| r.get(1).cloned().flatten())
+            .ok_or_else(|| WalError::Protocol("TIMELINE_HISTORY returned no content".into()))?;
+        Ok(content)
     }
 
     /// Starts logical streaming from `slot` for `publication`, at `start_lsn` (0 means "from
@@ -585,5 +611,15 @@ mod tests {
         let cols = parse_data_row(Bytes::from(row.clone())).ok();
         assert_eq!(cols, Some(vec![None, Some(Bytes::from_static(b"hi"))]));
         assert!(parse_data_row(Bytes::from(row[..row.len() - 1].to_vec())).is_err());
+    }
+
+    #[test]
+    fn timeline_switch_points() {
+        let h = "1\t0/3000A58\tno recovery target specified\n\n2\t0/5000000\tbefore 2000-01-01\n";
+        assert_eq!(switch_point(h, 1), Some(0x3000A58));
+        assert_eq!(switch_point(h, 2), Some(0x5000000));
+        assert_eq!(switch_point(h, 3), None);
+        assert_eq!(switch_point("garbage\n1 nonsense\n", 1), None);
+        assert_eq!(switch_point("", 1), None);
     }
 }

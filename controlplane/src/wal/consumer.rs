@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 
-use super::conn::{ReplicationConn, ReplicationEvent};
+use super::conn::{switch_point, ReplicationConn, ReplicationEvent, SystemInfo};
 use super::pgoutput::{parse_message_in, Message};
 use super::txnbuf::{Overflowed, TxnBuffers};
 use super::{slot, Change, ReplicationState, WalConfig, WalError, WalEvent, WalTxn};
@@ -25,9 +25,30 @@ enum Stop {
 }
 
 /// Runs the WAL consumer until `shutdown` turns true (or its sender or `events`' receiver is
-/// dropped). Errors never end it: each is logged, then it backs off and reconnects.
+/// dropped). Errors never end it: each is logged, then it backs off and reconnects. The
+/// stream and the slot are on `origin` (see [`run_consumer_from`]).
 pub async fn run_consumer(
     origin: crate::origin::Settings,
+    cfg: WalConfig,
+    state: Arc<ReplicationState>,
+    events: mpsc::Sender<WalEvent>,
+    shutdown: watch::Receiver<bool>,
+) {
+    run_consumer_from(origin, None, cfg, state, events, shutdown).await
+}
+
+/// [`run_consumer`] with the stream and the slot on `replication` (a standby, PostgreSQL 16+)
+/// when it is set; the publication stays on `origin`, the primary.
+///
+/// Failover (a reconnect that lands on another server): `IDENTIFY_SYSTEM` tells a different
+/// cluster (different system id) or a promoted standby (same system, new timeline). The cache
+/// is kept when the slot is on the new server, usable (synced, not temporary, not
+/// invalidated), and the cache has applied nothing past the point where the old timeline
+/// ended; streaming then resumes from `applied_lsn`. Otherwise the consumer sends
+/// [`WalEvent::Reset`] (flush) and restarts from the slot, created again if it has to be.
+pub async fn run_consumer_from(
+    origin: crate::origin::Settings,
+    replication: Option<crate::origin::Settings>,
     cfg: WalConfig,
     state: Arc<ReplicationState>,
     events: mpsc::Sender<WalEvent>,
@@ -37,8 +58,19 @@ pub async fn run_consumer(
         tracing::error!(error = %e, "WAL consumer not started");
         return;
     }
+    if let Some(standby) = replication.clone() {
+        tokio::spawn(watch_standby_lag(
+            standby,
+            cfg.status_interval,
+            state.clone(),
+            shutdown.clone(),
+        ));
+    }
     let mut streamed_before = false;
     let mut attempt = 0u64;
+    // The server the last stream came from, and when that stream was lost.
+    let mut streamed_from: Option<SystemInfo> = None;
+    let mut lost_at: Option<Instant> = None;
     loop {
         if *shutdown.borrow() {
             break;
@@ -53,13 +85,19 @@ pub async fn run_consumer(
             events: &events,
             shutdown: &mut shutdown,
             open: TxnBuffers::new(cfg.max_txn_memory),
+            failover_since: None,
+            replication: replication.as_ref(),
             last_progress: 0,
             flush_floor: 0,
             marks: VecDeque::new(),
         };
-        let result = session.run(&origin, &mut streamed_before).await;
+        let result = session
+            .run(&origin, &mut streamed_before, &mut streamed_from, lost_at)
+            .await;
         state.connected.store(false, Ordering::Release);
-        state.streaming.store(false, Ordering::Release);
+        if state.streaming.swap(false, Ordering::AcqRel) {
+            lost_at = Some(Instant::now());
+        }
         match result {
             Ok(Stop::Shutdown) => break,
             Ok(Stop::ReceiverGone) => {
@@ -81,6 +119,53 @@ pub async fn run_consumer(
     tracing::info!("WAL consumer stopped");
 }
 
+/// While the stream is on a standby: every `period`, its replay delay behind the primary into
+/// `state.standby_replay_lag_ms` (which `lag_ms` adds). While the standby cannot be asked, the
+/// last value stays and the stream's own lag grows as usual.
+async fn watch_standby_lag(
+    standby: crate::origin::Settings,
+    period: std::time::Duration,
+    state: Arc<ReplicationState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut client = None;
+    loop {
+        if client.is_none() {
+            if let Ok((c, connection)) = standby.pg.connect(standby.pg_tls()).await {
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                client = Some(c);
+            }
+        }
+        if let Some(c) = &client {
+            match slot::standby_replay_lag_ms(c).await {
+                Ok(lag) => state
+                    .standby_replay_lag_ms
+                    .store(lag.unwrap_or(0), Ordering::Release),
+                Err(e) => {
+                    tracing::debug!(error = %e, "standby replay lag query failed");
+                    client = None;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = wait_shutdown(&mut shutdown) => return,
+        }
+    }
+}
+
+/// What [`Session::prepare_origin`] found and did.
+struct Prepared {
+    /// The slot was created in this session: `Some(its consistent point)`.
+    created: Option<u64>,
+    /// Why an existing slot was dropped before being created again.
+    replaced: Option<String>,
+    /// The slot's confirmed position (0 if unknown).
+    confirmed: u64,
+}
+
 struct Session<'a> {
     cfg: &'a WalConfig,
     state: &'a ReplicationState,
@@ -89,6 +174,11 @@ struct Session<'a> {
     /// The transactions being assembled: Begin seen and Commit not yet, and streamed ones.
     /// A new session starts empty: the server re-sends whatever was open.
     open: TxnBuffers,
+    /// This session resumes after a failover whose stream was lost at this instant: set until
+    /// it has caught up with the new server (see `note_caught_up`).
+    failover_since: Option<Instant>,
+    /// Where the stream and the slot are, if not on the origin (a standby).
+    replication: Option<&'a crate::origin::Settings>,
     /// Last `Progress` lsn sent.
     last_progress: u64,
     /// The slot's confirmed position at start: a lower `applied_lsn` is not reported (it would
@@ -108,21 +198,99 @@ impl Session<'_> {
         &mut self,
         origin: &crate::origin::Settings,
         streamed_before: &mut bool,
+        streamed_from: &mut Option<SystemInfo>,
+        lost_at: Option<Instant>,
     ) -> Result<Stop, WalError> {
-        let reset = self.prepare_origin(origin, *streamed_before).await?;
-        if reset {
-            let reason = format!(
-                "replication slot {} was missing and has been re-created",
-                self.cfg.slot
-            );
-            tracing::warn!("{reason}; the cache must be flushed");
-            self.state.resets.fetch_add(1, Ordering::Relaxed);
-            if let Some(stop) = self.deliver(WalEvent::Reset { reason }).await {
-                return Ok(stop);
+        let mut conn = ReplicationConn::connect(self.replication.unwrap_or(origin)).await?;
+        self.state.connected.store(true, Ordering::Release);
+        let system = conn.identify_system().await?;
+        let applied = self.state.applied_lsn.load(Ordering::Acquire);
+        // A failover: the server differs from the one the last stream came from.
+        let mut failover = false;
+        let mut lost = None;
+        if let Some(prev) = streamed_from.as_ref().filter(|_| *streamed_before) {
+            if prev.system_id != system.system_id {
+                failover = true;
+                lost = Some(format!(
+                    "the origin is a different cluster (system id {}, was {})",
+                    system.system_id, prev.system_id
+                ));
+            } else if prev.timeline != system.timeline {
+                failover = true;
+                let history = conn.timeline_history(system.timeline).await?;
+                match switch_point(&history, prev.timeline) {
+                    Some(end) if applied > end => {
+                        lost = Some(format!(
+                            "the cache applied WAL up to {} but timeline {} ended at {} on the \
+                             new primary (timeline {}): those changes do not exist there",
+                            format_lsn(applied),
+                            prev.timeline,
+                            format_lsn(end),
+                            system.timeline
+                        ))
+                    }
+                    Some(_) => {}
+                    None => {
+                        lost = Some(format!(
+                            "timeline {} is not an ancestor of the new timeline {}",
+                            prev.timeline, system.timeline
+                        ))
+                    }
+                }
             }
         }
-        let mut conn = ReplicationConn::connect(origin).await?;
-        self.state.connected.store(true, Ordering::Release);
+        let prepared = self
+            .prepare_origin(origin, *streamed_before, &mut conn)
+            .await?;
+        let recreated = prepared.created.is_some() && *streamed_before;
+        let reason = match (&lost, recreated) {
+            (Some(why), _) => Some(format!("{why}: flushing the cache and refilling")),
+            (None, true) if failover => Some(format!(
+                "slot {} was not synced to the new primary{}: flushing the cache and refilling",
+                self.cfg.slot,
+                prepared
+                    .replaced
+                    .as_deref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            )),
+            (None, true) => Some(format!(
+                "replication slot {} was {} and has been re-created: flushing the cache",
+                self.cfg.slot,
+                prepared.replaced.as_deref().unwrap_or("missing")
+            )),
+            (None, false) => None,
+        };
+        if failover {
+            self.state.failovers.fetch_add(1, Ordering::Relaxed);
+            self.state
+                .last_failover_flushed
+                .store(reason.is_some(), Ordering::Release);
+            self.failover_since = Some(lost_at.unwrap_or_else(Instant::now));
+        }
+        let reset = reason.is_some();
+        if let Some(reason) = reason {
+            tracing::warn!(failover, "{reason}");
+            self.state.resets.fetch_add(1, Ordering::Relaxed);
+            if failover {
+                self.state.failover_flushes.fetch_add(1, Ordering::Relaxed);
+            }
+            let lsn = prepared.created.unwrap_or(prepared.confirmed);
+            // WAL positions seen on the old timeline mean nothing on this one.
+            self.state.received_lsn.store(lsn, Ordering::Release);
+            self.state.server_wal_end.store(lsn, Ordering::Release);
+            if let Some(stop) = self.deliver(WalEvent::Reset { reason, lsn }).await {
+                return Ok(stop);
+            }
+            // Until the writer has applied the reset, `applied_lsn` may still be the old
+            // timeline's, and transactions below it would be skipped as re-deliveries.
+            while self.state.applied_lsn.load(Ordering::Acquire) > lsn {
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
+                    _ = wait_shutdown(self.shutdown) => return Ok(Stop::Shutdown),
+                }
+            }
+        }
         let applied = self.state.applied_lsn.load(Ordering::Acquire);
         let start = if reset { 0 } else { applied };
         conn.start_logical(&self.cfg.slot, &self.cfg.publication, start)
@@ -133,43 +301,115 @@ impl Session<'_> {
             .proto_version
             .store(u64::from(proto), Ordering::Relaxed);
         *streamed_before = true;
-        tracing::info!(slot = %self.cfg.slot, start = %format_lsn(start), proto, "WAL streaming started");
+        tracing::info!(
+            slot = %self.cfg.slot,
+            start = %format_lsn(start),
+            proto,
+            timeline = system.timeline,
+            system_id = %system.system_id,
+            failover,
+            flushed = reset,
+            "WAL streaming started"
+        );
+        *streamed_from = Some(system);
         let result = self.stream(&mut conn).await;
         // The session's open transactions go with it: the next one is re-sent them whole.
         self.state.buffered_bytes.store(0, Ordering::Relaxed);
         result
     }
 
-    /// Checks the origin, ensures publication and slot; true if the slot had to be re-created
-    /// after we had streamed from it.
+    /// Checks the origin, ensures the publication (on the origin) and the slot (where the
+    /// stream is): a missing, temporary or invalidated slot is created again, a failover slot
+    /// on a PostgreSQL 17+ primary; an existing slot on such a primary is made one.
     async fn prepare_origin(
         &mut self,
         origin: &crate::origin::Settings,
         streamed_before: bool,
-    ) -> Result<bool, WalError> {
+        conn: &mut ReplicationConn,
+    ) -> Result<Prepared, WalError> {
         let (client, connection) = origin.pg.connect(origin.pg_tls()).await?;
         let driver = tokio::spawn(async move {
             let _ = connection.await;
         });
+        let standby = match self.replication {
+            Some(r) => {
+                let (c, connection) = r.pg.connect(r.pg_tls()).await?;
+                let d = tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                Some((c, d))
+            }
+            None => None,
+        };
         let result = async {
             slot::check_wal_level(&client).await?;
             slot::ensure_publication(&client, &self.cfg.publication, &self.cfg.publication_scope)
                 .await?;
-            let mut reset = false;
-            if !slot::slot_exists(&client, &self.cfg.slot).await? {
-                let lsn = slot::create_slot(&client, &self.cfg.slot).await?;
-                tracing::info!(slot = %self.cfg.slot, lsn = %format_lsn(lsn), "created replication slot");
-                reset = streamed_before;
+            let sc = standby.as_ref().map_or(&client, |(c, _)| c);
+            if standby.is_some() {
+                slot::check_wal_level(sc).await?;
             }
-            self.flush_floor = slot::confirmed_flush_lsn(&client, &self.cfg.slot)
-                .await?
-                .unwrap_or(0);
-            Ok(reset)
+            let version = slot::server_version(sc).await?;
+            let on_standby = slot::in_recovery(sc).await?;
+            // A slot created on a standby cannot be a failover slot.
+            let want_failover = version >= slot::FAILOVER_SLOTS_VERSION && !on_standby;
+            let mut replaced = None;
+            let mut state = slot::slot_state(sc, &self.cfg.slot, version).await?;
+            if let Some(s) = state.as_ref().filter(|s| !s.usable()) {
+                let why = match &s.invalidated {
+                    Some(r) => format!("invalidated ({r})"),
+                    None => "temporary (its synchronization never completed)".to_string(),
+                };
+                tracing::warn!(slot = %self.cfg.slot, "replication slot is {why}: dropping it");
+                slot::drop_slot(sc, &self.cfg.slot).await?;
+                replaced = Some(why);
+                state = None;
+            }
+            let mut created = None;
+            if state.is_none() {
+                if on_standby {
+                    slot::log_standby_snapshot(&client).await?;
+                }
+                let lsn = slot::create_logical_slot(sc, &self.cfg.slot, want_failover).await?;
+                tracing::info!(
+                    slot = %self.cfg.slot,
+                    lsn = %format_lsn(lsn),
+                    failover = want_failover,
+                    "created replication slot"
+                );
+                created = Some(lsn);
+                state = slot::slot_state(sc, &self.cfg.slot, version).await?;
+            }
+            let state = state.ok_or_else(|| {
+                WalError::Protocol(format!("slot {} vanished after creation", self.cfg.slot))
+            })?;
+            let mut failover = state.failover;
+            if want_failover && !failover {
+                slot::enable_failover(conn, &self.cfg.slot).await?;
+                tracing::info!(slot = %self.cfg.slot, "replication slot is now a failover slot");
+                failover = true;
+            }
+            self.state.slot_failover.store(failover, Ordering::Release);
+            if !streamed_before {
+                // The first session's slot, old or new, is what the cache starts from.
+                created = None;
+            }
+            Ok::<_, WalError>(Prepared {
+                created,
+                replaced,
+                confirmed: state.confirmed_flush.unwrap_or(0),
+            })
         }
         .await;
         drop(client);
         driver.abort();
-        result
+        if let Some((c, d)) = standby {
+            drop(c);
+            d.abort();
+        }
+        let prepared = result?;
+        self.flush_floor = prepared.confirmed;
+        Ok(prepared)
     }
 
     async fn stream(&mut self, conn: &mut ReplicationConn) -> Result<Stop, WalError> {
@@ -270,6 +510,20 @@ impl Session<'_> {
             self.state
                 .caught_up_at_us
                 .store(unix_now_us(), Ordering::Release);
+            if let Some(since) = self.failover_since.take() {
+                let gap_ms = since.elapsed().as_millis() as u64;
+                self.state
+                    .last_failover_gap_ms
+                    .store(gap_ms, Ordering::Release);
+                tracing::info!(
+                    gap_ms,
+                    flushed = self.state.last_failover_flushed.load(Ordering::Acquire),
+                    slot_failover = self.state.slot_failover.load(Ordering::Acquire),
+                    failovers = self.state.failovers.load(Ordering::Relaxed),
+                    applied = %format_lsn(applied),
+                    "failover complete: streaming from the new primary and caught up"
+                );
+            }
         }
     }
 

@@ -34,6 +34,11 @@
 //! - [`WalEvent::Progress`] is sent only between transactions, so `lsn` never splits one.
 //! - If the slot vanished after we had streamed from it, the consumer re-creates it and sends
 //!   [`WalEvent::Reset`] before anything else: changes were lost, the cache must be flushed.
+//! - Failover (a reconnect to another server, told by `IDENTIFY_SYSTEM`): the cache is kept only
+//!   if the slot is there and usable and nothing applied lies past the point where the old
+//!   timeline ended (`TIMELINE_HISTORY`); otherwise [`WalEvent::Reset`], whose `lsn` (the restart
+//!   point, possibly below the old `applied_lsn`) the writer stores into `applied_lsn` before
+//!   the consumer streams on. See `docs/consistency.md`, "Failover".
 //!
 //! Thread model: one task; [`ReplicationState`] is shared, all atomics, read by metrics/REST and
 //! the serving layer, written by this task except `applied_lsn` / `applied_commit_ts_us`
@@ -64,7 +69,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use conn::{ReplicationConn, ReplicationEvent, SystemInfo};
-pub use consumer::run_consumer;
+pub use consumer::{run_consumer, run_consumer_from};
 pub use error::WalError;
 pub use pgoutput::{DecodeError, RelColumn, Relation, TupleValue};
 pub use slot::PublicationScope;
@@ -180,6 +185,22 @@ pub struct ReplicationState {
     pub txn_overflows: AtomicU64,
     /// pgoutput protocol version of the current (or last) session; 0 before the first.
     pub proto_version: AtomicU64,
+
+    /// Times the stream resumed on a different server: a new timeline (a promoted standby) or
+    /// a different cluster.
+    pub failovers: AtomicU64,
+    /// Failovers that flushed the cache (slot not synced to the new primary, or WAL applied
+    /// past the new timeline's switch point, or a different cluster).
+    pub failover_flushes: AtomicU64,
+    /// Last failover: stream lost → streaming on the new server and caught up with it, ms.
+    pub last_failover_gap_ms: AtomicU64,
+    /// Whether the last failover flushed the cache.
+    pub last_failover_flushed: AtomicBool,
+    /// The slot is a failover slot (PostgreSQL 17+, synchronized to standbys).
+    pub slot_failover: AtomicBool,
+    /// With `replication.url` on a standby: its replay delay behind its primary, ms (checked
+    /// at every status update); 0 when streaming from the primary.
+    pub standby_replay_lag_ms: AtomicU64,
 }
 
 impl ReplicationState {
@@ -189,7 +210,8 @@ impl ReplicationState {
         end.saturating_sub(self.applied_lsn.load(Ordering::Acquire))
     }
 
-    /// How stale the cache may be, in ms: 0 while streaming with `applied >= server_wal_end`;
+    /// How stale the cache may be, in ms: 0 while streaming with `applied >= server_wal_end`
+    /// (plus, when tailing a standby, the standby's replay delay);
     /// otherwise the time since the cache was last known to be current (the later of the last
     /// observed catch-up and the last applied commit). While not streaming it keeps growing,
     /// so a lost connection never looks like "no lag".
@@ -197,15 +219,19 @@ impl ReplicationState {
     /// Accepted race: the fields are read one by one, not as a snapshot; the error is bounded
     /// by one keepalive request interval.
     pub fn lag_ms(&self, now_us: i64) -> u64 {
+        // Tailing a standby: the stream itself is that far behind the primary.
+        let standby = self.standby_replay_lag_ms.load(Ordering::Acquire);
         let streaming = self.streaming.load(Ordering::Acquire);
         if streaming && self.lag_bytes() == 0 {
-            return 0;
+            return standby;
         }
         let current_at = self
             .caught_up_at_us
             .load(Ordering::Acquire)
             .max(self.applied_commit_ts_us.load(Ordering::Acquire));
-        u64::try_from(now_us.saturating_sub(current_at) / 1000).unwrap_or(0)
+        u64::try_from(now_us.saturating_sub(current_at) / 1000)
+            .unwrap_or(0)
+            .saturating_add(standby)
     }
 }
 
@@ -259,8 +285,12 @@ pub enum WalEvent {
     Progress {
         lsn: u64,
     },
-    /// The slot was missing and has been re-created: changes were lost, flush the cache.
+    /// The slot was missing and has been re-created, or the stream moved to a server that
+    /// lacks WAL the cache has applied: changes were lost, flush the cache. The stream restarts
+    /// at `lsn`: applying the reset means `applied_lsn = lsn` (possibly lower than before, on
+    /// a new timeline).
     Reset {
         reason: String,
+        lsn: u64,
     },
 }

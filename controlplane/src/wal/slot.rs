@@ -17,13 +17,19 @@
 //! `FOR ALL TABLES` publication left by an older pgline cannot be altered into a list: it is
 //! dropped and created again in one transaction (so logical decoding never finds it missing).
 //!
+//! Failover (issue 14): on a PostgreSQL 17+ primary the slot is a failover slot
+//! ([`create_logical_slot`], [`enable_failover`]), so a standby's slot-sync worker keeps a copy
+//! that a promotion makes usable; [`slot_state`] tells whether a slot found after a reconnect
+//! can be resumed (not temporary, not invalidated). With the stream on a standby
+//! (`replication.url`) the slot is created there after [`log_standby_snapshot`] on the primary.
+//!
 //! Limitations: [`ensure_publication`] (every reconnect) only adds; [`set_publication`] (start-up)
 //! also drops what is not cached; the writer's periodic check keeps the list current between.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::conn::quote_ident;
+use super::conn::{quote_ident, ReplicationConn};
 use super::WalError;
 use crate::lsn::parse_lsn;
 
@@ -229,6 +235,150 @@ pub async fn create_slot(client: &Client, slot: &str) -> Result<u64, WalError> {
         .await?;
     let lsn: String = row.try_get(0)?;
     parse_lsn(&lsn).ok_or_else(|| WalError::Protocol(format!("bad slot LSN {lsn}")))
+}
+
+/// `server_version_num` of the server `client` is connected to (e.g. 170004).
+pub async fn server_version(client: &Client) -> Result<i32, WalError> {
+    let row = client.query_one("SHOW server_version_num", &[]).await?;
+    let v: String = row.try_get(0)?;
+    v.trim()
+        .parse()
+        .map_err(|_| WalError::Protocol(format!("bad server_version_num {v:?}")))
+}
+
+/// Whether the server `client` is connected to is a standby (`pg_is_in_recovery()`).
+pub async fn in_recovery(client: &Client) -> Result<bool, WalError> {
+    let row = client.query_one("SELECT pg_is_in_recovery()", &[]).await?;
+    Ok(row.try_get(0)?)
+}
+
+/// First PostgreSQL version with failover slots (`server_version_num`).
+pub const FAILOVER_SLOTS_VERSION: i32 = 170_000;
+
+/// What `pg_replication_slots` says about a logical slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotState {
+    /// Its changes are synchronized to standbys (`failover`, 17+; false before).
+    pub failover: bool,
+    /// A copy kept by a standby's slot-sync worker (`synced`, 17+; false before).
+    pub synced: bool,
+    /// Dropped at the end of the session, or (for a synced slot) not yet sync-ready.
+    pub temporary: bool,
+    /// Why it can no longer be used (`invalidation_reason` on 17+, `conflicting` on 16,
+    /// `wal_status = 'lost'` on every version), or `None` if it can.
+    pub invalidated: Option<String>,
+    pub confirmed_flush: Option<u64>,
+}
+
+impl SlotState {
+    /// Whether streaming from it can resume where the cache is: neither temporary nor
+    /// invalidated.
+    pub fn usable(&self) -> bool {
+        !self.temporary && self.invalidated.is_none()
+    }
+}
+
+/// The state of slot `slot`, or `None` if there is none; `version` is the server's
+/// [`server_version`] (the columns differ by version).
+pub async fn slot_state(
+    client: &Client,
+    slot: &str,
+    version: i32,
+) -> Result<Option<SlotState>, WalError> {
+    let extra = if version >= FAILOVER_SLOTS_VERSION {
+        "failover, synced, invalidation_reason"
+    } else if version >= 160_000 {
+        "false, false, CASE WHEN conflicting THEN 'conflicting with recovery' END"
+    } else {
+        "false, false, NULL::text"
+    };
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT {extra}, temporary, wal_status, confirmed_flush_lsn::text \
+                 FROM pg_replication_slots WHERE slot_name = $1"
+            ),
+            &[&slot],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let wal_status: Option<String> = row.try_get(4)?;
+    let invalidated = row
+        .try_get::<_, Option<String>>(2)?
+        .or_else(|| (wal_status.as_deref() == Some("lost")).then(|| "wal_removed".to_string()));
+    let lsn: Option<String> = row.try_get(5)?;
+    Ok(Some(SlotState {
+        failover: row.try_get(0)?,
+        synced: row.try_get(1)?,
+        temporary: row.try_get(3)?,
+        invalidated,
+        confirmed_flush: lsn.as_deref().and_then(parse_lsn),
+    }))
+}
+
+/// Creates a permanent logical slot using `pgoutput`, a failover slot (synchronized to
+/// standbys, PostgreSQL 17+) if `failover`; returns its consistent point.
+pub async fn create_logical_slot(
+    client: &Client,
+    slot: &str,
+    failover: bool,
+) -> Result<u64, WalError> {
+    if !failover {
+        return create_slot(client, slot).await;
+    }
+    let row = client
+        .query_one(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+            &[&slot],
+        )
+        .await?;
+    let lsn: String = row.try_get(0)?;
+    parse_lsn(&lsn).ok_or_else(|| WalError::Protocol(format!("bad slot LSN {lsn}")))
+}
+
+/// Makes an existing slot a failover slot (`ALTER_REPLICATION_SLOT`, PostgreSQL 17+, a
+/// replication command: hence the replication connection). The slot must not be in use.
+pub async fn enable_failover(conn: &mut ReplicationConn, slot: &str) -> Result<(), WalError> {
+    conn.simple_query(&format!(
+        "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+        quote_ident(slot)
+    ))
+    .await?;
+    Ok(())
+}
+
+/// `pg_log_standby_snapshot()` on the primary (PostgreSQL 16+): writes the running-xacts
+/// record that creating a logical slot on a standby waits for (an idle primary may otherwise
+/// take a long while to write one).
+pub async fn log_standby_snapshot(primary: &Client) -> Result<(), WalError> {
+    primary
+        .execute("SELECT pg_log_standby_snapshot()", &[])
+        .await?;
+    Ok(())
+}
+
+/// The primary's `synchronized_standby_slots` (PostgreSQL 17+), empty if unset.
+pub async fn synchronized_standby_slots(primary: &Client) -> Result<String, WalError> {
+    let row = primary
+        .query_one("SHOW synchronized_standby_slots", &[])
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
+/// A standby's replay delay in ms: 0 when it has replayed everything it received, else the
+/// time since the last replayed commit (`None` on a primary).
+pub async fn standby_replay_lag_ms(standby: &Client) -> Result<Option<u64>, WalError> {
+    let row = standby
+        .query_one(
+            "SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL \
+                    WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 \
+                    ELSE (extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000)::int8 END",
+            &[],
+        )
+        .await?;
+    Ok(row
+        .try_get::<_, Option<i64>>(0)?
+        .map(|v| u64::try_from(v).unwrap_or(0)))
 }
 
 /// Drops the slot (fails with SQLSTATE 55006 while a walsender is using it).

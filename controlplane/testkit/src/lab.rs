@@ -11,10 +11,15 @@ use crate::origin::{origin_lsn, TestDb};
 /// so a shared name would make parallel tests, or other users of the lab cluster, collide), an
 /// ephemeral port and a small store. The publication lives in the test's database.
 pub fn config(db: &TestDb, cores: usize) -> Config {
-    let url = db.conn_string();
-    let sets = vec![
-        format!("origin.url={}", toml_str(&url)),
-        format!("replication.slot={}", toml_str(&slot_name(db))),
+    config_with(&db.conn_string(), &slot_name(db), cores, &[])
+}
+
+/// [`config`] for origin `url` (e.g. a [`crate::pair::Pair`]'s multi-host URL) with slot
+/// `slot`, and `extra` `key=value` settings applied last.
+pub fn config_with(url: &str, slot: &str, cores: usize, extra: &[String]) -> Config {
+    let mut sets = vec![
+        format!("origin.url={}", toml_str(url)),
+        format!("replication.slot={}", toml_str(slot)),
         "resp.listen=\"127.0.0.1:0\"".to_string(),
         "api.listen=\"127.0.0.1:0\"".to_string(),
         "pgwire.listen=\"127.0.0.1:0\"".to_string(),
@@ -26,6 +31,7 @@ pub fn config(db: &TestDb, cores: usize) -> Config {
         "replication.reconnect_backoff_ms=100".to_string(),
         "origin.pool_size=4".to_string(),
     ];
+    sets.extend_from_slice(extra);
     Config::load(None, Vec::<(String, String)>::new(), &sets).expect("test config")
 }
 
@@ -34,7 +40,8 @@ pub fn slot_name(db: &TestDb) -> String {
     db.name.clone()
 }
 
-fn toml_str(s: &str) -> String {
+/// `s` as a TOML string.
+pub fn toml_str(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 

@@ -8,6 +8,8 @@
 //! - [`pg`]: a raw PostgreSQL protocol client (SCRAM-SHA-256 login, whole backend messages
 //!   out), for tests that compare bytes or send what a driver would not; its [`pg::Login`] is
 //!   the tests' one SCRAM client, also used by the dataplane's tests over their own sockets.
+//! - [`pair`]: a primary + physical standby (`deploy/lab/pair.sh`) for the failover and
+//!   standby-tailing tests.
 //! - [`pki`]: a throw-away CA with server and client certificates (current or expired) as PEM
 //!   files, for the TLS tests.
 //!
@@ -24,6 +26,7 @@
 #[cfg(feature = "pgline")]
 pub mod lab;
 pub mod origin;
+pub mod pair;
 pub mod pg;
 pub mod pki;
 #[cfg(feature = "pgline")]

@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgline_controlplane::server::Pgline;
+use pgline_controlplane::wal::conn::max_proto_version;
+use pgline_controlplane::wal::ReplicationConn;
 use pgline_testkit::lab;
 use pgline_testkit::origin::origin_lsn;
 use pgline_testkit::TestDb;
@@ -387,4 +389,56 @@ async fn rollback_to_savepoint_in_a_streamed_transaction_drops_only_the_subtrans
         "rolled-back inserts are visible"
     );
     p.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_servers_highest_protocol_is_used_and_a_refused_one_is_retried_lower() {
+    let _serial = SERIAL.lock().await;
+    let db = TestDb::create("wstream_proto").await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE t (id int4 PRIMARY KEY); CREATE PUBLICATION pgline FOR TABLE t;",
+        )
+        .await
+        .unwrap();
+    let config: tokio_postgres::Config = db.conn_string().parse().unwrap();
+    // (asked first, expected): None is start_logical's own choice.
+    for (n, ask) in [None, Some(9), Some(2), Some(1)].into_iter().enumerate() {
+        let slot = format!("{}_p{n}", db.name);
+        client
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&slot],
+            )
+            .await
+            .unwrap();
+        let mut conn = ReplicationConn::connect(&config).await.expect("connect");
+        let highest = max_proto_version(conn.server_major());
+        assert!(
+            conn.server_major().is_some_and(|m| m >= 15),
+            "{:?}",
+            conn.server_major()
+        );
+        let expected = ask.map_or(highest, |a| a.min(highest));
+        match ask {
+            None => conn.start_logical(&slot, "pgline", 0).await,
+            Some(a) => conn.start_logical_with(&slot, "pgline", 0, a).await,
+        }
+        .unwrap_or_else(|e| panic!("start with {ask:?}: {e}"));
+        assert_eq!(conn.proto_version(), expected, "asked {ask:?}");
+        // The stream works at that version: a keepalive comes back.
+        conn.send_status(0, 0, 0, true).await.expect("status");
+        let ev = tokio::time::timeout(Duration::from_secs(10), conn.recv())
+            .await
+            .expect("a reply in time")
+            .expect("recv");
+        assert!(
+            matches!(
+                ev,
+                pgline_controlplane::wal::ReplicationEvent::Keepalive { .. }
+            ),
+            "{ev:?}"
+        );
+    }
 }

@@ -163,6 +163,14 @@ pub fn max_proto_version(server_major: Option<u32>) -> u32 {
     }
 }
 
+/// Whether an 0A000 error text is pgoutput refusing a too-high `proto_version`: "client sent
+/// proto_version=N but we only support protocol M or lower" (PostgreSQL 14-15), "... but server
+/// only supports protocol M or lower" (16+).
+fn refuses_proto_version(message: &str) -> bool {
+    message.contains("proto_version")
+        && (message.contains("only support protocol") || message.contains("only supports protocol"))
+}
+
 /// The major version in a `server_version` string ("15.18 (Debian …)", "18.6", "9.6.24").
 pub fn parse_server_major(version: &str) -> Option<u32> {
     let digits: String = version.chars().take_while(|c| c.is_ascii_digit()).collect();
@@ -330,18 +338,30 @@ impl ReplicationConn {
         publication: &str,
         start_lsn: u64,
     ) -> Result<(), WalError> {
+        let proto = max_proto_version(self.server_major);
+        self.start_logical_with(slot, publication, start_lsn, proto)
+            .await
+    }
+
+    /// [`start_logical`](Self::start_logical) asking first for protocol `proto` (at least 1),
+    /// then one lower each time the server says it only supports a lower one.
+    pub async fn start_logical_with(
+        &mut self,
+        slot: &str,
+        publication: &str,
+        start_lsn: u64,
+        proto: u32,
+    ) -> Result<(), WalError> {
         if slot.contains('\0') || publication.contains('\0') {
             return Err(WalError::Config(
                 "NUL byte in slot or publication name".into(),
             ));
         }
-        let mut proto = max_proto_version(self.server_major);
+        let mut proto = proto.max(1);
         loop {
             match self.try_start(slot, publication, start_lsn, proto).await {
                 Err(WalError::Server { code, message, .. })
-                    if proto > 1
-                        && code == "0A000"
-                        && message.contains("only supports protocol") =>
+                    if proto > 1 && code == "0A000" && refuses_proto_version(&message) =>
                 {
                     tracing::info!(proto, %message, "origin refused the pgoutput protocol; trying one lower");
                     proto -= 1;
@@ -554,6 +574,19 @@ mod tests {
             [4, 4, 3, 2, 1]
         );
         assert_eq!(max_proto_version(None), 1);
+    }
+
+    #[test]
+    fn protocol_refusals_of_each_version_are_recognised() {
+        assert!(refuses_proto_version(
+            "client sent proto_version=9 but we only support protocol 3 or lower"
+        ));
+        assert!(refuses_proto_version(
+            "client sent proto_version=9 but server only supports protocol 4 or lower"
+        ));
+        assert!(!refuses_proto_version(
+            "requested proto_version=1 does not support streaming, need 2 or higher"
+        ));
     }
 
     #[test]

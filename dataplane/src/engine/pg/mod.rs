@@ -532,3 +532,131 @@ fn fatal(conn: &mut Conn, code: &[u8; 5], message: &[u8], stats: &CoreStats) {
     conn.closing = true;
     conn.rpos = conn.rbuf.len();
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::tls::{PgTlsMode, TlsAcceptor, TlsFront};
+    use crate::keyspace::{KeySpace, KeySpaceCell};
+    use crate::plane::{ControlWakers, Shared};
+    use crate::store::{self, StoreConfig};
+
+    fn worker(tls: PgTlsMode) -> Worker {
+        let cfg = StoreConfig {
+            memory_bytes: 16 << 20,
+            segment_bytes: 1 << 20,
+            max_page_level: pgline_hugepages::PageLevel::Base,
+            prefault: false,
+        };
+        let (writer, reader) = store::open(&cfg).expect("store");
+        std::mem::forget(writer);
+        let shared = Arc::new(Shared::new(
+            reader,
+            KeySpaceCell::new(KeySpace::new()),
+            1,
+            16,
+            ControlWakers::none(),
+        ));
+        let cfg = EngineConfig {
+            pg_listen: None,
+            pg_cache_users: Vec::new(),
+            pg_cache_database: None,
+            listen: "127.0.0.1:0".parse().expect("address"),
+            cores: 1,
+            max_connections: 16,
+            max_request_bytes: 1 << 20,
+            max_reply_backlog: 1 << 20,
+            requests_per_turn: 8,
+            max_pending_per_conn: 8,
+            spin_polls: 1,
+            password: None,
+            limits: crate::resp::Limits::default(),
+            conn_limits: crate::engine::ConnLimits::default(),
+        };
+        let mut w = Worker::new(shared.core_port(0), Arc::new(cfg));
+        // The acceptor is never used here: only the mode matters to the session.
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring")
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new()));
+        let acceptor = TlsAcceptor::new(Arc::new(config));
+        w.tls = Some(TlsFront {
+            pg: acceptor.clone(),
+            pg_mode: tls,
+            resp: acceptor,
+            resp_listen: None,
+        });
+        w
+    }
+
+    const SSL: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    const GSS: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30];
+
+    fn run(w: &mut Worker, conn: &mut Conn, input: &[u8]) -> Vec<u8> {
+        conn.input_buffer().extend_from_slice(input);
+        PgEngine::of(w).process(conn, ConnToken::new(0, 0));
+        let out = conn.output().to_vec();
+        let n = out.len();
+        conn.advance_output(n);
+        out
+    }
+
+    #[test]
+    fn ssl_and_gss_requests_are_answered_as_postgres_does() {
+        for (mode, answer) in [(PgTlsMode::Off, b'N'), (PgTlsMode::On, b'S')] {
+            let mut w = worker(mode);
+            let mut conn = w.new_pg_conn(0);
+            assert_eq!(run(&mut w, &mut conn, &GSS), b"N");
+            assert!(!conn.start_tls && !conn.closing);
+            assert_eq!(run(&mut w, &mut conn, &SSL), [answer]);
+            assert_eq!(conn.start_tls, mode == PgTlsMode::On);
+            assert!(!conn.closing);
+            // A second SSLRequest: unsupported protocol, closed.
+            conn.start_tls = false;
+            let out = run(&mut w, &mut conn, &SSL);
+            assert!(conn.closing);
+            assert!(out.windows(5).any(|x| x == b"0A000"), "{out:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_behind_the_request_are_refused_and_tls_is_not_started() {
+        let mut w = worker(PgTlsMode::On);
+        let mut conn = w.new_pg_conn(0);
+        let mut input = SSL.to_vec();
+        input.extend_from_slice(b"\x16\x03\x01");
+        let out = run(&mut w, &mut conn, &input);
+        assert_eq!(out[0], b'S');
+        assert!(conn.closing && !conn.start_tls);
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.contains("received unencrypted data after SSL request"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn required_refuses_a_plaintext_startup_with_the_hostssl_text() {
+        let mut w = worker(PgTlsMode::Required);
+        let mut conn = w.new_pg_conn(0);
+        conn.pg.as_mut().expect("pg").peer = Some("10.1.2.3".parse().expect("ip"));
+        let body = b"\0\x03\0\0user\0alice\0database\0app\0\0";
+        let mut startup = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+        startup.extend_from_slice(body);
+        let out = run(&mut w, &mut conn, &startup);
+        assert!(conn.closing);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("C28000"), "{text}");
+        assert!(
+            text.contains(
+                "no pg_hba.conf entry for host \"10.1.2.3\", user \"alice\", database \"app\", no encryption"
+            ),
+            "{text}"
+        );
+    }
+}

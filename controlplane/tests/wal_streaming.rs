@@ -402,7 +402,7 @@ async fn the_servers_highest_protocol_is_used_and_a_refused_one_is_retried_lower
         )
         .await
         .unwrap();
-    let config: tokio_postgres::Config = db.conn_string().parse().unwrap();
+    let config = pgline_controlplane::origin::Settings::parse(&db.conn_string()).unwrap();
     // (asked first, expected): None is start_logical's own choice.
     for (n, ask) in [None, Some(9), Some(2), Some(1)].into_iter().enumerate() {
         let slot = format!("{}_p{n}", db.name);

@@ -326,6 +326,8 @@ fn start_control_plane(
         keepalive_request_interval: Duration::from_millis(100),
         reconnect_backoff: Duration::from_millis(cfg.replication.reconnect_backoff_ms),
     };
+    // The relay starts relayed logins on the host the replication stream last found read-write.
+    let primary = pg.primary.clone();
     let mut tasks = vec![tokio::spawn(wal::run_consumer(
         pg,
         wal_cfg,
@@ -352,7 +354,8 @@ fn start_control_plane(
         },
     );
     let pg_relay = match cfg.pgwire.enabled.then(|| RelayConfig::from_config(cfg)) {
-        Some(Ok(relay_cfg)) => {
+        Some(Ok(mut relay_cfg)) => {
+            relay_cfg.origin.primary = primary;
             let relay = RelayState::new(shared.control_port(), leases, relay_cfg);
             tasks.push(tokio::spawn(crate::pgfront::run(
                 relay.clone(),

@@ -691,8 +691,10 @@ async fn relayed_scram_hides_channel_binding() {
 }
 
 /// The relay with `target_session_attrs=read-write` over a host list whose first host is
-/// read-only: the relayed login that lands there is refused with a retryable FATAL, and the
-/// next one starts on the read-write host.
+/// read-only: relayed logins start on the host the replication stream found read-write; when
+/// that host turns read-only (a failover, here simulated with `default_transaction_read_only`),
+/// the relayed login that lands there is refused with a retryable FATAL, and the next one
+/// starts on the next host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_login_on_a_read_only_host_moves_on() {
     let db = TlsDb::create("otls_relay_rw").await;
@@ -739,20 +741,46 @@ async fn a_relayed_login_on_a_read_only_host_moves_on() {
         )
         .await
     };
-    let e = login()
-        .await
-        .err()
-        .expect("the first relayed login lands on the read-only host");
-    let text = origin::describe_error(&e);
-    assert!(text.contains("target_session_attrs"), "{text}");
     let (client, conn) = login()
         .await
-        .expect("the next login starts on the read-write host");
+        .expect("the first login starts on the read-write host");
     tokio::spawn(conn);
     client
         .batch_execute("INSERT INTO users VALUES (9, 'written through the relay')")
         .await
         .expect("a write through the relay");
+    drop(client);
+
+    // "Failover": the plain cluster's database turns read-only, the TLS one read-write.
+    plain
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .await
+        .unwrap();
+    local("postgres")
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} RESET default_transaction_read_only",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let e = login()
+        .await
+        .err()
+        .expect("the next relayed login lands on the old host");
+    let text = origin::describe_error(&e);
+    assert!(text.contains("target_session_attrs"), "{text}");
+    let (client, conn) = login()
+        .await
+        .expect("the one after starts on the other host");
+    tokio::spawn(conn);
+    client
+        .batch_execute("INSERT INTO users VALUES (10, 'written on the new primary')")
+        .await
+        .expect("a write through the relay on the new host");
     drop(client);
     p.shutdown().await;
     drop(plain_db);

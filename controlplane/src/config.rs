@@ -735,7 +735,7 @@ impl Config {
         };
         // Validated: origin.url parses. Its user (and database, defaulting to the user as in
         // libpq) is the identity the cache holds rows for.
-        let origin = self.origin.pg_config().ok().map(|s| s.pg);
+        let origin = crate::origin::Settings::parse_pg(&self.origin.url).ok();
         let origin_user = origin
             .as_ref()
             .and_then(|c| c.get_user())

@@ -345,6 +345,8 @@ fn start_control_plane(
     };
     // Validated when the config was loaded.
     let replication = cfg.replication_pg_config().ok().flatten();
+    // The relay starts relayed logins on the host the replication stream last found read-write.
+    let primary = pg.primary.clone();
     let mut tasks = vec![tokio::spawn(wal::run_consumer_from(
         pg,
         replication,
@@ -372,7 +374,8 @@ fn start_control_plane(
         },
     );
     let pg_relay = match cfg.pgwire.enabled.then(|| RelayConfig::from_config(cfg)) {
-        Some(Ok(relay_cfg)) => {
+        Some(Ok(mut relay_cfg)) => {
+            relay_cfg.origin.primary = primary;
             let relay = RelayState::new(shared.control_port(), leases, relay_cfg);
             tasks.push(tokio::spawn(crate::pgfront::run(
                 relay.clone(),

@@ -362,6 +362,17 @@ async fn a_client_certificate_is_presented() {
 /// A fake origin on port 0 that answers an SSLRequest with `answer` and, for `S`, completes
 /// the handshake with `cert`; returns its port.
 async fn fake_origin(answer: u8, cert: Option<pki::Issued>) -> u16 {
+    fake_origin_with(Some(vec![answer]), cert, None).await
+}
+
+/// A fake origin on port 0: answers an SSLRequest with `answer` (`None`: no SSLRequest, TLS
+/// from the first byte, ALPN `postgresql` required), completes the handshake with `cert`, and
+/// then sends `after` (if any) inside TLS; returns its port.
+async fn fake_origin_with(
+    answer: Option<Vec<u8>>,
+    cert: Option<pki::Issued>,
+    after: Option<Vec<u8>>,
+) -> u16 {
     use rustls::pki_types::pem::PemObject;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -379,19 +390,36 @@ async fn fake_origin(answer: u8, cert: Option<pki::Issued>) -> u16 {
         .with_no_client_auth()
         .with_single_cert(chain, key)
         .unwrap();
+        let mut cfg = cfg;
+        if answer.is_none() {
+            cfg.alpn_protocols = vec![b"postgresql".to_vec()];
+        }
         tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
     });
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
+            let (answer, after) = (answer.clone(), after.clone());
             tokio::spawn(async move {
-                let mut req = [0u8; 8];
-                if s.read_exact(&mut req).await.is_err() {
-                    return;
+                if let Some(answer) = &answer {
+                    let mut req = [0u8; 8];
+                    if s.read_exact(&mut req).await.is_err() {
+                        return;
+                    }
+                    let _ = s.write_all(answer).await;
                 }
-                let _ = s.write_all(&[answer]).await;
                 if let Some(a) = acceptor {
-                    let _ = a.accept(s).await;
+                    let Ok(mut tls) = a.accept(s).await else {
+                        return;
+                    };
+                    if answer.is_none() {
+                        let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+                        assert_eq!(alpn.as_deref(), Some(&b"postgresql"[..]), "ALPN");
+                    }
+                    if let Some(after) = after {
+                        let _ = tls.write_all(&after).await;
+                        let _ = tls.shutdown().await;
+                    }
                 }
             });
         }
@@ -663,8 +691,10 @@ async fn relayed_scram_hides_channel_binding() {
 }
 
 /// The relay with `target_session_attrs=read-write` over a host list whose first host is
-/// read-only: the relayed login that lands there is refused with a retryable FATAL, and the
-/// next one starts on the read-write host.
+/// read-only: relayed logins start on the host the replication stream found read-write; when
+/// that host turns read-only (a failover, here simulated with `default_transaction_read_only`),
+/// the relayed login that lands there is refused with a retryable FATAL, and the next one
+/// starts on the next host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_login_on_a_read_only_host_moves_on() {
     let db = TlsDb::create("otls_relay_rw").await;
@@ -711,24 +741,114 @@ async fn a_relayed_login_on_a_read_only_host_moves_on() {
         )
         .await
     };
-    let e = login()
-        .await
-        .err()
-        .expect("the first relayed login lands on the read-only host");
-    let text = origin::describe_error(&e);
-    assert!(text.contains("target_session_attrs"), "{text}");
     let (client, conn) = login()
         .await
-        .expect("the next login starts on the read-write host");
+        .expect("the first login starts on the read-write host");
     tokio::spawn(conn);
     client
         .batch_execute("INSERT INTO users VALUES (9, 'written through the relay')")
         .await
         .expect("a write through the relay");
     drop(client);
+
+    // "Failover": the plain cluster's database turns read-only, the TLS one read-write.
+    plain
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_read_only = on",
+            db.name
+        ))
+        .await
+        .unwrap();
+    local("postgres")
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} RESET default_transaction_read_only",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let e = login()
+        .await
+        .err()
+        .expect("the next relayed login lands on the old host");
+    let text = origin::describe_error(&e);
+    assert!(text.contains("target_session_attrs"), "{text}");
+    let (client, conn) = login()
+        .await
+        .expect("the one after starts on the other host");
+    tokio::spawn(conn);
+    client
+        .batch_execute("INSERT INTO users VALUES (10, 'written on the new primary')")
+        .await
+        .expect("a write through the relay on the new host");
+    drop(client);
     p.shutdown().await;
     drop(plain_db);
     let _ = plain
         .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
         .await;
+}
+
+/// A FATAL ErrorResponse with `message` (whole message).
+fn fatal(message: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (k, v) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', "XX000"),
+        (b'M', message),
+    ] {
+        body.push(k);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut m = vec![b'E'];
+    m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    m.extend_from_slice(&body);
+    m
+}
+
+/// `sslnegotiation=direct`: TLS from the first byte with ALPN `postgresql`; what the origin
+/// then says arrives through TLS (here: a FATAL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_tls_negotiation() {
+    let dir = std::env::temp_dir().join(format!("pgline-otls-direct-{}", std::process::id()));
+    let ca = pki::Ca::new(&dir, "ca", "direct test CA");
+    let port = fake_origin_with(
+        None,
+        Some(ca.server("srv", &["localhost"], pki::Validity::Current)),
+        Some(fatal("direct TLS reached the origin")),
+    )
+    .await;
+    let url = format!(
+        "host=localhost port={port} user=u password=p sslmode=verify-full sslnegotiation=direct \
+         sslrootcert={}",
+        ca.cert.display()
+    );
+    let e = raw_error(&url).await;
+    assert!(e.contains("direct TLS reached the origin"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Bytes after the origin's `S` and before the handshake are refused (CVE-2021-23222).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_after_the_ssl_answer_are_refused() {
+    let dir = std::env::temp_dir().join(format!("pgline-otls-cve-{}", std::process::id()));
+    let ca = pki::Ca::new(&dir, "ca", "cve test CA");
+    let port = fake_origin_with(
+        Some(b"SZ\0\0\0\x05I".to_vec()),
+        Some(ca.server("srv", &["localhost"], pki::Validity::Current)),
+        None,
+    )
+    .await;
+    let e = raw_error(&format!(
+        "host=localhost port={port} user=u password=p sslmode=require"
+    ))
+    .await;
+    assert!(
+        e.contains("received unencrypted data after SSL response"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -22,6 +22,18 @@ export PGLINE_PG_DIR=${PGLINE_PG_TLS_DIR:-/var/tmp/pgline-pg-tls}
 export PGLINE_PG_PORT=${PGLINE_PG_TLS_PORT:-54331}
 PKI=${PGLINE_PG_TLS_PKI:-/var/tmp/pgline-pg-tls-pki}
 PG_PASSWORD=${PGLINE_PG_PASSWORD:-pgline}
+# A build with OpenSSL (the PostgreSQL 18 wheel has none): $PGLINE_PG_TLS_BIN, or the newest
+# /usr/lib/postgresql/*/bin whose postgres links libssl. PGLINE_PG_BIN (a CI pass's other
+# version) is not used here.
+ssl_bin() {
+    local b
+    for b in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -rV); do
+        if ldd "$b/postgres" 2>/dev/null | grep -q libssl; then echo "$b"; return 0; fi
+    done
+    echo "pg-tls.sh: no PostgreSQL build with OpenSSL under /usr/lib/postgresql" >&2
+    return 1
+}
+export PGLINE_PG_BIN=${PGLINE_PG_TLS_BIN:-$(ssl_bin)}
 
 as_postgres() {
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi

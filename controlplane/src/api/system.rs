@@ -268,7 +268,7 @@ fn pgwire_snapshot(node: &Admin) -> PgwireSnapshot {
         pg.reply_bytes += s.bytes;
         pg.origin_us = pg.origin_us.saturating_add(s.total_us);
     }
-    let origin = node.config_read().origin.pg_config().map(|s| s.pg);
+    let origin = crate::origin::Settings::parse_pg(&node.config_read().origin.url);
     if let Ok(c) = origin {
         let user = c.get_user().unwrap_or("postgres").to_owned();
         let database = c.get_dbname().unwrap_or(&user).to_owned();

@@ -125,6 +125,13 @@ impl Settings {
         })
     }
 
+    /// Only the driver's part of `url` (hosts, user, database...): no TLS files are read, for
+    /// callers that just want to know who and where (status pages, the engine's cache user).
+    pub fn parse_pg(url: &str) -> Result<tokio_postgres::Config, String> {
+        let split = url::split(url).map_err(|e| e.to_string())?;
+        split.rest.parse().map_err(|e| format!("{e}"))
+    }
+
     /// The `tokio-postgres` TLS connector (fills, catalog, slots, the relay's own session).
     pub fn pg_tls(&self) -> PgTls {
         self.tls.pg_tls()

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgline_testkit::lab;
-use pgline_testkit::origin::{connect, origin_json, origin_lsn};
+use pgline_testkit::origin::{origin_json, origin_lsn};
 use pgline_testkit::pair::{pg18_bin, Pair};
 use rand::Rng;
 
@@ -36,6 +36,8 @@ struct Outcome {
     failovers: u64,
     failover_flushes: u64,
     slot_failover: bool,
+    /// The `failover` line of `pgline check` before pgline started.
+    check: String,
 }
 
 /// Waits until the standby has a usable synced copy of the slot (PostgreSQL 17+).
@@ -107,6 +109,23 @@ async fn writer(
     }
 }
 
+/// The `failover` line of `pgline check` against `url`.
+fn check_failover_line(url: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pgline"))
+        .args(["check", "--origin", url])
+        .args(["--set", "resp.listen=\"127.0.0.1:0\""])
+        .args(["--set", "api.listen=\"127.0.0.1:0\""])
+        .args(["--set", "pgwire.listen=\"127.0.0.1:0\""])
+        .args(["--set", &format!("replication.slot=\"{SLOT}\"")])
+        .output()
+        .expect("run pgline check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find(|l| l.contains(" failover "))
+        .unwrap_or_else(|| panic!("no failover line in pgline check:\n{text}"))
+        .to_string()
+}
+
 async fn run_failover(bin: &str, sync_slots: bool, wait_synced: bool) -> Outcome {
     let t0 = Instant::now();
     let pair = Pair::start(
@@ -132,6 +151,8 @@ async fn run_failover(bin: &str, sync_slots: bool, wait_synced: bool) -> Outcome
         .await
         .unwrap();
     let url = pair.url(DB);
+    let check = check_failover_line(&url);
+    eprintln!("pgline check: {check}");
     let p = Arc::new(lab::start(lab::config_with(&url, SLOT, 2, &[])).await);
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(Mutex::new(BTreeSet::new()));
@@ -232,13 +253,12 @@ async fn run_failover(bin: &str, sync_slots: bool, wait_synced: bool) -> Outcome
         failovers: p.repl.failovers.load(Ordering::Acquire),
         failover_flushes: p.repl.failover_flushes.load(Ordering::Acquire),
         slot_failover: p.repl.slot_failover.load(Ordering::Acquire),
+        check,
     };
     p.shutdown().await;
     drop(new_primary);
     drop(primary);
     drop(admin);
-    // Make sure a stray connection does not hold the pair up.
-    let _ = connect;
     out
 }
 
@@ -259,6 +279,11 @@ async fn pg18_failover_keeps_the_cache() {
     let Some(bin) = pg18_or_skip() else { return };
     let t = Instant::now();
     let out = run_failover(&bin, true, true).await;
+    assert!(
+        out.check.starts_with("PASS") && out.check.contains("failover slot"),
+        "{}",
+        out.check
+    );
     eprintln!(
         "PG18 failover: gap {:.2} s (stream lost -> caught up on the new primary), flushed {}, \
          test {:.1} s",
@@ -311,6 +336,7 @@ async fn pg15_failover_flushes() {
     }
     let t = Instant::now();
     let out = run_failover(PG15_BIN, true, false).await;
+    assert!(out.check.contains("flushes the cache"), "{}", out.check);
     eprintln!(
         "PG15 failover: gap {:.2} s, flushed {}, test {:.1} s",
         out.gap_ms as f64 / 1e3,

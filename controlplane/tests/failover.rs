@@ -121,7 +121,7 @@ fn check_failover_line(url: &str) -> String {
         .expect("run pgline check");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.lines()
-        .find(|l| l.contains(" failover "))
+        .find(|l| l.split_whitespace().nth(1) == Some("failover"))
         .unwrap_or_else(|| panic!("no failover line in pgline check:\n{text}"))
         .to_string()
 }

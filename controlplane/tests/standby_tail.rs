@@ -37,6 +37,17 @@ async fn standby_tail_reaches_the_cache() {
         .batch_execute(&format!("CREATE DATABASE {DB}"))
         .await
         .unwrap();
+    // The pair's primary holds failover slots back for the standby (synchronized_standby_slots),
+    // which would make tailing the primary wait for the standby too: without it the comparison
+    // is the standby's cost alone.
+    admin
+        .batch_execute("ALTER SYSTEM SET synchronized_standby_slots = ''")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
     let primary = pair.primary(DB).await;
     primary
         .batch_execute(

@@ -57,6 +57,7 @@ stop() {
         fi
     done
     rm -rf "$BASE/primary" "$BASE/standby"
+    rmdir "$BASE" 2>/dev/null || true
 }
 
 start() {
@@ -83,17 +84,10 @@ start() {
     ctl -D "$BASE/primary" -l "$BASE/primary/server.log" -w start >/dev/null
     psql_at "$P1" -c "SELECT pg_create_physical_replication_slot('$PHYSICAL_SLOT')" >/dev/null
 
-    local pwfile
-    pwfile=$(mktemp)
-    echo "127.0.0.1:$P1:*:postgres:$PASSWORD" > "$pwfile"
-    chmod 600 "$pwfile"
-    [ "$(id -u)" = 0 ] && chown postgres "$pwfile"
     # -R writes standby.signal and primary_conninfo (with the password and dbname, which the
     # slot-sync worker needs), -S sets primary_slot_name.
-    as_postgres env PGPASSFILE="$pwfile" "$BIN/pg_basebackup" -D "$BASE/standby" -R -X stream \
-        -S "$PHYSICAL_SLOT" -c fast \
-        -d "host=127.0.0.1 port=$P1 user=postgres password=$PASSWORD dbname=postgres"
-    rm -f "$pwfile"
+    as_postgres "$BIN/pg_basebackup" -D "$BASE/standby" -R -X stream -S "$PHYSICAL_SLOT" \
+        -c fast -d "host=127.0.0.1 port=$P1 user=postgres password=$PASSWORD dbname=postgres"
     {
         echo "# pair.sh: standby"
         echo "port = $P2"

@@ -676,7 +676,7 @@ async fn check_failover(
         r.warn(
             "failover",
             format!(
-                "{}: a failover to a standby flushes the cache",
+                "{}: a failover to a standby may flush the cache",
                 problems.join("; ")
             ),
             fixes.join("; "),

@@ -27,8 +27,18 @@ PGLINE_BENCH_REQUIRE_VALKEY=1 cargo test --workspace --release -- --test-threads
 step "control-plane integration tests against PostgreSQL 18"
 pg18_bin=$(deploy/lab/pg18.sh)
 PGLINE_PG_BIN=$pg18_bin PGLINE_PG_DIR=/var/tmp/pgline-pg18 PGLINE_PG_PORT=54339 deploy/lab/pg.sh start
+# Left out of this pass: the tests that start their own clusters (failover, standby_tail: PG18
+# and PG15 pairs; origin_tls: the PG15 TLS origin), so the lab origin's version does not change
+# what they test, and the ones that never reach an origin (module_cycles; dpdk_veth runs above
+# with its feature).
+pg18_tests=()
+for f in controlplane/tests/*.rs; do
+    t=$(basename "$f" .rs)
+    case $t in failover|standby_tail|origin_tls|module_cycles|dpdk_veth) continue ;; esac
+    pg18_tests+=(--test "$t")
+done
 PGLINE_TEST_PG_PORT=54339 PGLINE_WAL_STREAMING_ROWS=10000000 \
-    cargo test -p pgline-controlplane --release --tests -- --test-threads=2
+    cargo test -p pgline-controlplane --release --lib "${pg18_tests[@]}" -- --test-threads=2
 
 # The DPDK backend and the appliance over DPDK: EAL with --no-pci and virtual devices only
 # (net_ring, net_null, net_tap, net_af_packet and net_af_xdp on a veth into a namespace the test
@@ -45,6 +55,7 @@ deploy/lab/schemathesis.sh
 step "benchmark smokes: userspace wire, PostgreSQL front, scenario matrix"
 bench/wire.sh --smoke
 bench/pgwire.sh --smoke
+bench/tls.sh --smoke
 bench/scenarios/run.sh --smoke all
 # Two-machine mode as far as one machine allows: the commands it would run over ssh (nothing is
 # sent anywhere in a dry run).

@@ -29,7 +29,7 @@ pg18_bin=$(deploy/lab/pg18.sh)
 PGLINE_PG_BIN=$pg18_bin PGLINE_PG_DIR=/var/tmp/pgline-pg18 PGLINE_PG_PORT=54339 deploy/lab/pg.sh start
 # Left out of this pass: the tests that start their own clusters (failover, standby_tail: PG18
 # and PG15 pairs; origin_tls: the PG15 TLS origin), so the lab origin's version does not change
-# what they test, and the ones that never reach an origin (module_cycles; dpdk_veth runs above
+# what they test, and the ones that never reach an origin (module_cycles; dpdk_veth runs below
 # with its feature).
 pg18_tests=()
 for f in controlplane/tests/*.rs; do

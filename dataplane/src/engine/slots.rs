@@ -367,7 +367,7 @@ impl<T> Slots<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
@@ -387,7 +387,8 @@ mod tests {
         fn release(&mut self, _: Entry<u32>) {}
     }
 
-    fn worker() -> Worker {
+    /// A worker on a 16 MiB store, one core, 16 connections (the engine's unit tests').
+    pub(crate) fn worker() -> Worker {
         let cfg = StoreConfig {
             memory_bytes: 16 << 20,
             segment_bytes: 1 << 20,

@@ -539,43 +539,9 @@ mod tests {
 
     use super::*;
     use crate::engine::tls::{PgTlsMode, TlsAcceptor, TlsFront};
-    use crate::keyspace::{KeySpace, KeySpaceCell};
-    use crate::plane::{ControlWakers, Shared};
-    use crate::store::{self, StoreConfig};
 
     fn worker(tls: PgTlsMode) -> Worker {
-        let cfg = StoreConfig {
-            memory_bytes: 16 << 20,
-            segment_bytes: 1 << 20,
-            max_page_level: pgline_hugepages::PageLevel::Base,
-            prefault: false,
-        };
-        let (writer, reader) = store::open(&cfg).expect("store");
-        std::mem::forget(writer);
-        let shared = Arc::new(Shared::new(
-            reader,
-            KeySpaceCell::new(KeySpace::new()),
-            1,
-            16,
-            ControlWakers::none(),
-        ));
-        let cfg = EngineConfig {
-            pg_listen: None,
-            pg_cache_users: Vec::new(),
-            pg_cache_database: None,
-            listen: "127.0.0.1:0".parse().expect("address"),
-            cores: 1,
-            max_connections: 16,
-            max_request_bytes: 1 << 20,
-            max_reply_backlog: 1 << 20,
-            requests_per_turn: 8,
-            max_pending_per_conn: 8,
-            spin_polls: 1,
-            password: None,
-            limits: crate::resp::Limits::default(),
-            conn_limits: crate::engine::ConnLimits::default(),
-        };
-        let mut w = Worker::new(shared.core_port(0), Arc::new(cfg));
+        let mut w = crate::engine::slots::tests::worker();
         // The acceptor is never used here: only the mode matters to the session.
         let config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),

@@ -37,8 +37,10 @@ for f in controlplane/tests/*.rs; do
     case $t in failover|standby_tail|origin_tls|module_cycles|dpdk_veth) continue ;; esac
     pg18_tests+=(--test "$t")
 done
+# `--workspace`, as in the first pass: `-p pgline-controlplane` alone unifies features
+# differently and rebuilds the control plane and every test binary (about 6 minutes).
 PGLINE_TEST_PG_PORT=54339 PGLINE_WAL_STREAMING_ROWS=10000000 \
-    cargo test -p pgline-controlplane --release --lib "${pg18_tests[@]}" -- --test-threads=2
+    cargo test --workspace --release "${pg18_tests[@]}" -- --test-threads=2
 
 # The DPDK backend and the appliance over DPDK: EAL with --no-pci and virtual devices only
 # (net_ring, net_null, net_tap, net_af_packet and net_af_xdp on a veth into a namespace the test
@@ -63,12 +65,12 @@ bench/scenarios/run.sh --dry-run --loadgen bench@192.0.2.10 all >/tmp/pgline-two
 grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pgline-two-machine.txt
 
 # Every fuzz target (RESP request parser, pgwire startup and frontend parsers, the statement
-# classifier: dataplane/fuzz) from its committed seeds, 30 s each here to keep .ci/run inside its
+# classifier: dataplane/fuzz) from its committed seeds, 20 s each here to keep .ci/run inside its
 # budget (run.sh's default, 60 s, or more by hand: FUZZ_SECONDS=600 dataplane/fuzz/run.sh).
-step "fuzz targets (${FUZZ_SECONDS:-30} s each)"
+step "fuzz targets (${FUZZ_SECONDS:-20} s each)"
 # Its build (sanitizers, nightly) is kept outside the clone, like the appliance image: a cold one
 # takes many minutes, a warm one recompiles only what changed.
-FUZZ_SECONDS=${FUZZ_SECONDS:-30} CARGO_TARGET_DIR=${PGLINE_FUZZ_TARGET:-/var/tmp/pgline-fuzz-target} \
+FUZZ_SECONDS=${FUZZ_SECONDS:-20} CARGO_TARGET_DIR=${PGLINE_FUZZ_TARGET:-/var/tmp/pgline-fuzz-target} \
     dataplane/fuzz/run.sh
 
 # The appliance (docs/appliance.md): the .deb (its release build of pgline with the dpdk feature

@@ -50,6 +50,17 @@ ctl() {
     as_postgres "$BIN/pg_ctl" "$@"
 }
 
+# Starts the cluster in $1; when it does not come up, prints its log's tail (the data
+# directory, and with it the log, is removed when the test's guard drops).
+start_cluster() {
+    local d=$1
+    if ! ctl -D "$d" -l "$d/server.log" -w start >/dev/null; then
+        echo "pair.sh: $d did not start; the end of its server.log:" >&2
+        tail -n 20 "$d/server.log" >&2 || true
+        exit 1
+    fi
+}
+
 stop() {
     for d in "$BASE/standby" "$BASE/primary"; do
         if [ -f "$d/PG_VERSION" ]; then
@@ -81,7 +92,7 @@ start() {
             echo "synchronized_standby_slots = '$PHYSICAL_SLOT'"
         fi
     } >> "$BASE/primary/postgresql.conf"
-    ctl -D "$BASE/primary" -l "$BASE/primary/server.log" -w start >/dev/null
+    start_cluster "$BASE/primary"
     psql_at "$P1" -c "SELECT pg_create_physical_replication_slot('$PHYSICAL_SLOT')" >/dev/null
 
     # -R writes standby.signal and primary_conninfo (with the password and dbname, which the
@@ -99,7 +110,7 @@ start() {
             echo "sync_replication_slots = $SYNC"
         fi
     } >> "$BASE/standby/postgresql.conf"
-    ctl -D "$BASE/standby" -l "$BASE/standby/server.log" -w start >/dev/null
+    start_cluster "$BASE/standby"
     # Streaming through the physical slot before we call it started.
     for _ in $(seq 1 100); do
         [ "$(psql_at "$P1" -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")" = 1 ] \

@@ -36,4 +36,16 @@ if [ -w /proc/sys/vm/nr_hugepages ] || [ -n "$SUDO" ]; then
     echo "setup: hugepages reserved: $(cat /proc/sys/vm/nr_hugepages) x $(grep Hugepagesize /proc/meminfo | awk '{print $2 $3}')"
 fi
 
+# The lab's fixed PostgreSQL ports (54329 lab origin, 54331 TLS origin, 54339 PostgreSQL 18,
+# 54340-54343 the failover and standby pairs) lie inside Linux's ephemeral range (32768-60999):
+# a client connection that happens to get one as its local port keeps a cluster from binding
+# it. Reserve them so the kernel never hands them out as ephemeral ports.
+if [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ] || [ -n "$SUDO" ]; then
+    reserved=$(cat /proc/sys/net/ipv4/ip_local_reserved_ports)
+    case ",$reserved," in
+        *,54329-54343,*) ;;
+        *) echo "${reserved:+$reserved,}54329-54343" | $SUDO tee /proc/sys/net/ipv4/ip_local_reserved_ports >/dev/null || true ;;
+    esac
+fi
+
 deploy/lab/pg.sh start

@@ -33,7 +33,7 @@ pkg="$stage/pkg"
 install -d "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/usr/lib/pgline" "$pkg/lib/systemd/system" \
     "$pkg/usr/lib/sysusers.d" "$pkg/etc/pgline" "$pkg/usr/share/doc/pgline"
 install -m 755 "$binary" "$pkg/usr/bin/pgline"
-# The release profile keeps line tables (debug = "line-tables-only"): strip them for the package.
+# The release profile keeps line tables (debug = 1): strip them for the package.
 strip --strip-debug "$pkg/usr/bin/pgline"
 install -m 755 deploy/package/pgline-run "$pkg/usr/lib/pgline/pgline-run"
 install -m 644 deploy/package/pgline.service deploy/package/pgline-nic-bind.service \

@@ -22,8 +22,9 @@
 //! effort) and is closed; the other connections of the core go on.
 //! Everything between the read and the write is the transport-independent session layer
 //! ([`super::session`], [`super::slots`]); this file is only what is particular to sockets.
-//! The loop never blocks while there is work: it spins for `spin_polls` empty turns, then sleeps
-//! in epoll until a socket or the control plane's waker wakes it. Work per turn is bounded: bytes
+//! The loop never blocks while there is work: it spins for `spin_polls` empty turns, yielding
+//! the CPU on each (`sched_yield`: a relay or fill thread on the same CPU runs at once), then
+//! sleeps in epoll until a socket or the control plane's waker wakes it. Work per turn is bounded: bytes
 //! read per connection, requests per connection, replies held per connection.
 
 use std::io::{self, Read, Write};
@@ -199,6 +200,15 @@ impl Core {
                 idle = 0;
             } else {
                 idle = idle.saturating_add(1);
+                if timeout.is_zero() {
+                    // An empty spin turn gives the CPU away if anything else wants it. When the
+                    // core shares its CPU with the control plane (pinned together, or fewer CPUs
+                    // than threads), what it waits for (the relay's answer, a fill) is that other
+                    // thread's work: spinning past it kept the relay off the CPU until the
+                    // scheduler preempted the core. With nothing else runnable this returns at
+                    // once (one syscall), so a core with its own CPU loses nothing.
+                    std::thread::yield_now();
+                }
             }
         }
     }

@@ -27,7 +27,8 @@
 #             loaded by `pgline tables add --warm` and read once by a WARMUP run.
 # Every pgline cell also records the store hits and misses it caused (RESP INFO).
 # Rows go to bench/results/pgbench-<UTC stamp>.jsonl (gitignored), the output to stdout; a
-# Markdown table with both ratios and each round's figures ends it. The smoke (and any run)
+# Markdown table with both ratios and each round's figures ends it
+# (bench/pgwire-pgbench-report.py, which also sets runs side by side: `... BEFORE.jsonl AFTER.jsonl`). The smoke (and any run)
 # exits 1 when a cell failed, had failed transactions or no transactions, or when a warm
 # pgline cell had no store hits.
 #
@@ -47,7 +48,7 @@ SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "usage: bench/pgwire-pgbench.sh [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
@@ -256,7 +257,11 @@ row = {
 }
 err = None
 if row["rc"] != 0:
-    err = "pgbench exited %s: %s" % (rc, " | ".join(text.strip().splitlines()[-3:]))
+    errors = []  # the distinct error lines (not the per-client "aborted" ones), then the tail
+    for line in text.splitlines():
+        if "error:" in line and "aborted" not in line and line not in errors:
+            errors.append(line)
+    err = "pgbench exited %s: %s" % (rc, " | ".join(errors[:3] or text.strip().splitlines()[-3:]))
 elif not row["xacts"] or not row["tps"]:
     err = "no transactions"
 elif row["failed"]:
@@ -332,48 +337,5 @@ if has_cell warm; then
     stop_pgline
 fi
 
-python3 - "$JSONL" "$SMOKE" <<'EOF'
-import json, sys
-from collections import defaultdict
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-cells = defaultdict(lambda: defaultdict(list))
-order = []
-for r in rows:
-    k = (r["cell"], r["protocol"], r["clients"])
-    if k not in cells:
-        order.append(k)
-    cells[k][r["target"]].append(r)
-def fmt(v):
-    return "{:,.0f}".format(v) if v is not None else "-"
-def each(rs, f):
-    return " / ".join(f(r) for r in rs) if rs else "n/a"
-def ratio(a, b):
-    xs = [x["tps"] / y["tps"] for x, y in zip(a, b) if x["tps"] and y["tps"]]
-    if not xs:
-        return "n/a"
-    lo, hi = min(xs), max(xs)
-    return "%.2fx" % lo if abs(hi - lo) < 0.005 else "%.2f-%.2fx" % (lo, hi)
-names = {"tpcb": "pgbench TPC-B", "select1": "`select 1`", "txn10": "10-statement transaction",
-         "cold": "`-S`, cold store", "warm": "`-S`, warm store"}
-print("\n| workload | protocol | clients | origin tps | PgBouncer tps | pgline tps "
-      "| pgline / PgBouncer | pgline / origin | p50 ms origin / PgBouncer / pgline | pgline store hits / misses |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
-for k in order:
-    cell, mode, c = k
-    o, b, p = (cells[k].get(t, []) for t in ("origin", "pgbouncer", "pgline"))
-    lat = " ; ".join(each(rs, lambda r: "%.3f" % r["p50_ms"] if r["p50_ms"] is not None else "-")
-                     for rs in (o, b, p))
-    hm = each(p, lambda r: "%d / %d" % (r["store_hits"], r["store_misses"]))
-    bt = each(b, lambda r: fmt(r["tps"])) if b else "n/a"
-    print(f"| {names.get(cell, cell)} | {mode} | {c} | {each(o, lambda r: fmt(r['tps']))} | {bt} | "
-          f"{each(p, lambda r: fmt(r['tps']))} | {ratio(p, b) if b else 'n/a'} | {ratio(p, o)} | {lat} | {hm} |")
-print("\nPgBouncer n/a: 1.18 has no prepared statements in transaction mode (1.21+: max_prepared_statements).")
-bad = [f"{r['cell']} {r['target']} {r['protocol']} c={r['clients']}: {r['error']}" for r in rows if r.get("error")]
-print(f"rows: {len(rows)} in {sys.argv[1]}")
-if not rows:
-    bad.append("no rows")
-if bad:
-    print("pgwire-pgbench.sh: " + "; ".join(bad), file=sys.stderr)
-    sys.exit(1)
-EOF
+python3 bench/pgwire-pgbench-report.py --check "$JSONL"
 [ "$FAILED" = 0 ] || { echo "pgwire-pgbench.sh: some cells failed (above)" >&2; exit 1; }

@@ -4,6 +4,8 @@
 #
 #   bench/pgwire.sh            # full: 100,000 bench_rows, 100 tenants / 100,000 tasks, 10 s cells
 #   bench/pgwire.sh --smoke    # CI: 2,000 rows, 10 tenants / 5,000 tasks, 1 s cells, checked
+#   bench/pgwire.sh --pgbench [--smoke]   # pgbench: origin vs PgBouncer vs pgline (issue 15):
+#                                         # runs bench/pgwire-pgbench.sh, described there
 #
 # Cells (pgline-bench run --target pg-prepared, closed loop), each once with --pg = origin and
 # once with --pg = pgline's [pgwire] listen address:
@@ -24,12 +26,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ "${1:-}" = --pgbench ]; then
+    shift
+    exec bench/pgwire-pgbench.sh "$@"
+fi
 SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
-    *) echo "usage: bench/pgwire.sh [--smoke]" >&2; exit 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "usage: bench/pgwire.sh [--smoke] | --pgbench [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
     ROWS=${ROWS:-2000} TENANTS=${TENANTS:-10} TASKS=${TASKS:-5000}

@@ -17,6 +17,28 @@ if [ -n "$need" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $need >/dev/null
 fi
 
+# Debian's pgbouncer (bench/pgwire-pgbench.sh starts its own, on its own port) comes as a system
+# service that its package enables and starts on 127.0.0.1:6432: pgline's default PostgreSQL
+# port, which bench/pgwire.sh and the docs use. Stop it and keep it from starting again.
+if dpkg -s pgbouncer >/dev/null 2>&1; then
+    if [ -d /run/systemd/system ]; then # systemd is PID 1
+        for unit in pgbouncer.service pgbouncer.socket; do
+            if systemctl is-enabled --quiet "$unit" 2>/dev/null || systemctl is-active --quiet "$unit" 2>/dev/null; then
+                echo "setup: stopping and disabling $unit (it listens on 6432)"
+                $SUDO systemctl disable --now --quiet "$unit"
+            fi
+        done
+    elif [ -x /etc/init.d/pgbouncer ]; then # no systemd (a container): the SysV script, if it ran
+        if /etc/init.d/pgbouncer status >/dev/null 2>&1; then
+            echo "setup: stopping the pgbouncer service (it listens on 6432)"
+            $SUDO /etc/init.d/pgbouncer stop >/dev/null
+        fi
+        if ls /etc/rc[2-5].d/S*pgbouncer >/dev/null 2>&1; then
+            $SUDO update-rc.d pgbouncer disable >/dev/null 2>&1
+        fi
+    fi
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: cargo not found; install Rust from https://rustup.rs first" >&2
     exit 1

@@ -54,9 +54,10 @@ fi
 step "HTTP API: schemathesis against /v1/openapi.json of a live pgline"
 deploy/lab/schemathesis.sh
 
-step "benchmark smokes: userspace wire, PostgreSQL front, scenario matrix"
+step "benchmark smokes: userspace wire, PostgreSQL front (and pgbench vs PgBouncer), scenario matrix"
 bench/wire.sh --smoke
 bench/pgwire.sh --smoke
+bench/pgwire.sh --pgbench --smoke
 bench/tls.sh --smoke
 bench/scenarios/run.sh --smoke all
 # Two-machine mode as far as one machine allows: the commands it would run over ssh (nothing is

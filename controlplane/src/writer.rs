@@ -292,6 +292,12 @@ impl Writer {
                         continue;
                     };
                     let install = !req.bypass && !self.disabled.contains(&key.table);
+                    if req.current_only && !install {
+                        // Nothing this read installs can be checked current: the statement
+                        // goes to the origin, without a fill first.
+                        self.resolve(rid, idx, FillResult::Error(Arc::from(NOT_CURRENT)), 0);
+                        continue;
+                    }
                     if install {
                         if let Some(found) = self.lookup(key.table, &key.pk) {
                             self.resolve(rid, idx, found, 0);

@@ -86,11 +86,20 @@ pub fn parse_snapshot(text: &str) -> Option<Snapshot> {
 }
 
 /// What one fill read: a result per key, and per key the snapshot it was read under (`None`
-/// for keys answered without an origin read).
+/// for keys answered without an origin read) and the origin's WAL position read in the same
+/// statement (0 for keys answered without an origin read).
 #[derive(Debug, Clone, Default)]
 pub struct FetchedBatch {
     pub rows: Vec<Fetched>,
     pub snapshots: Vec<Option<Arc<Snapshot>>>,
+    pub lsns: Vec<u64>,
+}
+
+/// What one statement of a fill returned besides its rows.
+#[derive(Debug, Clone)]
+struct Read {
+    snapshot: Arc<Snapshot>,
+    lsn: u64,
 }
 
 /// Encodes a row (column texts in table order) as the store holds it.
@@ -135,6 +144,12 @@ fn select_list(table: &TableInfo) -> String {
 /// the statement's snapshot; the rows hang off it with a LEFT JOIN, so the snapshot comes back
 /// even when no key matches (that row has NULL columns).
 ///
+/// After the name check comes the origin's WAL position, evaluated while the statement runs,
+/// so after its snapshot was taken: every commit the rows show is at or below it (a commit's
+/// record is flushed before it becomes visible). A PostgreSQL session answered from the fill
+/// raises its fence to it, as the relay's fence query after a forwarded read does; on a server
+/// in recovery it is the replay position.
+///
 /// The table is named in the query, but cached under its OID: after a DROP and re-CREATE (or a
 /// RENAME) the name reads another table. So the statement's last column is, on every row and on
 /// the all-NULL row, whether the name still resolves to `table.id`. The relation read is locked
@@ -159,8 +174,10 @@ pub fn batch_sql(table: &TableInfo) -> String {
         .collect();
     let name = table.qualified().replace('\'', "''");
     format!(
-        "SELECT s.snap, {}, s.same FROM (SELECT pg_current_snapshot()::text AS snap, \
-         to_regclass('{name}')::oid = {}::oid AS same) s \
+        "SELECT s.snap, {}, s.same, s.lsn FROM (SELECT pg_current_snapshot()::text AS snap, \
+         to_regclass('{name}')::oid = {}::oid AS same, \
+         (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+         ELSE pg_catalog.pg_current_wal_lsn() END)::text AS lsn) s \
          LEFT JOIN ({} t JOIN unnest({}) AS k({}) ON {}) ON true",
         select_list(table),
         table.id,
@@ -181,6 +198,7 @@ pub async fn fetch(
     let mut out = FetchedBatch {
         rows: vec![Fetched::Absent { cacheable: true }; pks.len()],
         snapshots: vec![None; pks.len()],
+        lsns: vec![0; pks.len()],
     };
     let results = &mut out.rows;
     let mut batch: Vec<usize> = Vec::new();
@@ -206,15 +224,19 @@ pub async fn fetch(
         }
     }
     if !batch.is_empty() {
-        let snap = run(client, table, pks, &batch, results, timeout_ms).await?;
+        let read = run(client, table, pks, &batch, results, timeout_ms).await?;
         for &i in &batch {
-            out.snapshots[i] = snap.clone();
+            out.snapshots[i] = Some(read.snapshot.clone());
+            out.lsns[i] = read.lsn;
         }
     }
     let results = &mut out.rows;
     for i in single {
         match run(client, table, pks, &[i], results, timeout_ms).await {
-            Ok(snap) => out.snapshots[i] = snap,
+            Ok(read) => {
+                out.snapshots[i] = Some(read.snapshot);
+                out.lsns[i] = read.lsn;
+            }
             // The origin rejected the key's text for its type: no such row can exist.
             Err(FillError::Query(_)) => results[i] = Fetched::Absent { cacheable: false },
             Err(e) => return Err(e),
@@ -230,7 +252,7 @@ async fn run(
     which: &[usize],
     results: &mut [Fetched],
     timeout_ms: u64,
-) -> Result<Option<Arc<Snapshot>>, FillError> {
+) -> Result<Read, FillError> {
     let nkeys = table.key_columns.len();
     let mut params: Vec<Vec<String>> = vec![Vec::with_capacity(which.len()); nkeys];
     for &i in which {
@@ -254,14 +276,19 @@ async fn run(
         Ok(Ok(rows)) => rows,
     };
     let guard = table.columns.len() + 1;
-    let mut snapshot = None;
+    let mut read = None;
     for row in rows {
         if row.get::<_, Option<bool>>(guard) != Some(true) {
             return Err(FillError::TableChanged(table.qualified()));
         }
-        if snapshot.is_none() {
-            let text: String = row.get(0);
-            snapshot = parse_snapshot(&text).map(Arc::new);
+        if read.is_none() {
+            let snap: String = row.get(0);
+            let lsn: Option<String> = row.get(guard + 1);
+            let snapshot = parse_snapshot(&snap).map(Arc::new);
+            let lsn = lsn.as_deref().and_then(crate::lsn::parse_lsn);
+            read = snapshot
+                .zip(lsn)
+                .map(|(snapshot, lsn)| Read { snapshot, lsn });
         }
         let texts: Vec<Option<&str>> = (1..=table.columns.len()).map(|c| row.get(c)).collect();
         let values: Vec<Option<&[u8]>> = texts.iter().map(|t| t.map(str::as_bytes)).collect();
@@ -272,10 +299,11 @@ async fn run(
             results[i] = Fetched::Row(Arc::new(encode_row(table, &values)));
         }
     }
-    // Without its snapshot a read cannot be checked against changes already applied.
-    snapshot
-        .map(Some)
-        .ok_or_else(|| FillError::Query("the fill statement returned no snapshot".into()))
+    // Without its snapshot a read cannot be checked against changes already applied, nor a
+    // session fenced after it without its WAL position.
+    read.ok_or_else(|| {
+        FillError::Query("the fill statement returned no snapshot or WAL position".into())
+    })
 }
 
 pub fn classify(e: tokio_postgres::Error) -> FillError {

@@ -253,6 +253,16 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         |s| &s.pg_queue_full,
     ),
     (
+        "pgline_core_pg_lookup_filled",
+        "PostgreSQL point lookups that missed the store and were answered from their fill: one origin read, nothing forwarded.",
+        |s| &s.pg_lookup_filled,
+    ),
+    (
+        "pgline_core_pg_lookup_fill_forwarded",
+        "PostgreSQL point lookups that missed the store and whose fill could not answer them (origin error, a read not known current, a timeout, not servable any more): forwarded to the origin.",
+        |s| &s.pg_lookup_fill_forwarded,
+    ),
+    (
         "pgline_core_polls",
         "Turns of the core's poll loop.",
         |s| &s.polls,

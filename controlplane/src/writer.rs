@@ -89,7 +89,17 @@ struct Waiting {
     seq: u64,
     results: Vec<Option<FillResult>>,
     remaining: usize,
+    /// [`MissRequest::current_only`](pgline_dataplane::plane::MissRequest): a read not known
+    /// current is answered as an error (the PostgreSQL front then forwards the statement).
+    current_only: bool,
+    /// The highest origin WAL position of the reads that answered it so far (see
+    /// [`MissReply::lsn`]).
+    lsn: u64,
 }
+
+/// What a PostgreSQL point lookup's miss is told when the read cannot answer it: the core
+/// forwards the statement to the origin instead.
+const NOT_CURRENT: &str = "the fill's read is not known current: ask the origin";
 
 pub struct Writer {
     cfg: Config,
@@ -266,17 +276,31 @@ impl Writer {
                         seq: req.seq,
                         results: vec![None; n],
                         remaining: n,
+                        current_only: req.current_only,
+                        lsn: 0,
                     },
                 );
                 for (idx, key) in req.keys.into_iter().enumerate() {
                     let Some(table) = self.catalog.get(key.table).cloned() else {
-                        self.resolve(rid, idx, FillResult::Absent);
+                        // No longer cached: RESP reads it as absent, PostgreSQL asks the origin.
+                        let result = if req.current_only {
+                            FillResult::Error(Arc::from(NOT_CURRENT))
+                        } else {
+                            FillResult::Absent
+                        };
+                        self.resolve(rid, idx, result, 0);
                         continue;
                     };
                     let install = !req.bypass && !self.disabled.contains(&key.table);
+                    if req.current_only && !install {
+                        // Nothing this read installs can be checked current: the statement
+                        // goes to the origin, without a fill first.
+                        self.resolve(rid, idx, FillResult::Error(Arc::from(NOT_CURRENT)), 0);
+                        continue;
+                    }
                     if install {
                         if let Some(found) = self.lookup(key.table, &key.pk) {
-                            self.resolve(rid, idx, found);
+                            self.resolve(rid, idx, found, 0);
                             continue;
                         }
                         if let Some(&(fid, slot)) = self.inflight.get(&(key.table, key.pk.clone()))
@@ -405,6 +429,16 @@ impl Writer {
             if !leased && key.install && fill.on_done.is_some() {
                 voided.push(map_key.1.clone());
             }
+            let read = done.result.as_ref().ok();
+            let read_lsn = read.and_then(|b| b.lsns.get(slot)).copied().unwrap_or(0);
+            // Known current: read under a lease that held, by a snapshot that sees every
+            // change applied to the key, and a clean origin read (not a key text the origin's
+            // type rejects, which a statement would get as an error).
+            let current = leased
+                && !matches!(
+                    read.and_then(|b| b.rows.get(slot)),
+                    Some(Fetched::Absent { cacheable: false })
+                );
             let result = match &done.result {
                 Err(e) => FillResult::Error(Arc::from(e.to_string())),
                 Ok(batch) => match batch.rows.get(slot) {
@@ -435,7 +469,13 @@ impl Writer {
                 },
             };
             for (rid, idx) in key.waiters {
-                self.resolve(rid, idx, result.clone());
+                let strict = self.waiting.get(&rid).is_some_and(|w| w.current_only);
+                let result = if strict && !current && !matches!(result, FillResult::Error(_)) {
+                    FillResult::Error(Arc::from(NOT_CURRENT))
+                } else {
+                    result.clone()
+                };
+                self.resolve(rid, idx, result, read_lsn);
             }
         }
         if let Some(tx) = fill.on_done {
@@ -493,13 +533,16 @@ impl Writer {
         self.catalog_cell.publish(self.catalog.clone());
     }
 
-    fn resolve(&mut self, rid: u64, idx: usize, result: FillResult) {
+    /// Gives key `idx` of request `rid` its result, read at the origin's WAL position `lsn`
+    /// (0: not read at the origin); the reply goes once every key has one.
+    fn resolve(&mut self, rid: u64, idx: usize, result: FillResult, lsn: u64) {
         let Some(w) = self.waiting.get_mut(&rid) else {
             return;
         };
         if w.results[idx].is_none() {
             w.results[idx] = Some(result);
             w.remaining -= 1;
+            w.lsn = w.lsn.max(lsn);
         }
         if w.remaining == 0 {
             let w = self.waiting.remove(&rid).expect("present above");
@@ -514,6 +557,7 @@ impl Writer {
                     conn: w.conn,
                     seq: w.seq,
                     results,
+                    lsn: w.lsn,
                 },
             );
         }

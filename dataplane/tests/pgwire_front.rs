@@ -123,7 +123,8 @@ fn cached_point_lookups_are_byte_identical_to_the_origin() {
     );
     assert!(!ours.windows(6).any(|w| w == b"C08P01"));
 
-    // A store miss: forwarded (the origin's answer), and a fill requested for the key.
+    // A store miss: a fill requested for the key; this rig's fill fails, so the batch is
+    // forwarded (the origin's answer) and no second fill is asked.
     let sql = format!("SELECT * FROM {t} WHERE id = 2");
     let ours = simple(&mut c, &sql);
     assert_eq!(ours, simple(&mut lab.origin, &sql));
@@ -133,6 +134,13 @@ fn cached_point_lookups_are_byte_identical_to_the_origin() {
     let seen = lab.relay.seen.lock().expect("seen");
     assert_eq!(seen.misses.len(), 1);
     assert_eq!(&*seen.misses[0].keys[0].pk, b"2");
+    assert!(
+        seen.misses[0].current_only,
+        "only a current read may answer"
+    );
+    let stats = lab.shared.stats(0);
+    assert_eq!(stats.pg_lookup_fill_forwarded.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.pg_lookup_filled.load(Ordering::Relaxed), 0);
 }
 
 #[test]

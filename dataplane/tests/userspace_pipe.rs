@@ -314,6 +314,7 @@ fn a_full_miss_queue_answers_busy_in_request_order() {
             conn: req.conn,
             seq: req.seq,
             results: vec![FillResult::Row(Arc::new(row))],
+            lsn: 0,
         };
         control.send_reply(0, reply);
     }

@@ -172,8 +172,13 @@ impl Worker {
         }
     }
 
-    /// Composes the control plane's answer into its reply slot and releases what is in order.
+    /// Composes the control plane's answer into its reply slot and releases what is in order
+    /// (a PostgreSQL session keeps it for the batch that waits for it: `pg/miss.rs`).
     pub fn apply_reply(conn: &mut Conn, reply: &MissReply) {
+        if conn.pg.is_some() {
+            super::pg::apply_fill(conn, reply);
+            return;
+        }
         let proto = conn.session.proto;
         for pending in conn.pending.iter_mut() {
             if let Pending::Waiting { seq, deferred } = pending {
@@ -325,6 +330,7 @@ impl Worker {
                     seq,
                     keys,
                     bypass: !serve_hits,
+                    current_only: false,
                 };
                 if self.port.send_miss(request).is_ok() {
                     pending.push_back(Pending::Waiting { seq, deferred });

@@ -46,6 +46,12 @@ pub struct MissRequest {
     pub keys: Vec<MissKey>,
     /// Read the origin but install nothing: hits are currently not allowed (lag, lost stream).
     pub bypass: bool,
+    /// Answer each key only with what the store holds or with an origin read known to be
+    /// current (its lease still held and its snapshot seeing every change applied to the key,
+    /// see `docs/consistency.md`); anything else (an error, a voided lease, a key the origin
+    /// would reject) comes back as [`FillResult::Error`]. The PostgreSQL front asks this for a
+    /// point lookup's miss: it answers the client from the reply, or forwards the statement.
+    pub current_only: bool,
 }
 
 /// A row fetched for a miss, encoded exactly as the store would hold it.
@@ -72,6 +78,11 @@ pub struct MissReply {
     pub conn: ConnToken,
     pub seq: u64,
     pub results: Vec<FillResult>,
+    /// The origin's WAL position (`pg_current_wal_lsn()`) read in the same statement, after
+    /// the snapshot, as the rows of these results; the highest over the request's keys, 0 when
+    /// every key was answered without an origin read (from the store). A PostgreSQL session
+    /// answered from the reply raises its fence to it, as it does after a forwarded read.
+    pub lsn: u64,
 }
 
 /// What a PostgreSQL-protocol request asks of the control plane.

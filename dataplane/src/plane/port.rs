@@ -249,6 +249,7 @@ mod tests {
             seq,
             keys: Vec::new(),
             bypass: false,
+            current_only: false,
         }
     }
 
@@ -315,6 +316,7 @@ mod tests {
                     conn: ConnToken::new(1, 1),
                     seq,
                     results: vec![FillResult::Absent],
+                    lsn: 0,
                 },
             );
             control.send_pg_reply(

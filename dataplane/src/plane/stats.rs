@@ -26,6 +26,12 @@ pub struct CoreStats {
     /// PostgreSQL requests a full queue to the control plane refused: the step waits for a
     /// later turn (nothing is lost), or a point lookup's background fill is skipped.
     pub pg_queue_full: AtomicU64,
+    /// PostgreSQL point lookups that missed the store and were answered from their fill (one
+    /// origin read, no forwarded statement).
+    pub pg_lookup_filled: AtomicU64,
+    /// PostgreSQL point lookups that missed the store and whose fill could not answer them
+    /// (origin error, a read not known current, a timeout, not servable now): forwarded.
+    pub pg_lookup_fill_forwarded: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub polls: AtomicU64,

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use pgline_dataplane::pgwire::compose_auth_ok;
-use pgline_dataplane::plane::{MissRequest, PgReply, PgReplyEnd, PgRequestKind, Shared};
+use pgline_dataplane::plane::{
+    FillResult, MissReply, MissRequest, PgReply, PgReplyEnd, PgRequestKind, Shared,
+};
 use pgline_testkit::pg::Login;
 use postgres_protocol::message::frontend as fe;
 
@@ -110,7 +112,19 @@ impl Relay {
             let mut sessions: std::collections::HashMap<u64, TcpStream> = Default::default();
             while !flag.load(Ordering::Relaxed) {
                 if let Some(m) = control.recv_miss(0) {
+                    // No store writer here: a point lookup's fill cannot answer, so the core
+                    // forwards the batch (what it does when a real fill fails).
+                    let reply = MissReply {
+                        conn: m.conn,
+                        seq: m.seq,
+                        results: vec![
+                            FillResult::Error("no fills in this rig".into());
+                            m.keys.len()
+                        ],
+                        lsn: 0,
+                    };
                     log.lock().expect("log").misses.push(m);
+                    control.send_reply(0, reply);
                 }
                 let Some(req) = control.recv_pg_request(0) else {
                     std::thread::sleep(Duration::from_millis(1));

@@ -172,6 +172,7 @@ fn answer_one(control: &ControlPort, delay: Duration) -> bool {
             conn: req.conn,
             seq: req.seq,
             results,
+            lsn: 0,
         };
         control.send_reply(core, reply);
     }

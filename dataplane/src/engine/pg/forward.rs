@@ -1,7 +1,8 @@
 //! What goes to the origin: the [`PgRequest`]s pushed to the control plane's relay (startup,
 //! authentication, batches, the session's Close), the messages of a forwarded batch (with the
-//! Parse of statements the relay has not seen replayed first), the statement table kept in step
-//! with what was forwarded, and the fill request that follows a point lookup's store miss.
+//! Parse of statements the relay has not seen replayed first), and the statement table kept in
+//! step with what was forwarded. (A point lookup's store miss is not forwarded but filled:
+//! `miss.rs`.)
 //!
 //! Free functions over the parts they need (the core's port, the connection): the session
 //! steps in `mod.rs` and the engine's slot table call them.
@@ -10,9 +11,7 @@
 //! the hit path.
 
 use crate::pgwire::{parse_frontend, Frontend, Limits as PgLimits, Target};
-use crate::plane::{
-    ConnToken, CorePort, CoreStats, MissKey, MissRequest, PgRequest, PgRequestKind, ResultKey,
-};
+use crate::plane::{ConnToken, CorePort, CoreStats, PgRequest, PgRequestKind, ResultKey};
 
 use crate::engine::conn::Conn;
 
@@ -158,26 +157,4 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
             _ => {}
         }
     }
-}
-
-/// Asks the control plane to fill the key of a point lookup that missed (reply discarded:
-/// no reply slot waits for it).
-pub(super) fn push_fill(port: &CorePort, conn: &mut Conn, token: ConnToken, table: u32) {
-    let Some(pg) = conn.pg.as_deref() else { return };
-    let request = MissRequest {
-        core: port.id(),
-        conn: token,
-        seq: conn.next_seq,
-        keys: vec![MissKey {
-            table,
-            pk: pg.key_buf.as_slice().into(),
-        }],
-        bypass: false,
-    };
-    if port.send_miss(request).is_ok() {
-        conn.next_seq += 1;
-    } else {
-        CoreStats::add(&port.stats().pg_queue_full, 1);
-    }
-    CoreStats::add(&port.stats().keys_miss, 1);
 }

@@ -13,13 +13,16 @@
 //!  Ready    one batch (up to Sync, or one Query) at a time:
 //!           framed (batch.rs), then
 //!           cached point lookup, hit  -> composed here (serve.rs, lookup.rs)
+//!           cached point lookup, miss -> MissRequest, wait; the answer composed from the
+//!                                        fill as a hit, or the batch forwarded (miss.rs)
 //!           cached query result, hit  -> the origin's stored answer (serve.rs, results.rs)
-//!           anything else (and misses)-> PgRequest Batch, wait for Ready(s) (forward.rs)
+//!           anything else             -> PgRequest Batch, wait for Ready(s) (forward.rs)
 //! ```
 //!
 //! Laid out as the RESP half is: this module drives the session ([`PgEngine`], the parts of the
 //! core's `Worker` a step needs, borrowed for one call, as `execute::Exec` is for a command);
-//! `serve.rs` answers hits; `forward.rs` is everything that goes to the origin.
+//! `serve.rs` answers hits; `miss.rs` a point lookup's miss; `forward.rs` is everything that
+//! goes to the origin.
 //!
 //! Cached answers are given only where the session's settings print the returned columns as
 //! pgline's own origin sessions did (`settings.rs` states the rule), and in binary only for
@@ -44,6 +47,7 @@ mod batch;
 mod binary;
 mod forward;
 mod lookup;
+mod miss;
 mod results;
 mod serve;
 mod settings;
@@ -70,6 +74,7 @@ use serve::{Serve, Served};
 
 pub(crate) use forward::conn_closed;
 pub(crate) use lookup::Statement;
+pub(crate) use miss::apply_reply as apply_fill;
 
 /// Where a session is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,8 +90,12 @@ pub(crate) enum Phase {
 /// Protocol state of one PostgreSQL connection.
 pub(crate) struct PgSession {
     pub phase: Phase,
-    /// The `seq` of the outstanding request, if any.
+    /// The `seq` of the outstanding request (a forwarded step or a fill), if any.
     pub waiting: Option<u64>,
+    /// The outstanding request is a point lookup's fill (see `miss.rs`).
+    pub fill: Option<miss::FillWait>,
+    /// The fill's answer for the batch at the head of the input, until that batch runs again.
+    pub landed: Option<miss::Landed>,
     /// Transaction status from the last ReadyForQuery (`I`, `T`, `E`).
     pub tx_status: u8,
     /// Cached answers only once the applied LSN has reached this.
@@ -123,6 +132,8 @@ impl PgSession {
         PgSession {
             phase: Phase::Startup,
             waiting: None,
+            fill: None,
+            landed: None,
             tx_status: b'I',
             fence: 0,
             opened: false,
@@ -228,7 +239,7 @@ impl<'w> PgEngine<'w> {
             };
             match step {
                 Step::Done => handled += 1,
-                Step::Incomplete => break,
+                Step::Incomplete | Step::Waiting => break,
                 Step::Retry => {
                     more = true;
                     break;
@@ -412,18 +423,36 @@ impl<'w> PgEngine<'w> {
             }
         };
         let end = framed.end;
-        let served = match pg.as_deref_mut() {
-            Some(pg) => self.serve().try_serve(pg, &framed, wbuf),
-            None => Served::No,
+        let Some(pg) = pg.as_deref_mut() else {
+            return Step::Done;
+        };
+        let landed = pg.landed.take();
+        let served = self.serve().try_serve(pg, &framed, wbuf, landed.as_ref());
+        let served = match (served, &landed) {
+            (Served::Hit, Some(landed)) => {
+                // Read at the origin after the batch arrived: later cached answers must not
+                // be older (the fence, as after a forwarded read).
+                pg.fence = pg.fence.max(landed.lsn);
+                CoreStats::add(&self.port.stats().pg_lookup_filled, 1);
+                Served::Hit
+            }
+            // Not servable from the fill: the origin answers, never a second fill.
+            (Served::Miss(_), Some(_)) => Served::No,
+            (served, _) => served,
         };
         if let Served::Hit = served {
             conn.rpos += end;
             return Step::Done;
         }
+        if let Served::Miss(table) = served {
+            if miss::request(self.port, conn, token, table) {
+                return Step::Waiting;
+            }
+        }
         let messages = forward::forward_messages(conn, self.limits, end);
-        let (served, cache) = match served {
-            Served::Result(key) => (Served::No, Some(key)),
-            other => (other, None),
+        let cache = match served {
+            Served::Result(key) => Some(key),
+            _ => None,
         };
         if !forward::push(
             self.port,
@@ -433,13 +462,17 @@ impl<'w> PgEngine<'w> {
             messages,
             cache,
         ) {
+            // Next turn runs the batch again with the same answer in hand.
+            if let Some(pg) = conn.pg.as_deref_mut() {
+                pg.landed = landed;
+            }
             return Step::Retry;
+        }
+        if landed.is_some() {
+            CoreStats::add(&self.port.stats().pg_lookup_fill_forwarded, 1);
         }
         forward::note_statements(conn, self.limits, end);
         conn.rpos += end;
-        if let Served::Miss(table) = served {
-            forward::push_fill(self.port, conn, token, table);
-        }
         Step::Done
     }
 
@@ -505,6 +538,8 @@ pub(crate) enum Step {
     Done,
     /// Wait for more bytes.
     Incomplete,
+    /// The batch waits for a fill (left unread until it lands): nothing more this turn.
+    Waiting,
     /// The control plane's queue is full: try again next turn.
     Retry,
 }

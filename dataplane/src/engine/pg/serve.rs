@@ -10,8 +10,10 @@
 //! CommandComplete ReadyForQuery(I)` (simple: no Parse/Bind parts, RowDescription always).
 //! Cacheable statements (simple, or the same extended shape with an unlimited Execute) are
 //! answered from the query-result cache ([`Serve::result`]; keys and framing in `results.rs`).
-//! What is not served says why ([`Served`]): the batch is then forwarded (`forward.rs`), a
-//! point lookup's miss with a fill of its key, a result's miss marked with its result key.
+//! What is not served says why ([`Served`]): a point lookup's miss asks for the fill of its key
+//! and waits (`miss.rs`), anything else is forwarded (`forward.rs`), a result's miss marked with
+//! its result key. When the fill lands, the batch runs through here again with it in hand
+//! (`landed`) and is answered from it exactly as from the store.
 //!
 //! [`Serve`] is the part of the core a hit needs (its port, the key-space snapshot, the scratch
 //! buffer), borrowed for one batch, as `execute::Exec` is for a RESP command.
@@ -26,12 +28,13 @@ use crate::pgwire::{
     compose_bind_complete, compose_parse_complete, compose_ready_for_query,
     compose_select_complete, Bind, Format, Frontend, Target, TxStatus,
 };
-use crate::plane::{CorePort, CoreStats, ResultKey, RESULTS_TABLE};
+use crate::plane::{CorePort, CoreStats, FillResult, ResultKey, RESULTS_TABLE};
 use crate::row::{ColumnsView, SECTION_COLUMNS};
 use crate::store::Lookup as StoreLookup;
 
 use super::batch::{Framed, SHAPE};
 use super::lookup::{canonical_param, classify_text, compose_data_row, Class, KeyValue, Lookup};
+use super::miss::Landed;
 use super::results::{
     build_key, compose_answer, equalities, hash_key, stored_answer, text_results, ResultQuery,
     ResultServed, ResultShape,
@@ -44,7 +47,7 @@ const MEMO_LIMIT: usize = 4096;
 /// What serving from cache found.
 pub(super) enum Served {
     Hit,
-    /// A point lookup the store does not hold: forward, and fill this key.
+    /// A point lookup the store does not hold (key in the session's key buffer): fill it.
     Miss(u32),
     /// A cacheable statement the store does not hold: forward, marked with its key.
     Result(Box<ResultKey>),
@@ -68,12 +71,14 @@ impl Serve<'_> {
             && self.port.applied_lsn() >= pg.fence
     }
 
-    /// Serves the batch from the store when it is a cached point lookup or cached result.
+    /// Serves the batch from the store when it is a cached point lookup or cached result;
+    /// a point lookup whose fill `landed` is answered from that instead of the store.
     pub(super) fn try_serve(
         &mut self,
         pg: &mut PgSession,
         framed: &Framed<'_>,
         out: &mut Vec<u8>,
+        landed: Option<&Landed>,
     ) -> Served {
         if !self.may_serve(pg) {
             return Served::No;
@@ -96,9 +101,9 @@ impl Serve<'_> {
                 if lookup.params != 0 || !literal_key(&lookup, &mut pg.key_buf) {
                     return Served::No;
                 }
-                self.answer(&lookup, &pg.key_buf, out, Prefix::Simple)
+                self.answer(&lookup, &pg.key_buf, out, Prefix::Simple, landed)
             }
-            _ => self.try_serve_extended(pg, framed, out),
+            _ => self.try_serve_extended(pg, framed, out, landed),
         }
     }
 
@@ -107,6 +112,7 @@ impl Serve<'_> {
         pg: &mut PgSession,
         framed: &Framed<'_>,
         out: &mut Vec<u8>,
+        landed: Option<&Landed>,
     ) -> Served {
         let mut msgs = framed.shape[..framed.count.min(SHAPE)].iter().flatten();
         let mut next = msgs.next();
@@ -195,7 +201,7 @@ impl Serve<'_> {
             describe,
             bind,
         };
-        let served = self.answer(&lookup, &pg.key_buf, out, prefix);
+        let served = self.answer(&lookup, &pg.key_buf, out, prefix, landed);
         if let (Served::Hit, Some((name, query, oids))) = (&served, parse) {
             let raw = framed.raw_parse.unwrap_or(&[]);
             pg.remember_parse(name, query, oids, raw, false);
@@ -203,17 +209,34 @@ impl Serve<'_> {
         served
     }
 
-    /// Reads the row and composes the whole answer into `out`.
-    fn answer(&mut self, lookup: &Lookup, key: &[u8], out: &mut Vec<u8>, p: Prefix) -> Served {
+    /// Reads the row (from the store, or from the fill that `landed` for this key) and
+    /// composes the whole answer into `out`.
+    fn answer(
+        &mut self,
+        lookup: &Lookup,
+        key: &[u8],
+        out: &mut Vec<u8>,
+        p: Prefix,
+        landed: Option<&Landed>,
+    ) -> Served {
         let format = |i: usize| match p {
             Prefix::Simple => Format::Text,
             Prefix::Extended { bind, .. } => bind.result_format(i),
         };
         self.scratch.clear();
-        let found = self
-            .port
-            .store()
-            .read(lookup.table, key, SECTION_COLUMNS, self.scratch);
+        let filled = landed.filter(|l| l.answers(lookup.table, key));
+        let found = match filled.map(|l| &l.result) {
+            None => self
+                .port
+                .store()
+                .read(lookup.table, key, SECTION_COLUMNS, self.scratch),
+            Some(FillResult::Row(row)) => {
+                self.scratch.extend_from_slice(&row.columns);
+                StoreLookup::Hit
+            }
+            Some(FillResult::Absent) => StoreLookup::Negative,
+            Some(FillResult::Error(_)) => return Served::No,
+        };
         let stale = found == StoreLookup::Hit
             && ColumnsView::new(self.scratch).count() != lookup.pg_table.columns.len();
         if found == StoreLookup::Miss || stale {
@@ -253,7 +276,9 @@ impl Serve<'_> {
         };
         compose_select_complete(out, rows);
         compose_ready_for_query(out, TxStatus::Idle);
-        CoreStats::add(&self.port.stats().keys_hit, 1);
+        if filled.is_none() {
+            CoreStats::add(&self.port.stats().keys_hit, 1);
+        }
         Served::Hit
     }
 

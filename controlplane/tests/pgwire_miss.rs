@@ -1,0 +1,410 @@
+//! A point lookup's store miss on the PostgreSQL front, against a live pgline and the real
+//! origin: one origin read (the writer's fill) answers the client, byte for byte as the origin
+//! would, and fills the store; nothing is forwarded for it. A fill that is not known current
+//! (it raced a write) is never served: the statement goes to the origin. A session answered from
+//! a fill is fenced at the fill's WAL position, so it never reads older afterwards.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pgline_controlplane::server::Pgline;
+use pgline_testkit::pg::Wire;
+use pgline_testkit::TestDb;
+use pgline_testkit::{lab, origin};
+use serde_json::Value;
+use tokio_postgres::NoTls;
+
+const SCHEMA: &str = "
+CREATE TABLE acct (id int8 PRIMARY KEY, bal int8 NOT NULL, note text, f float8, u uuid, ok bool);
+INSERT INTO acct SELECT g, g * 10, CASE WHEN g % 3 = 0 THEN NULL ELSE 'note ' || g END,
+  g / 7.0, md5(g::text)::uuid, g % 2 = 0 FROM generate_series(1, 200) g;
+CREATE TABLE names (k text PRIMARY KEY, v int4);
+INSERT INTO names VALUES ('a', 1), ('b', 2);
+";
+
+async fn connect(p: &Pgline, db: &TestDb) -> tokio_postgres::Client {
+    let addr = p.pg_addr().expect("the pgwire front is on");
+    let (_, _, user, password) = origin::origin_base();
+    let conn = format!(
+        "host={} port={} user={user} password={password} dbname={}",
+        addr.ip(),
+        addr.port(),
+        db.name
+    );
+    let (client, connection) = tokio_postgres::connect(&conn, NoTls)
+        .await
+        .expect("connect through pgline");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+async fn get(base: &str, path: &str) -> String {
+    let resp = reqwest::get(format!("{base}{path}")).await.expect("HTTP");
+    assert_eq!(resp.status(), 200, "{path}");
+    resp.text().await.expect("body")
+}
+
+/// The core counters this test reads, summed over cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    filled: u64,
+    forwarded: u64,
+    hits: u64,
+    misses: u64,
+}
+
+fn counts(p: &Pgline) -> Counts {
+    Counts {
+        filled: p.shared.total(|s| &s.pg_lookup_filled),
+        forwarded: p.shared.total(|s| &s.pg_lookup_fill_forwarded),
+        hits: p.shared.total(|s| &s.keys_hit),
+        misses: p.shared.total(|s| &s.keys_miss),
+    }
+}
+
+/// `/metrics` samples by series.
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+/// The relay's forwarded statements (`GET /v1/queries`) whose text mentions `word`.
+async fn forwarded_mentioning(base: &str, word: &str) -> Vec<Value> {
+    let list: Vec<Value> = serde_json::from_str(&get(base, "/v1/queries").await).unwrap();
+    list.into_iter()
+        .filter(|q| q["query"].as_str().unwrap_or("").contains(word))
+        .collect()
+}
+
+async fn start(db: &TestDb, extra: &[String]) -> std::sync::Arc<Pgline> {
+    let mut cfg = lab::config_with(&db.conn_string(), &lab::slot_name(db), 1, extra);
+    cfg.api.open_reads = true;
+    lab::start(cfg).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_lookup_is_one_origin_read_answered_byte_for_byte() {
+    let db = TestDb::create("pgw_miss_bytes").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let base = format!("http://{}", p.api_addr().expect("the API is on"));
+    let mut ours = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let mut theirs = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
+
+    // Cold: every lookup misses; the fill answers it. The shared lab cluster's WAL moves with
+    // other databases' writes, and a session whose fence (raised by each fill) is ahead of the
+    // applied WAL is sent to the origin on purpose: wait for the WAL before each lookup.
+    let before = counts(&p);
+    let mut lookups = 0;
+    for id in 1..=8 {
+        lab::sync(&p, &admin).await;
+        let sql = format!("SELECT * FROM acct WHERE id = {id}");
+        assert_eq!(ours.simple(&sql).await, theirs.simple(&sql).await, "{sql}");
+        lab::sync(&p, &admin).await;
+        let (sql, key) = ("SELECT bal, note, u FROM acct WHERE id = $1", 100 + id);
+        let k = key.to_string();
+        assert_eq!(
+            ours.extended(sql, &[&k], true).await,
+            theirs.extended(sql, &[&k], true).await,
+            "{sql} with {k}"
+        );
+        lookups += 2;
+    }
+    // No such row: SELECT 0 from the fill (the store records the absence).
+    lab::sync(&p, &admin).await;
+    let sql = "SELECT * FROM acct WHERE id = 100000";
+    assert_eq!(ours.simple(sql).await, theirs.simple(sql).await);
+    lookups += 1;
+    let after = counts(&p);
+    assert_eq!(
+        (
+            after.filled - before.filled,
+            after.forwarded - before.forwarded
+        ),
+        (lookups, 0),
+        "every cold lookup answered from its fill: {before:?} -> {after:?}"
+    );
+    assert_eq!(after.misses - before.misses, lookups);
+    // One origin statement per miss, the fill's: the relay forwarded none of them.
+    let forwarded = forwarded_mentioning(&base, "acct").await;
+    assert!(forwarded.is_empty(), "forwarded lookups: {forwarded:#?}");
+    let m = samples(&get(&base, "/metrics").await);
+    assert_eq!(
+        m[r#"pgline_core_pg_lookup_filled_total{core="0"}"#],
+        after.filled as f64
+    );
+    assert_eq!(
+        m[r#"pgline_core_pg_lookup_fill_forwarded_total{core="0"}"#],
+        0.0
+    );
+
+    // Warm now: the same lookups are hits, still the origin's bytes.
+    for id in 1..=8 {
+        lab::sync(&p, &admin).await;
+        let sql = format!("SELECT * FROM acct WHERE id = {id}");
+        assert_eq!(ours.simple(&sql).await, theirs.simple(&sql).await, "{sql}");
+    }
+    lab::sync(&p, &admin).await;
+    assert_eq!(ours.simple(sql).await, theirs.simple(sql).await);
+    let warm = counts(&p);
+    assert_eq!(warm.hits - after.hits, 9, "{after:?} -> {warm:?}");
+    assert_eq!(warm.filled, after.filled);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_and_huge_keys_forward_or_answer_as_the_origin_does() {
+    let db = TestDb::create("pgw_miss_keys").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let mut ours = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let mut theirs = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
+    let huge = "x".repeat(200_000);
+    let simple = [
+        // Out of int8's range, not an integer: the origin's own errors.
+        "SELECT * FROM acct WHERE id = 99999999999999999999".to_string(),
+        "SELECT * FROM acct WHERE id = 'abc'".to_string(),
+        // A non-canonical spelling of an existing key.
+        "SELECT * FROM acct WHERE id = '007'".to_string(),
+        // A 200 KB text key: no such row.
+        format!("SELECT * FROM names WHERE k = '{huge}'"),
+        "SELECT * FROM names WHERE k = 'b'".to_string(),
+    ];
+    for sql in &simple {
+        lab::sync(&p, &admin).await;
+        let (a, b) = (ours.simple(sql).await, theirs.simple(sql).await);
+        assert_eq!(a, b, "{}", &sql[..sql.len().min(80)]);
+    }
+    let extended: [(&str, &str); 3] = [
+        (
+            "SELECT * FROM acct WHERE id = $1",
+            "12345678901234567890123",
+        ),
+        ("SELECT * FROM acct WHERE id = $1", " 42"),
+        ("SELECT v FROM names WHERE k = $1", &huge),
+    ];
+    for (sql, param) in extended {
+        lab::sync(&p, &admin).await;
+        let a = ours.extended(sql, &[param], true).await;
+        let b = theirs.extended(sql, &[param], true).await;
+        assert_eq!(a, b, "{sql} with {}", &param[..param.len().min(40)]);
+    }
+    // The session is still usable.
+    lab::sync(&p, &admin).await;
+    let sql = "SELECT * FROM acct WHERE id = 3";
+    assert_eq!(ours.simple(sql).await, theirs.simple(sql).await);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_updated_right_before_the_miss_reads_new() {
+    let db = TestDb::create("pgw_miss_fresh").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let c = connect(&p, &db).await;
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    for id in 1..=100i64 {
+        let v = -id;
+        admin
+            .execute("UPDATE acct SET bal = $1 WHERE id = $2", &[&v, &id])
+            .await
+            .unwrap();
+        let got: i64 = c.query_one(&select, &[&id]).await.unwrap().get(0);
+        assert_eq!(got, v, "id {id}: read {got} after the origin wrote {v}");
+    }
+    let n = counts(&p);
+    eprintln!("100 updated-then-missed lookups: {n:?}");
+    assert!(n.filled > 0, "no lookup was answered from its fill: {n:?}");
+    p.shutdown().await;
+}
+
+/// The race, forced: the fill reads the row, then (`origin.fill_delay_ms`) an UPDATE commits and
+/// is applied before the fill lands. Its lease is void: the session must get the new row from
+/// the origin, not the read (and the store must not keep it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_that_raced_an_update_is_never_served() {
+    let db = TestDb::create("pgw_miss_race").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &["origin.fill_delay_ms=1500".to_string()]).await;
+    let c = std::sync::Arc::new(connect(&p, &db).await);
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    lab::sync(&p, &admin).await;
+    let before = counts(&p);
+    let lookup = {
+        let (c, select) = (c.clone(), select.clone());
+        tokio::spawn(async move {
+            let row = c.query_one(&select, &[&7i64]).await.unwrap();
+            row.get::<_, i64>(0)
+        })
+    };
+    // The fill has read bal = 70 by now and holds it for the rest of the delay.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    admin
+        .execute("UPDATE acct SET bal = 7007 WHERE id = 7", &[])
+        .await
+        .unwrap();
+    let t = Instant::now();
+    lab::sync(&p, &admin).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(900),
+        "the update was applied too late to race the fill ({:?})",
+        t.elapsed()
+    );
+    let got = lookup.await.unwrap();
+    assert_eq!(got, 7007, "the raced read (70) was served");
+    let after = counts(&p);
+    assert_eq!(
+        (
+            after.filled - before.filled,
+            after.forwarded - before.forwarded
+        ),
+        (0, 1),
+        "the raced fill was forwarded: {before:?} -> {after:?}"
+    );
+    // Nothing old was installed: the next lookup misses again and reads the new row.
+    lab::sync(&p, &admin).await;
+    let again: i64 = c.query_one(&select, &[&7i64]).await.unwrap().get(0);
+    assert_eq!(again, 7007);
+    assert_eq!(counts(&p).filled - after.filled, 1);
+    p.shutdown().await;
+}
+
+/// Misses racing a stream of UPDATEs, many rows, no injected delay: every answer is at least
+/// the value the origin had when the lookup was sent, and a session never sees a row go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_racing_updates_never_serve_stale() {
+    let db = TestDb::create("pgw_miss_loop").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The writer bumps every row's balance, round after round, in single-row transactions.
+    let writer = {
+        let (stop, conn) = (stop.clone(), db.conn_string());
+        tokio::spawn(async move {
+            let w = origin::connect(&conn).await;
+            let mut round = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                round += 1;
+                for id in 1..=200i64 {
+                    w.execute("UPDATE acct SET bal = bal + 1 WHERE id = $1", &[&id])
+                        .await
+                        .unwrap();
+                }
+            }
+            round
+        })
+    };
+    let c = connect(&p, &db).await;
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    let probe = db.client().await;
+    let mut seen = [i64::MIN; 201];
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let mut reads = 0;
+    while Instant::now() < deadline {
+        for id in 1..=200i64 {
+            let floor: i64 = probe
+                .query_one("SELECT bal FROM acct WHERE id = $1", &[&id])
+                .await
+                .unwrap()
+                .get(0);
+            let got: i64 = c.query_one(&select, &[&id]).await.unwrap().get(0);
+            assert!(
+                got >= floor,
+                "id {id}: read {got}, the origin had {floor} before"
+            );
+            assert!(got >= seen[id as usize], "id {id}: went back to {got}");
+            seen[id as usize] = got;
+            reads += 1;
+        }
+        // Drop the cached rows now and then so that lookups keep missing.
+        p.flush_all().await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = writer.await.unwrap();
+    let n = counts(&p);
+    eprintln!("{reads} reads against {rounds} update rounds: 0 stale; {n:?}");
+    assert!(n.filled > 0, "{n:?}");
+    p.shutdown().await;
+}
+
+/// A fill reads the origin ahead of the applied WAL: a session answered from it must not then
+/// read an older row from the store. The stream is cut (the walsender terminated, reconnect
+/// held back) so that the store cannot apply a transaction that changed two rows; the session
+/// reads the first (cold: its fill sees the change), then the second (cached, old in the store):
+/// the fence sends it to the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_never_reads_older_than_its_fill() {
+    let db = TestDb::create("pgw_miss_fence").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &["replication.reconnect_backoff_ms=4000".to_string()]).await;
+    let c = connect(&p, &db).await;
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    // Row 2 cached (a hit), row 1 never read.
+    lab::sync(&p, &admin).await;
+    let _: i64 = c.query_one(&select, &[&2i64]).await.unwrap().get(0);
+    lab::sync(&p, &admin).await;
+    let hits = counts(&p).hits;
+    assert_eq!(
+        c.query_one(&select, &[&2i64])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        20
+    );
+    assert_eq!(counts(&p).hits, hits + 1, "row 2 is cached");
+    let slot = lab::slot_name(&db);
+    let killed: i64 = origin::admin_client()
+        .await
+        .query_one(
+            "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1, "the walsender of {slot}");
+    admin
+        .batch_execute("UPDATE acct SET bal = bal + 1000 WHERE id IN (1, 2)")
+        .await
+        .unwrap();
+    let before = counts(&p);
+    let first: i64 = c.query_one(&select, &[&1i64]).await.unwrap().get(0);
+    let second: i64 = c.query_one(&select, &[&2i64]).await.unwrap().get(0);
+    let after = counts(&p);
+    assert_eq!(first, 1010, "the fill reads the origin");
+    assert_eq!(
+        after.filled - before.filled,
+        1,
+        "row 1 came from its fill: {before:?} -> {after:?}"
+    );
+    assert_eq!(
+        second, 1020,
+        "after the fill's answer, row 2 from the store (20) would be older"
+    );
+    assert_eq!(after.hits, before.hits, "row 2 was not a hit");
+    p.shutdown().await;
+}

@@ -42,6 +42,7 @@
 
 mod batch;
 mod binary;
+mod binary_datetime;
 mod forward;
 mod lookup;
 mod results;

@@ -677,3 +677,61 @@ async fn tokio_postgres_prepared_queries_hit_the_result_cache() {
     assert!(runs < 20, "{runs} rounds for 20 hits");
     p.shutdown().await;
 }
+
+/// A binary parameter without a declared type whose type comes from elsewhere in the text
+/// (`$1::float8`): its bytes are not the column's value, so the answer is dropped by any write
+/// to the table, never kept past a write to its tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_parameter_typed_elsewhere_never_keeps_a_stale_answer() {
+    use postgres_protocol::message::frontend;
+    let Lab {
+        db: _db,
+        origin_client,
+        p,
+        mut origin,
+        mut c,
+    } = lab("pgw_results_bintyped").await;
+    let sql = "SELECT count(*) FROM orders WHERE $1::float8 > 0 AND tenant_id = $1";
+    let ours = prepare(&mut c, "f1", sql).await;
+    assert_eq!(ours, prepare(&mut origin, "f1", sql).await, "prepare");
+    let m = pgline_testkit::pg::msgs(|b| {
+        frontend::bind(
+            "",
+            "f1",
+            [1i16],
+            [2.0f64],
+            |v, buf| {
+                buf.extend_from_slice(&v.to_be_bytes());
+                Ok::<_, Box<dyn std::error::Error + Sync + Send>>(postgres_protocol::IsNull::No)
+            },
+            [1i16],
+            b,
+        )
+        .map_err(|_| "bind")
+        .unwrap();
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    });
+    let expected = origin.exchange_bytes(&m).await;
+    assert_eq!(
+        expected[0],
+        b'2',
+        "{:?}",
+        String::from_utf8_lossy(&expected)
+    );
+    until_hit_raw(&p, &mut c, &m, &expected).await;
+    write(
+        &origin_client,
+        &p,
+        "INSERT INTO orders VALUES (2000, 2, 1, 'open')",
+    )
+    .await;
+    let now = origin.exchange_bytes(&m).await;
+    assert_ne!(now, expected);
+    assert_eq!(
+        c.exchange_bytes(&m).await,
+        now,
+        "stale after a write to tenant 2"
+    );
+    p.shutdown().await;
+}

@@ -42,7 +42,7 @@ use rustc_hash::FxHasher;
 use crate::keyspace::KeySpace;
 use crate::pgwire::classify::{CacheableQuery, KeySource};
 use crate::pgwire::{compose_bind_complete, compose_parse_complete, compose_ready_for_query};
-use crate::pgwire::{Bind, Oids, TxStatus};
+use crate::pgwire::{Bind, Format, Oids, TxStatus};
 use crate::plane::{ResultEquality, ResultKey};
 
 use super::lookup::{canonical_key_type, canonical_literal, canonical_param};
@@ -50,8 +50,9 @@ use super::lookup::{canonical_key_type, canonical_literal, canonical_param};
 /// Where an equality's value comes from.
 #[derive(Debug)]
 pub(crate) enum EqValue {
-    /// Parameter index (0-based), canonicalized for the column's type at miss time.
-    Param(usize),
+    /// Parameter index (0-based), canonicalized for the column's type at miss time; `sole`:
+    /// the text uses it nowhere else (see [`equalities`]).
+    Param { index: usize, sole: bool },
     /// Canonical text of a literal.
     Literal(Box<[u8]>),
 }
@@ -98,7 +99,10 @@ pub(crate) fn result_query(q: CacheableQuery, keyspace: &KeySpace) -> Option<Arc
         let value = match &e.value {
             // A parameter's value is only comparable with the WAL's text for these types;
             // otherwise the result is dropped by any change to the table.
-            KeySource::Param(n) if *n >= 1 && canonical_key_type(ty) => EqValue::Param(n - 1),
+            KeySource::Param(n) if *n >= 1 && canonical_key_type(ty) => EqValue::Param {
+                index: n - 1,
+                sole: occurrences(q.normalized.as_bytes(), *n) == 1,
+            },
             KeySource::Param(_) => continue,
             KeySource::Literal(lit) => match canonical_literal(lit.as_bytes(), ty) {
                 Some(v) => EqValue::Literal(v.into()),
@@ -150,6 +154,30 @@ impl Declared<'_> {
             Declared::Stored(s) => s.iter().for_each(|&t| f(t)),
         }
     }
+}
+
+/// How many times parameter `$n` appears in `text` as a whole token (`$1` is not in `$10`).
+fn occurrences(text: &[u8], n: usize) -> usize {
+    let mut digits = [0u8; 20];
+    let mut len = 0;
+    let mut v = n;
+    loop {
+        digits[len] = b'0' + (v % 10) as u8;
+        len += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    digits[..len].reverse();
+    let digits = &digits[..len];
+    (0..text.len())
+        .filter(|&i| {
+            text[i] == b'$'
+                && text[i + 1..].starts_with(digits)
+                && !text.get(i + 1 + len).is_some_and(|c| c.is_ascii_digit())
+        })
+        .count()
 }
 
 /// How the answer is framed for the client.
@@ -288,18 +316,25 @@ pub(super) fn equalities(q: &ResultQuery, shape: ResultShape<'_>) -> Box<[Result
     for (table, col, ty, value) in q.equalities.iter() {
         let text = match (value, shape) {
             (EqValue::Literal(v), _) => v.to_vec(),
-            (EqValue::Param(p), ResultShape::Extended { bind, declared, .. }) => {
+            (EqValue::Param { index: p, sole }, ResultShape::Extended { bind, declared, .. }) => {
                 let Some(Some(v)) = bind.params().nth(*p) else {
                     continue;
                 };
-                let mut canon = Vec::new();
                 let d = declared.get(*p);
+                // A binary value is read as the column's type when no type was declared: true
+                // only if the equality alone gave the parameter its type. Used elsewhere in
+                // the text (`$1::float8 > 0 AND id = $1`), it may have another type of the
+                // same width; the answer is then dropped by any change to the table instead.
+                if bind.param_format(*p) == Format::Binary && d == 0 && !sole {
+                    continue;
+                }
+                let mut canon = Vec::new();
                 if canonical_param(v, bind.param_format(*p), d, *ty, &mut canon).is_none() {
                     continue;
                 }
                 canon
             }
-            (EqValue::Param(_), ResultShape::Simple) => continue,
+            (EqValue::Param { .. }, ResultShape::Simple) => continue,
         };
         out.push((*table, *col, text.into()));
     }
@@ -317,6 +352,15 @@ mod tests {
         assert_eq!(stored_answer(&entry, b"abc"), Some(&b"T"[..]));
         assert_eq!(stored_answer(&entry, b"abd"), None);
         assert_eq!(stored_answer(&entry[..5], b"abc"), None);
+    }
+
+    #[test]
+    fn parameters_are_counted_as_whole_tokens() {
+        let text = b"SELECT $1, $10 FROM t WHERE a = $1 AND b = $2";
+        assert_eq!(occurrences(text, 1), 2);
+        assert_eq!(occurrences(text, 10), 1);
+        assert_eq!(occurrences(text, 2), 1);
+        assert_eq!(occurrences(text, 3), 0);
     }
 
     #[test]

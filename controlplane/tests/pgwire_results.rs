@@ -387,3 +387,351 @@ async fn startup_settings_never_reach_the_result_cache() {
     );
     p.shutdown().await;
 }
+
+/// How a Bind asks for its parameters and results, as drivers send them.
+struct Formats<'a> {
+    /// Parameter format codes as sent (0, 1 or one per parameter).
+    params: &'a [i16],
+    /// Result format codes as sent.
+    results: &'a [i16],
+}
+
+/// `Bind` of the unnamed portal to statement `stmt` with int8 `tenant` (binary when its format
+/// code says so), `Execute`, `Sync`: what tokio-postgres sends for `client.query`.
+fn bind_execute(stmt: &str, tenant: i64, f: &Formats<'_>) -> Vec<u8> {
+    use postgres_protocol::message::frontend;
+    let binary = f.params.first() == Some(&1);
+    pgline_testkit::pg::msgs(|b| {
+        frontend::bind(
+            "",
+            stmt,
+            f.params.iter().copied(),
+            [tenant],
+            |t, buf| {
+                if binary {
+                    buf.extend_from_slice(&t.to_be_bytes());
+                } else {
+                    buf.extend_from_slice(t.to_string().as_bytes());
+                }
+                Ok::<_, Box<dyn std::error::Error + Sync + Send>>(postgres_protocol::IsNull::No)
+            },
+            f.results.iter().copied(),
+            b,
+        )
+        .map_err(|_| "bind")
+        .unwrap();
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    })
+}
+
+/// `Parse` of a named statement without declared types, `Describe` of it, `Sync`: the
+/// separate batch tokio-postgres sends for `client.prepare`.
+async fn prepare(c: &mut Wire, name: &str, sql: &str) -> Vec<u8> {
+    use postgres_protocol::message::frontend;
+    let m = pgline_testkit::pg::msgs(|b| {
+        frontend::parse(name, sql, std::iter::empty(), b).unwrap();
+        frontend::describe(b'S', name, b).unwrap();
+        frontend::sync(b);
+    });
+    c.exchange_bytes(&m).await
+}
+
+/// A Bind in a given form, run through pgline until it hits (every answer the origin's).
+async fn until_hit_raw(p: &Pgline, c: &mut Wire, m: &[u8], expected: &[u8]) -> usize {
+    let until = Instant::now() + Duration::from_secs(10);
+    for i in 1.. {
+        let before = hits(p);
+        let got = c.exchange_bytes(m).await;
+        assert_eq!(
+            got,
+            expected,
+            "run {i}: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        if hits(p) > before {
+            return i;
+        }
+        assert!(Instant::now() < until, "never served from cache");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    unreachable!()
+}
+
+/// Runs `m` through pgline once: its reply and whether it was a hit.
+async fn once(p: &Pgline, c: &mut Wire, m: &[u8]) -> (Vec<u8>, bool) {
+    let before = hits(p);
+    let got = c.exchange_bytes(m).await;
+    (got, hits(p) > before)
+}
+
+/// Binary parameters and binary results, as tokio-postgres, pgx, JDBC and Npgsql send them,
+/// are cached byte for byte; a text client and a binary client of the same statement each get
+/// their own bytes; equivalent format forms share an entry; a bad format count gets the
+/// origin's error and caches nothing; a write shows in the next binary answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_formats_are_cached_byte_for_byte_and_apart_from_text() {
+    let Lab {
+        db: _db,
+        origin_client: _oc,
+        p,
+        mut origin,
+        mut c,
+    } = lab("pgw_results_binary").await;
+    // Three columns: int8, text, numeric (binary forms differ from the text ones).
+    let sql = "SELECT count(*) AS n, min(status) AS s, sum(amount) AS total FROM orders \
+               WHERE tenant_id = $1";
+    let ours = prepare(&mut c, "s1", sql).await;
+    assert_eq!(ours, prepare(&mut origin, "s1", sql).await, "prepare");
+
+    let binary = Formats {
+        params: &[1],
+        results: &[1],
+    };
+    let text = Formats {
+        params: &[],
+        results: &[],
+    };
+    // A bad count first (2 result codes, 3 columns): the origin's error, nothing cached.
+    let bad = bind_execute(
+        "s1",
+        2,
+        &Formats {
+            params: &[1],
+            results: &[1, 1],
+        },
+    );
+    let bad_expected = origin.exchange_bytes(&bad).await;
+    assert!(
+        String::from_utf8_lossy(&bad_expected).contains("bind message has 2 result formats"),
+        "{:?}",
+        String::from_utf8_lossy(&bad_expected)
+    );
+    for _ in 0..5 {
+        assert_eq!(once(&p, &mut c, &bad).await, (bad_expected.clone(), false));
+    }
+    let b2 = bind_execute("s1", 2, &binary);
+    let b2_expected = origin.exchange_bytes(&b2).await;
+    assert_eq!(
+        once(&p, &mut c, &b2).await,
+        (b2_expected.clone(), false),
+        "the bad count cached nothing"
+    );
+    until_hit_raw(&p, &mut c, &b2, &b2_expected).await;
+
+    // Text parameters and results of the same statement: the origin's text bytes, their own
+    // entry; then both alternate, each answered from cache with its own bytes.
+    let t2 = bind_execute("s1", 2, &text);
+    let t2_expected = origin.exchange_bytes(&t2).await;
+    assert_ne!(t2_expected, b2_expected);
+    until_hit_raw(&p, &mut c, &t2, &t2_expected).await;
+    // The mixed forms: binary parameter with text results, text parameter with binary results.
+    let bt = bind_execute(
+        "s1",
+        2,
+        &Formats {
+            params: &[1],
+            results: &[0],
+        },
+    );
+    assert_eq!(origin.exchange_bytes(&bt).await, t2_expected);
+    let (got, hit) = once(&p, &mut c, &bt).await;
+    assert_eq!(got, t2_expected);
+    assert!(!hit, "a binary parameter is not the text one's key");
+    let tb = bind_execute(
+        "s1",
+        2,
+        &Formats {
+            params: &[0],
+            results: &[1],
+        },
+    );
+    assert_eq!(origin.exchange_bytes(&tb).await, b2_expected);
+    until_hit_raw(&p, &mut c, &tb, &b2_expected).await;
+    for _ in 0..5 {
+        assert_eq!(once(&p, &mut c, &b2).await, (b2_expected.clone(), true));
+        assert_eq!(once(&p, &mut c, &t2).await, (t2_expected.clone(), true));
+    }
+    // One code per column, all binary: the same entry as one code (a hit at once), and the
+    // origin's bytes are the same too.
+    let per_column = bind_execute(
+        "s1",
+        2,
+        &Formats {
+            params: &[1],
+            results: &[1, 1, 1],
+        },
+    );
+    assert_eq!(origin.exchange_bytes(&per_column).await, b2_expected);
+    assert_eq!(
+        once(&p, &mut c, &per_column).await,
+        (b2_expected.clone(), true)
+    );
+    // Four equal codes for three columns would share that entry's key: the origin's error.
+    let four = bind_execute(
+        "s1",
+        2,
+        &Formats {
+            params: &[1],
+            results: &[1, 1, 1, 1],
+        },
+    );
+    let four_expected = origin.exchange_bytes(&four).await;
+    assert!(String::from_utf8_lossy(&four_expected).contains("4 result formats"));
+    for _ in 0..3 {
+        assert_eq!(
+            once(&p, &mut c, &four).await,
+            (four_expected.clone(), false)
+        );
+    }
+    // Codes that differ per column: their own entry, the origin's bytes.
+    let mixed = bind_execute(
+        "s1",
+        2,
+        &Formats {
+            params: &[1],
+            results: &[1, 0, 0],
+        },
+    );
+    let mixed_expected = origin.exchange_bytes(&mixed).await;
+    assert_ne!(mixed_expected, b2_expected);
+    assert_ne!(mixed_expected, t2_expected);
+    until_hit_raw(&p, &mut c, &mixed, &mixed_expected).await;
+
+    // A write through pgline: the next binary answer is the new one, never the old.
+    for i in 0..10 {
+        let w = c
+            .simple(&format!(
+                "UPDATE orders SET amount = amount + 1 WHERE id = {}",
+                i * 3 + 1
+            ))
+            .await;
+        assert_eq!(w[0], b'C', "{:?}", String::from_utf8_lossy(&w));
+        let now = origin.exchange_bytes(&b2).await;
+        if i == 0 {
+            assert_ne!(now, b2_expected);
+        }
+        assert_eq!(
+            c.exchange_bytes(&b2).await,
+            now,
+            "iteration {i}: stale binary answer"
+        );
+    }
+    let now = origin.exchange_bytes(&b2).await;
+    until_hit_raw(&p, &mut c, &b2, &now).await;
+    p.shutdown().await;
+}
+
+/// tokio-postgres itself (prepare, then binary-format queries): the answers come from cache
+/// and equal the origin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokio_postgres_prepared_queries_hit_the_result_cache() {
+    let Lab {
+        db,
+        origin_client,
+        p,
+        origin: _o,
+        c: _c,
+    } = lab("pgw_results_tokio").await;
+    let (_, _, user, password) = pgline_testkit::origin::origin_base();
+    let front = p.pg_addr().unwrap();
+    let (client, conn) = tokio_postgres::connect(
+        &format!(
+            "host={} port={} user={user} password={password} dbname={}",
+            front.ip(),
+            front.port(),
+            db.name
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let sql = "SELECT status, count(*) AS n, min(id) AS first FROM orders \
+               WHERE tenant_id = $1 GROUP BY status ORDER BY status";
+    let ours = client.prepare(sql).await.unwrap();
+    let theirs = origin_client.prepare(sql).await.unwrap();
+    let rows = |r: Vec<tokio_postgres::Row>| {
+        r.iter()
+            .map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    r.get::<_, i64>(1),
+                    r.get::<_, i64>(2),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = hits(&p);
+    let mut runs = 0;
+    while hits(&p) < before + 20 {
+        runs += 1;
+        assert!(runs < 1000, "tokio-postgres queries never hit");
+        for tenant in 1i64..=3 {
+            let got = rows(client.query(&ours, &[&tenant]).await.unwrap());
+            let want = rows(origin_client.query(&theirs, &[&tenant]).await.unwrap());
+            assert_eq!(got, want);
+        }
+    }
+    eprintln!("tokio-postgres: 20 hits after {runs} rounds of 3 queries");
+    assert!(runs < 20, "{runs} rounds for 20 hits");
+    p.shutdown().await;
+}
+
+/// A binary parameter without a declared type whose type comes from elsewhere in the text
+/// (`$1::float8`): its bytes are not the column's value, so the answer is dropped by any write
+/// to the table, never kept past a write to its tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_parameter_typed_elsewhere_never_keeps_a_stale_answer() {
+    use postgres_protocol::message::frontend;
+    let Lab {
+        db: _db,
+        origin_client,
+        p,
+        mut origin,
+        mut c,
+    } = lab("pgw_results_bintyped").await;
+    let sql = "SELECT count(*) FROM orders WHERE $1::float8 > 0 AND tenant_id = $1";
+    let ours = prepare(&mut c, "f1", sql).await;
+    assert_eq!(ours, prepare(&mut origin, "f1", sql).await, "prepare");
+    let m = pgline_testkit::pg::msgs(|b| {
+        frontend::bind(
+            "",
+            "f1",
+            [1i16],
+            [2.0f64],
+            |v, buf| {
+                buf.extend_from_slice(&v.to_be_bytes());
+                Ok::<_, Box<dyn std::error::Error + Sync + Send>>(postgres_protocol::IsNull::No)
+            },
+            [1i16],
+            b,
+        )
+        .map_err(|_| "bind")
+        .unwrap();
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    });
+    let expected = origin.exchange_bytes(&m).await;
+    assert_eq!(
+        expected[0],
+        b'2',
+        "{:?}",
+        String::from_utf8_lossy(&expected)
+    );
+    until_hit_raw(&p, &mut c, &m, &expected).await;
+    write(
+        &origin_client,
+        &p,
+        "INSERT INTO orders VALUES (2000, 2, 1, 'open')",
+    )
+    .await;
+    let now = origin.exchange_bytes(&m).await;
+    assert_ne!(now, expected);
+    assert_eq!(
+        c.exchange_bytes(&m).await,
+        now,
+        "stale after a write to tenant 2"
+    );
+    p.shutdown().await;
+}

@@ -17,14 +17,16 @@ use support::pgorigin::{simple, until_ready};
 
 const COLUMNS: &str = "id int4 PRIMARY KEY, a int2, b int8, o oid, flag bool, t text, \
     v varchar(10), c char(5), nm name, f4 float4, f8 float8, u uuid, by bytea, j json, \
-    jb jsonb, num numeric(6,2), ts timestamptz";
+    jb jsonb, num numeric(6,2), ts timestamptz, ip inet";
 const ROWS: &str = "INSERT INTO {t} VALUES \
     (1, -7, 9007199254740993, 4000000000, true, 'héllo', 'vv', 'ab', 'nm', 0.1, \
      3.141592653589793, 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', '\\x00ff10', \
-     '{\"a\": [1, 2]}', '{\"b\": 1, \"a\": [1]}', 12.5, '2024-01-02 03:04:05+00'), \
+     '{\"a\": [1, 2]}', '{\"b\": 1, \"a\": [1]}', 12.5, '2024-01-02 03:04:05+00', \
+     '10.0.0.1'), \
     (2, NULL, NULL, NULL, false, '', NULL, NULL, NULL, 1e-40, '-Infinity', NULL, '\\x', \
-     NULL, '[]', NULL, NULL), \
-    (3, 1, 1, 1, NULL, 'x', 'x', 'x', 'x', 'NaN', 'NaN', NULL, NULL, NULL, NULL, 1, NULL)";
+     NULL, '[]', NULL, NULL, NULL), \
+    (3, 1, 1, 1, NULL, 'x', 'x', 'x', 'x', 'NaN', 'NaN', NULL, NULL, NULL, NULL, 1, NULL, \
+     NULL)";
 /// Every column with an exact binary conversion.
 const CONVERTIBLE: &str = "id, a, b, o, flag, t, v, c, nm, f4, f8, u, by, j, jb";
 
@@ -103,18 +105,28 @@ fn binary_results_are_byte_identical_and_unconvertible_ones_forward() {
     }
     // NaN's bits are not in its text: the origin answers.
     assert!(!same(&mut lab, &mut c, &lookup(&sql, 3, &[1]), "NaN"));
-    // numeric and timestamptz have no exact conversion: binary goes to the origin...
+    // numeric and timestamptz convert (see `binary_dates_and_numerics_...` below); inet has
+    // no conversion: binary goes to the origin...
     let all = format!("SELECT * FROM {t} WHERE id = $1");
+    assert!(same(
+        &mut lab,
+        &mut c,
+        &lookup(
+            &format!("SELECT id, num, ts FROM {t} WHERE id = $1"),
+            1,
+            &[1]
+        ),
+        "numeric and timestamptz binary"
+    ));
     assert!(!same(
         &mut lab,
         &mut c,
         &lookup(&all, 1, &[1]),
-        "numeric binary"
+        "inet binary"
     ));
-    // ...text for those two columns is served.
-    let mut per_column = vec![1i16; 17];
-    per_column[15] = 0;
-    per_column[16] = 0;
+    // ...text for that column is served.
+    let mut per_column = vec![1i16; 18];
+    per_column[17] = 0;
     assert!(same(
         &mut lab,
         &mut c,
@@ -170,6 +182,106 @@ fn tokio_postgres_prepared_lookups_hit() {
         assert_eq!(row.get::<_, f32>(0), 1e-40f32);
     });
     assert_eq!(hits(&lab), before + 4, "every prepared lookup was a hit");
+}
+
+/// numeric and the date/time types in binary, edge values included: byte for byte the
+/// origin's (its `*_send` functions), or forwarded when the text cannot say.
+#[test]
+fn binary_dates_and_numerics_are_the_origins_send_output() {
+    // (column, literal, served from cache in binary)
+    let values: &[(&str, &str, bool)] = &[
+        ("n", "0", true),
+        ("n", "0.000", true),
+        ("n", "-123.4500", true),
+        ("n", "1", true),
+        ("n", "-0.5", true),
+        ("n", "9999.9999", true),
+        ("n", "10000", true),
+        ("n", "100000000", true),
+        ("n", "0.0001", true),
+        ("n", "0.00000000000000000001", true),
+        ("n", "12345678901234567890.123456789012345678901", true),
+        ("n", "('1' || repeat('0', 1000))::numeric", true),
+        ("n", "('0.' || repeat('0', 16382) || '1')::numeric", true),
+        ("n", "'NaN'", true),
+        ("n", "'Infinity'", true),
+        ("n", "'-Infinity'", true),
+        ("d", "'2000-01-01'", true),
+        ("d", "'1999-12-31'", true),
+        ("d", "'2024-02-29'", true),
+        ("d", "'0001-01-01'", true),
+        ("d", "'0044-03-15 BC'", true),
+        ("d", "'4713-01-01 BC'", true),
+        ("d", "'5874897-12-31'", true),
+        ("d", "'infinity'", true),
+        ("d", "'-infinity'", true),
+        ("t", "'00:00:00'", true),
+        ("t", "'23:59:59.999999'", true),
+        ("t", "'24:00:00'", true),
+        ("t", "'12:00:00.5'", true),
+        ("tt", "'00:00:00+00'", true),
+        ("tt", "'12:34:56.789+05:30'", true),
+        ("tt", "'01:02:03-08'", true),
+        ("tt", "'23:59:59.999999-15:59:59'", true),
+        ("ts", "'2000-01-01 00:00:00'", true),
+        ("ts", "'1970-01-01 00:00:00.000001'", true),
+        ("ts", "'1999-12-31 23:59:59.999999'", true),
+        ("ts", "'0044-03-15 12:00:00 BC'", true),
+        ("ts", "'4713-01-01 00:00:00 BC'", true),
+        ("ts", "'294276-12-31 23:59:59.999999'", true),
+        ("ts", "'infinity'", true),
+        ("ts", "'-infinity'", true),
+        ("tz", "'2000-01-01 00:00:00+00'", true),
+        ("tz", "'2024-02-29 12:34:56.5+09'", true),
+        ("tz", "'1900-06-01 00:00:00+00'", true),
+        ("tz", "'0001-01-01 00:00:00+00 BC'", true),
+        ("tz", "'294276-12-31 23:59:59.999999+00'", true),
+        ("tz", "'infinity'", true),
+        ("tz", "'-infinity'", true),
+        ("iv", "'0 seconds'", true),
+        ("iv", "'1 year 2 mons 3 days 04:05:06.789'", true),
+        ("iv", "'-1 years -2 mons +3 days -04:05:06'", true),
+        ("iv", "'-3 days'", true),
+        ("iv", "'1 mon'", true),
+        ("iv", "'100000 hours'", true),
+        ("iv", "'-0.000001 seconds'", true),
+        (
+            "iv",
+            "'178956970 years 7 mons 2147483647 days 2562047788:00:54.775807'",
+            true,
+        ),
+        ("iv", "'-178956970 years -8 mons -2147483648 days'", true),
+    ];
+    let rows: Vec<String> = values
+        .iter()
+        .enumerate()
+        .map(|(i, (col, lit, _))| {
+            format!("INSERT INTO {{t}} (id, {col}) VALUES ({}, {lit});", i + 1)
+        })
+        .collect();
+    let ids: Vec<i32> = (1..=values.len() as i32).collect();
+    let mut lab = pglab::lab(
+        "dates",
+        "id int4 PRIMARY KEY, n numeric, d date, t time, tt timetz, ts timestamp, \
+         tz timestamptz, iv interval",
+        &rows.concat(),
+        &ids,
+    );
+    let addr = lab.engine.pg_local_addr().expect("pg listener");
+    let mut c = client(addr);
+    let t = lab.table.clone();
+    let sql = format!("SELECT n, d, t, tt, ts, tz, iv FROM {t} WHERE id = $1");
+    for (i, (col, lit, served)) in values.iter().enumerate() {
+        let what = format!("{col} = {lit}");
+        let id = i as i32 + 1;
+        assert_eq!(
+            same(&mut lab, &mut c, &lookup(&sql, id, &[1]), &what),
+            *served,
+            "{what}: served from cache"
+        );
+        // Text stays served either way.
+        assert!(same(&mut lab, &mut c, &lookup(&sql, id, &[]), &what));
+    }
 }
 
 /// A simple query through pgline and on the origin (same settings on both): same bytes.

@@ -5,7 +5,10 @@
 //! int2/int4/int8/oid (decimal), bool (`t`/`f`), text/varchar/bpchar/name and json (the same
 //! bytes), jsonb (version byte 1, then the text), float4/float8 (PostgreSQL >= 12 prints the
 //! shortest text that round-trips, so parsing gives the exact value; `Infinity`/`-Infinity`),
-//! uuid (16 bytes) and bytea (hex output `\x..`). A value the conversion cannot be sure of
+//! uuid (16 bytes), bytea (hex output `\x..`), and numeric, date, time, timetz, timestamp,
+//! timestamptz and interval (`binary_datetime.rs`; date/time columns are served only while the
+//! session prints them as pgline's own sessions do, `settings.rs`). A value the conversion
+//! cannot be sure of
 //! (`NaN`, whose payload the text does not show; bytea in escape output; anything malformed)
 //! makes the whole answer fall back to the origin. Any other type requested in binary is never
 //! served (see [`BinaryKind::of`]).
@@ -29,6 +32,17 @@ const BPCHAR: u32 = 1042;
 const VARCHAR: u32 = 1043;
 const UUID: u32 = 2950;
 const JSONB: u32 = 3802;
+const DATE: u32 = 1082;
+const TIME: u32 = 1083;
+const TIMESTAMP: u32 = 1114;
+const TIMESTAMPTZ: u32 = 1184;
+const INTERVAL: u32 = 1186;
+const TIMETZ: u32 = 1266;
+const NUMERIC: u32 = 1700;
+
+use super::binary_datetime::{
+    compose_date, compose_interval, compose_numeric, compose_time, compose_timestamp,
+};
 
 /// How a column's binary form is made from its text output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +59,13 @@ pub(crate) enum BinaryKind {
     Float8,
     Uuid,
     Bytea,
+    Numeric,
+    Date,
+    Time,
+    TimeTz,
+    Timestamp,
+    TimestampTz,
+    Interval,
 }
 
 impl BinaryKind {
@@ -62,6 +83,13 @@ impl BinaryKind {
             FLOAT8 => BinaryKind::Float8,
             UUID => BinaryKind::Uuid,
             BYTEA => BinaryKind::Bytea,
+            NUMERIC => BinaryKind::Numeric,
+            DATE => BinaryKind::Date,
+            TIME => BinaryKind::Time,
+            TIMETZ => BinaryKind::TimeTz,
+            TIMESTAMP => BinaryKind::Timestamp,
+            TIMESTAMPTZ => BinaryKind::TimestampTz,
+            INTERVAL => BinaryKind::Interval,
             _ => return None,
         })
     }
@@ -102,6 +130,13 @@ pub(crate) fn compose_binary_value(kind: BinaryKind, text: &[u8], out: &mut Vec<
                 out.push(nibble(pair[0])? << 4 | nibble(pair[1])?);
             }
         }
+        BinaryKind::Numeric => compose_numeric(text, out)?,
+        BinaryKind::Date => compose_date(text, out)?,
+        BinaryKind::Time => compose_time(text, false, out)?,
+        BinaryKind::TimeTz => compose_time(text, true, out)?,
+        BinaryKind::Timestamp => compose_timestamp(text, false, out)?,
+        BinaryKind::TimestampTz => compose_timestamp(text, true, out)?,
+        BinaryKind::Interval => compose_interval(text, out)?,
     }
     Some(())
 }

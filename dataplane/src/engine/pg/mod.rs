@@ -45,6 +45,7 @@
 
 mod batch;
 mod binary;
+mod binary_datetime;
 mod forward;
 mod lookup;
 mod miss;

@@ -36,9 +36,10 @@ use super::batch::{Framed, SHAPE};
 use super::lookup::{canonical_param, classify_text, compose_data_row, Class, KeyValue, Lookup};
 use super::miss::Landed;
 use super::results::{
-    build_key, compose_answer, equalities, hash_key, stored_answer, text_results, ResultQuery,
-    ResultServed, ResultShape,
+    build_key, compose_answer, equalities, formats_fit, hash_key, stored_answer, Declared,
+    ResultQuery, ResultServed, ResultShape,
 };
+use super::settings::Settings;
 use super::PgSession;
 
 /// Distinct statement texts memoized per session before the memo starts over.
@@ -91,7 +92,10 @@ impl Serve<'_> {
             [Some(Frontend::Query(text)), None, ..] if framed.count == 1 => {
                 let lookup = match memo_class(&mut pg.memo, text, self.keyspace) {
                     Class::Lookup(l) => l,
-                    Class::Result(q) => return self.serve_result(pg, &q, ResultShape::Simple, out),
+                    Class::Result(q) => {
+                        let shape = ResultShape::Simple;
+                        return self.serve_result(&pg.settings, &mut pg.result_key, &q, shape, out);
+                    }
                     Class::Other => return Served::No,
                 };
                 if lookup.datetime && !pg.settings.datetime_ok() {
@@ -151,23 +155,15 @@ impl Serve<'_> {
         if !matches!(msgs.next(), Some(Frontend::Sync)) || msgs.next().is_some() {
             return Served::No;
         }
-        let mut types = [0u32; 8];
-        let (text, ntypes): (&[u8], usize) = match parse {
-            Some((name, query, oids)) if name == bind.statement => {
-                (query, copy_types(oids.iter(), &mut types))
-            }
+        let (text, declared): (&[u8], Declared<'_>) = match parse {
+            Some((name, query, oids)) if name == bind.statement => (query, Declared::Wire(oids)),
             Some(_) => return Served::No,
             None => match pg.statements.get(bind.statement) {
-                Some(s) => (
-                    &s.text[..],
-                    copy_types(s.param_types.iter().copied(), &mut types),
-                ),
+                Some(s) => (&s.text[..], Declared::Stored(&s.param_types)),
                 None => return Served::No,
             },
         };
-        if ntypes > types.len() {
-            return Served::No;
-        }
+        let ntypes = declared.len();
         let lookup = match memo_class(&mut pg.memo, text, self.keyspace) {
             Class::Lookup(l) => l,
             Class::Result(q) if *max_rows == 0 => {
@@ -175,9 +171,9 @@ impl Serve<'_> {
                     parse: parse.is_some(),
                     describe,
                     bind,
-                    declared: &types[..ntypes],
+                    declared,
                 };
-                let served = self.serve_result(pg, &q, shape, out);
+                let served = self.serve_result(&pg.settings, &mut pg.result_key, &q, shape, out);
                 if let (Served::Hit, Some((name, query, oids))) = (&served, parse) {
                     let raw = framed.raw_parse.unwrap_or(&[]);
                     pg.remember_parse(name, query, oids, raw, false);
@@ -193,7 +189,7 @@ impl Serve<'_> {
             return Served::No;
         }
         pg.key_buf.clear();
-        if !bound_key(&lookup, bind, &types[..ntypes], &mut pg.key_buf) {
+        if !bound_key(&lookup, bind, declared, &mut pg.key_buf) {
             return Served::No;
         }
         let prefix = Prefix::Extended {
@@ -285,16 +281,17 @@ impl Serve<'_> {
     /// A cacheable statement: its stored answer, or the key to forward it under.
     fn serve_result(
         &mut self,
-        pg: &mut PgSession,
+        settings: &Settings,
+        result_key: &mut Vec<u8>,
         q: &ResultQuery,
         shape: ResultShape<'_>,
         out: &mut Vec<u8>,
     ) -> Served {
         // Any answer may hold date/time values.
-        if !pg.settings.datetime_ok() {
+        if !settings.datetime_ok() {
             return Served::No;
         }
-        match self.result(q, shape, &mut pg.result_key, out) {
+        match self.result(q, shape, result_key, out) {
             ResultServed::Hit => Served::Hit,
             ResultServed::Miss(key) => Served::Result(key),
             ResultServed::No => Served::No,
@@ -309,11 +306,6 @@ impl Serve<'_> {
         key: &mut Vec<u8>,
         out: &mut Vec<u8>,
     ) -> ResultServed {
-        if let ResultShape::Extended { bind, .. } = shape {
-            if !text_results(bind) {
-                return ResultServed::No;
-            }
-        }
         if !build_key(q, shape, key) {
             return ResultServed::No;
         }
@@ -325,6 +317,10 @@ impl Serve<'_> {
             .read(RESULTS_TABLE, &hash.to_be_bytes(), 0, self.scratch);
         if found == StoreLookup::Hit {
             if let Some(answer) = stored_answer(self.scratch, key) {
+                if !formats_fit(answer, shape) {
+                    // The origin's error for a bad format count; nothing is cached.
+                    return ResultServed::No;
+                }
                 compose_answer(answer, shape, out);
                 CoreStats::add(&self.port.stats().keys_hit, 1);
                 return ResultServed::Hit;
@@ -388,7 +384,7 @@ fn literal_key(lookup: &Lookup, key: &mut Vec<u8>) -> bool {
 }
 
 /// The store key of a lookup from its literals and the Bind's parameters.
-fn bound_key(lookup: &Lookup, bind: &Bind<'_>, declared: &[u32], key: &mut Vec<u8>) -> bool {
+fn bound_key(lookup: &Lookup, bind: &Bind<'_>, declared: Declared<'_>, key: &mut Vec<u8>) -> bool {
     for (i, (value, ty)) in lookup.key.iter().enumerate() {
         if i > 0 {
             key.push(b':');
@@ -399,7 +395,7 @@ fn bound_key(lookup: &Lookup, bind: &Bind<'_>, declared: &[u32], key: &mut Vec<u
                 let Some(Some(v)) = bind.params().nth(*p) else {
                     return false;
                 };
-                let d = declared.get(*p).copied().unwrap_or(0);
+                let d = declared.get(*p);
                 if canonical_param(v, bind.param_format(*p), d, *ty, key).is_none() {
                     return false;
                 }
@@ -407,17 +403,4 @@ fn bound_key(lookup: &Lookup, bind: &Bind<'_>, declared: &[u32], key: &mut Vec<u
         }
     }
     true
-}
-
-/// Copies declared parameter types into `types`; returns how many there are (more than
-/// `types.len()` when they did not fit).
-fn copy_types(declared: impl Iterator<Item = u32>, types: &mut [u32; 8]) -> usize {
-    let mut n = 0;
-    for t in declared {
-        if let Some(slot) = types.get_mut(n) {
-            *slot = t;
-        }
-        n += 1;
-    }
-    n
 }

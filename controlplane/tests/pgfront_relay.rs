@@ -60,7 +60,19 @@ struct Reply {
 }
 
 impl Driver {
+    /// A request as a core sends a batch holding a statement the cache could answer (it asks
+    /// for the fence and the state verdict).
     fn push(&self, session: u64, kind: PgRequestKind, messages: Vec<u8>) -> u64 {
+        self.push_fenced(session, kind, messages, true)
+    }
+
+    fn push_fenced(
+        &self,
+        session: u64,
+        kind: PgRequestKind,
+        messages: Vec<u8>,
+        fence: bool,
+    ) -> u64 {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let flow = (kind == PgRequestKind::Startup).then(|| {
             let f = Arc::new(PgFlow::default());
@@ -75,6 +87,7 @@ impl Driver {
             kind,
             messages,
             cache: None,
+            fence,
             flow,
         };
         assert!(self.port.send_pg(req).is_ok());
@@ -583,6 +596,7 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
         kind: PgRequestKind::Cancel,
         messages: msgs(|b| frontend::cancel_request(1, 2, b)),
         cache: None,
+        fence: false,
         flow: None,
     };
     assert!(port.send_pg(req).is_ok());

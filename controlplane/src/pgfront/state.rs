@@ -5,8 +5,10 @@
 //! `public`, pgline's output settings. A client session may get them only while the origin,
 //! in that session's exact state, would send the same bytes. Rather than guess that state from
 //! statement text (which `set_config('search'||'_path', ...)`, a function, a role default or a
-//! startup `options` evade), the relay asks the origin: the fence query that follows every
-//! batch ending idle (and a query at login) returns, beside the WAL position, these columns:
+//! startup `options` evade), the relay asks the origin: the fence query that follows a batch
+//! asking for it (see `session`), and the state query at login, before a session takes another
+//! session's reserved backend and at a session's end, return (beside the WAL position) these
+//! columns:
 //!
 //! - `session_user` and `current_user`: `SET ROLE`, `SET SESSION AUTHORIZATION` and
 //!   `set_config('role', ...)` show here (a `SECURITY DEFINER` function's role lasts only
@@ -75,8 +77,18 @@ pub const FENCE_SQL: &str = concat!(
     state_columns!()
 );
 
-/// The state alone (at login, and after `DISCARD ALL`).
+/// The state alone (at login, before another session takes a reserved backend, and at a
+/// session's end).
 pub const STATE_SQL: &str = concat!("SELECT ", state_columns!());
+
+/// The names [`FENCE_SQL`] and [`STATE_SQL`] are prepared under on each backend (once, then
+/// only bound and executed: parsing and planning them was half the origin's cost of a short
+/// batch). They cannot meet a client statement's backend name, which is `pgl_` and 16 hex
+/// digits (`plan::backend_name`); like those, they are booked in `Backend::prepared`, which
+/// `DISCARD ALL` / `DEALLOCATE ALL` clear, and a run that fails (a client's SQL-level
+/// `DEALLOCATE` or `PREPARE` took the name) forgets the name and falls back to a simple query.
+pub const FENCE_STATEMENT: &str = "pgl_fence";
+pub const STATE_STATEMENT: &str = "pgl_state";
 
 /// The one search path whose name resolution the store follows: unqualified names are read as
 /// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.
@@ -150,16 +162,18 @@ impl OriginState {
     }
 }
 
-/// Runs `sql` (one simple query returning one row) on `b` once its cancels have landed, and
-/// returns the row's columns; `Ok(None)` when the origin answered with an error or no row.
-pub async fn query_row(b: &mut Backend, sql: &str) -> io::Result<Option<Row>> {
-    Ok(b.query_row(sql).await?.flatten())
+/// Runs pgline's statement `name` (`sql`, returning one row) on `b` once its cancels have
+/// landed, and returns the row's columns; `Ok(None)` when the origin answered with an error or
+/// no row.
+pub async fn query_row(b: &mut Backend, name: &str, sql: &str) -> io::Result<Option<Row>> {
+    Ok(b.query_prepared(name, sql).await?.flatten())
 }
 
-/// The backend's state, read with [`STATE_SQL`].
+/// The backend's state, read with [`STATE_SQL`] (prepared as [`STATE_STATEMENT`]).
 pub async fn ask_state(b: &mut Backend) -> io::Result<Option<OriginState>> {
-    Ok(query_row(b, STATE_SQL)
+    Ok(b.query_prepared(STATE_STATEMENT, STATE_SQL)
         .await?
+        .flatten()
         .as_deref()
         .and_then(OriginState::from_columns))
 }

@@ -293,7 +293,7 @@ impl<'w> PgEngine<'w> {
             }
         };
         let messages = conn.input()[..consumed].to_vec();
-        if !forward::push(self.port, conn, token, kind, messages, None) {
+        if !forward::push(self.port, conn, token, kind, messages, None, false) {
             return Step::Retry;
         }
         conn.rpos += consumed;
@@ -388,7 +388,15 @@ impl<'w> PgEngine<'w> {
             return Step::Incomplete;
         }
         let messages = conn.input()[..end].to_vec();
-        if !forward::push(self.port, conn, token, PgRequestKind::Auth, messages, None) {
+        if !forward::push(
+            self.port,
+            conn,
+            token,
+            PgRequestKind::Auth,
+            messages,
+            None,
+            false,
+        ) {
             return Step::Retry;
         }
         conn.rpos += end;
@@ -450,6 +458,9 @@ impl<'w> PgEngine<'w> {
             }
         }
         let messages = forward::forward_messages(conn, self.limits, end);
+        // A statement the cache could have answered asks for the fence and the verdict that
+        // (re)open the session's cache gate; any other batch leaves the gate closed.
+        let fence = matches!(served, Served::Miss(_) | Served::Result(_) | Served::Fence);
         let cache = match served {
             Served::Result(key) => Some(key),
             _ => None,
@@ -461,6 +472,7 @@ impl<'w> PgEngine<'w> {
             PgRequestKind::Batch,
             messages,
             cache,
+            fence,
         ) {
             // Next turn runs the batch again with the same answer in hand.
             if let Some(pg) = conn.pg.as_deref_mut() {
@@ -483,6 +495,7 @@ impl<'w> PgEngine<'w> {
             keyspace: self.keyspace,
             keyspace_generation: self.keyspace_generation,
             scratch: &mut *self.scratch,
+            gate: false,
         }
     }
 }

@@ -14,7 +14,7 @@
 //!   BindComplete, the stored bytes without the RowDescription unless the portal was
 //!   described, ReadyForQuery `I`.
 //!
-//! Served only when point lookups would be (`Serve::may_serve`: idle session, fence
+//! Served only when point lookups would be (`Serve::eligible` and `Serve::gate_open`: idle session, fence
 //! reached, hits allowed, plain settings) and, as any answer may hold date/time values, only
 //! while the session's DateStyle/IntervalStyle/TimeZone are the server's. Results in binary
 //! format, binary parameters and `Execute` with a row limit are forwarded uncached.

@@ -16,7 +16,8 @@
 //! - the resolved search path (`current_schemas(true)`, so `"$user"`, role and database
 //!   defaults, startup options and `pg_temp` are all resolved) and whether the session has
 //!   temporary relations or types (an empty temporary schema stays on the path after `DISCARD
-//!   ALL` and hides nothing);
+//!   ALL` and hides nothing), and the `search_path` setting as written (fingerprint only: a
+//!   schema that does not exist changes `SHOW search_path` but not the resolved path);
 //! - the output settings the origin does not report with ParameterStatus
 //!   ([`UNREPORTED`]); the reported ones (`DateStyle`, `IntervalStyle`, `TimeZone`,
 //!   `client_encoding`, `standard_conforming_strings`) the core follows itself.
@@ -67,7 +68,8 @@ macro_rules! state_columns {
          pg_catalog.current_setting('IntervalStyle'), \
          pg_catalog.current_setting('TimeZone'), \
          pg_catalog.current_setting('client_encoding'), \
-         pg_catalog.current_setting('standard_conforming_strings')"
+         pg_catalog.current_setting('standard_conforming_strings'), \
+         pg_catalog.current_setting('search_path')"
     };
 }
 
@@ -109,6 +111,9 @@ pub struct OriginState {
     /// ParameterStatus, which a batch on another backend of the pool does not repeat, so they
     /// are part of the fingerprint (a pool's backends all have its sessions' values).
     pub reported: [String; 5],
+    /// The `search_path` setting as written: `SHOW search_path` answers it, and schemas that do
+    /// not exist are in it but not in the resolved path (fingerprint only).
+    pub search_path_setting: String,
 }
 
 impl OriginState {
@@ -135,6 +140,7 @@ impl OriginState {
             temp_objects,
             settings: [text(4)?, text(5)?, text(6)?, text(7)?],
             reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
+            search_path_setting: text(13)?,
         })
     }
 
@@ -154,7 +160,8 @@ impl OriginState {
             "{}\u{1f}{}\u{1f}{}\u{1f}{}",
             self.session_user, self.current_user, self.search_path, self.temp_objects
         );
-        for s in self.settings.iter().chain(&self.reported) {
+        let raw = std::slice::from_ref(&self.search_path_setting);
+        for s in self.settings.iter().chain(&self.reported).chain(raw) {
             f.push('\u{1f}');
             f.push_str(s);
         }
@@ -205,6 +212,7 @@ mod tests {
             "UTC",
             "UTF8",
             "on",
+            "\"$user\", public",
         ])
     }
 
@@ -227,11 +235,13 @@ mod tests {
             (6, "de_DE.UTF-8"),
             (7, "on"),
             (10, "Asia/Tokyo"),
+            (13, "nowhere, public"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
             let s = OriginState::from_columns(&c).unwrap();
-            // The reported settings are the core's to judge (ParameterStatus).
+            // The reported settings are the core's to judge (ParameterStatus); the written
+            // search path changes nothing the cache serves (the resolved one is checked).
             assert_eq!(
                 s.serves_cache("app", &baseline()),
                 i >= 8,
@@ -257,7 +267,7 @@ mod tests {
 
     #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..12]).is_none());
+        assert!(OriginState::from_columns(&clean()[..13]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

@@ -306,6 +306,15 @@ impl RelayState {
             .fold((0, 0), |(i, t), (pi, pt)| (i + pi, t + pt))
     }
 
+    /// Origin connections of the (user, database) pools reserved for a session (see `pool`).
+    pub fn pool_reserved(&self, user: &str, database: &str) -> usize {
+        lock(&self.pools)
+            .iter()
+            .filter(|((u, d, _), _)| u == user && d == database)
+            .map(|(_, p)| p.reserved())
+            .sum()
+    }
+
     /// Per-statement figures of forwarded batches (normalized text -> stats).
     pub fn statement_stats(&self) -> Vec<(String, StatementStats)> {
         self.stats.snapshot()

@@ -349,6 +349,11 @@ impl Pool {
         self.notify.notify_waiters();
     }
 
+    /// Reserved connections.
+    pub fn reserved(&self) -> usize {
+        self.lock().reserved.len()
+    }
+
     /// (idle, total).
     pub fn counts(&self) -> (usize, usize) {
         let inner = self.lock();

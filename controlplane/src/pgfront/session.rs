@@ -6,10 +6,15 @@
 //! due), the client's `p` messages to the origin, until ReadyForQuery. The origin's
 //! BackendKeyData is replaced by pgline's own; the connection then joins the session's pool.
 //!
-//! Batches: the session's pinned backend, or one from its pool. The reply streams back in
-//! chunks; the batch's last ReadyForQuery decides: `I` returns the backend to the pool unless the
-//! session left state behind (`plan::leaves_session_state`, pinned for good), `T`/`E` pin it.
-//! When the batch ends idle, `fence_lsn` is the origin's `pg_current_wal_lsn()` after it.
+//! Batches: the session's pinned backend, or one from its pool (its own reserved one first; see
+//! `pool`). The reply streams back in chunks; the batch's last ReadyForQuery decides: `T`/`E`
+//! pin the backend; `I` returns it to the pool if the state read after the batch is the login
+//! state, pins it for good if the session left state behind (`plan::leaves_session_state`, or
+//! a state read that differs), and reserves it for the session when its state was not read.
+//! The fence and state are read only when the core asked (`PgRequest::fence`): then, when the
+//! batch ends idle, `fence_lsn` is the origin's `pg_current_wal_lsn()` after it; otherwise the
+//! reply carries no fence and `serve_cached` false, which closes the session's cache gate in
+//! the core.
 //!
 //! A batch the core marked cacheable that runs with the session idle takes a result lease, runs
 //! behind pgline's snapshot query on the same backend, and, if its one statement succeeded and

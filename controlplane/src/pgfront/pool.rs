@@ -171,12 +171,13 @@ impl Pool {
         Some((r.b, r.dirty))
     }
 
-    /// Keeps a taken connection for `owner` (see the module doc); handed back when the owner
-    /// has left (the caller cleans or closes it).
-    pub fn reserve(&self, owner: u64, b: Backend, dirty: bool) -> Result<(), Backend> {
+    /// Keeps a taken connection for `owner` (see the module doc); handed back (`Some`) when
+    /// the owner has left (the caller cleans or closes it).
+    #[must_use]
+    pub fn reserve(&self, owner: u64, b: Backend, dirty: bool) -> Option<Backend> {
         let mut inner = self.lock();
         if !inner.live.contains(&owner) {
-            return Err(b);
+            return Some(b);
         }
         inner.last_used = Instant::now();
         inner.reserved.push(Reserved { owner, b, dirty });
@@ -185,7 +186,7 @@ impl Pool {
             // A waiter may take it (after reading its state).
             self.notify.notify_one();
         }
-        Ok(())
+        None
     }
 
     /// Takes a connection for session `owner`, waiting until `deadline` for one: its own

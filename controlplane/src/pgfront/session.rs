@@ -553,9 +553,8 @@ impl Session {
                 return None;
             }
         }
-        let Err(mut b) = pool.reserve(owner, b, true) else {
-            return None;
-        };
+        // Handed back only when its owner has ended meanwhile.
+        let mut b = pool.reserve(owner, b, true)?;
         if reset(&mut b, &self.login_state).await {
             return Some(b);
         }
@@ -785,7 +784,7 @@ impl Session {
             self.put_back(b);
         } else if let Some(pool) = self.pool.clone() {
             // Not read: whatever the batch left on the backend stays this session's.
-            if let Err(b) = pool.reserve(self.id, b, false) {
+            if let Some(b) = pool.reserve(self.id, b, false) {
                 self.pinned = Some(b);
             }
         }

@@ -441,5 +441,24 @@ async fn unfenced_batches_close_the_cache_gate() {
         let n: i64 = c.query_one(&select, &[&1i64]).await.unwrap().get(0);
         assert_eq!(n, i, "second read: {n} after writing {i}");
     }
+
+    // A driver that prepares each statement before running it (tokio-postgres with a &str:
+    // `Parse Describe Sync`, then `Bind Execute Sync`) still reads from cache: a batch that
+    // runs nothing leaves the gate as it was.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let hits = p.shared.total(|s| &s.keys_hit);
+        let n: i64 = c
+            .query_one("SELECT n FROM counters WHERE id = $1", &[&2i64])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0);
+        if p.shared.total(|s| &s.keys_hit) > hits {
+            break;
+        }
+        assert!(Instant::now() < until, "prepare-then-run lookups never hit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     p.shutdown().await;
 }

@@ -100,6 +100,9 @@ pub(crate) struct PgSession {
     pub tx_status: u8,
     /// Cached answers only once the applied LSN has reached this.
     pub fence: u64,
+    /// The outstanding batch runs nothing (Parse, Describe, Close only): its reply leaves the
+    /// cache gate as it was (it read and wrote nothing, and changed no session state).
+    pub keeps_gate: bool,
     /// The control plane knows this session (it must hear `Close`).
     pub opened: bool,
     /// Classification memo by statement text, for the key space generation `memo_generation`.
@@ -136,6 +139,7 @@ impl PgSession {
             landed: None,
             tx_status: b'I',
             fence: 0,
+            keeps_gate: false,
             opened: false,
             memo: FxHashMap::default(),
             memo_generation: 0,
@@ -431,6 +435,7 @@ impl<'w> PgEngine<'w> {
             }
         };
         let end = framed.end;
+        let runs = framed.runs;
         let Some(pg) = pg.as_deref_mut() else {
             return Step::Done;
         };
@@ -484,6 +489,9 @@ impl<'w> PgEngine<'w> {
             CoreStats::add(&self.port.stats().pg_lookup_fill_forwarded, 1);
         }
         forward::note_statements(conn, self.limits, end);
+        if let Some(pg) = conn.pg.as_mut() {
+            pg.keeps_gate = !runs;
+        }
         conn.rpos += end;
         Step::Done
     }
@@ -523,7 +531,9 @@ pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
         PgReplyEnd::Auth => pg.waiting = None,
         PgReplyEnd::Ready(status) => {
             pg.waiting = None;
-            pg.settings.note_origin_state(reply.serve_cached);
+            if !std::mem::take(&mut pg.keeps_gate) {
+                pg.settings.note_origin_state(reply.serve_cached);
+            }
             pg.tx_status = status;
             pg.phase = Phase::Ready;
         }

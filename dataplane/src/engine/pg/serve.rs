@@ -23,7 +23,8 @@
 //! could answer goes to the origin instead ([`Served::Fence`]) and brings a fresh fence and
 //! verdict. Read-your-writes and monotonic reads follow: a cached answer is given only once
 //! pgline's applied WAL has reached a fence taken after everything the session did at the
-//! origin.
+//! origin. A batch that runs nothing (a driver's `Parse Describe Sync` preparing a statement)
+//! leaves the gate as it was (`PgSession::keeps_gate`).
 //!
 //! [`Serve`] is the part of the core a hit needs (its port, the key-space snapshot, the scratch
 //! buffer), borrowed for one batch, as `execute::Exec` is for a RESP command.

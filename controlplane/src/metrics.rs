@@ -119,7 +119,10 @@ pub struct PgPoolSnapshot {
     pub user: String,
     pub database: String,
     pub idle: u64,
-    /// Open connections: idle, running a batch, or pinned to a session.
+    /// Kept for the session that ran the last batch on them, state not read (see
+    /// `pgfront::pool`): other sessions take them after a state read.
+    pub reserved: u64,
+    /// Open connections: idle, reserved, running a batch, or pinned to a session.
     pub total: u64,
 }
 
@@ -249,7 +252,7 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
     ),
     (
         "pgline_core_pg_queue_full",
-        "PostgreSQL requests a full queue to the control plane refused: the step waits for a later turn (nothing is lost), or a point lookup's background fill is skipped.",
+        "PostgreSQL requests a full queue to the control plane refused: the step waits for a later turn (nothing is lost), or a point lookup's miss is forwarded without a fill.",
         |s| &s.pg_queue_full,
     ),
     (
@@ -700,14 +703,19 @@ impl Sample {
         }
         let mut m = enc.encode_descriptor(
             "pgline_pgwire_pool_connections",
-            "Origin connections of a backend pool by state: idle, or busy (running a batch or \
-             pinned to a session).",
+            "Origin connections of a backend pool by state: idle, reserved (kept for the session \
+             of their last batch; others take them after a state read), or busy (running a \
+             batch or pinned to a session).",
             None,
             Gauge,
         )?;
         for pool in &p.pools {
-            let busy = pool.total.saturating_sub(pool.idle);
-            for (state, v) in [("idle", pool.idle), ("busy", busy)] {
+            let busy = pool.total.saturating_sub(pool.idle + pool.reserved);
+            for (state, v) in [
+                ("idle", pool.idle),
+                ("reserved", pool.reserved),
+                ("busy", busy),
+            ] {
                 let labels = [
                     ("user", pool.user.clone()),
                     ("database", pool.database.clone()),

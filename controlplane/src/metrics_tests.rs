@@ -198,7 +198,8 @@ fn pgwire() -> PgwireSnapshot {
             user: "app".into(),
             database: "shop".into(),
             idle: 2,
-            total: 5,
+            reserved: 1,
+            total: 6,
         }],
         batches: 40,
         batch_errors: 1,
@@ -246,7 +247,10 @@ fn pgwire_families_carry_the_relay_figures() {
             r#"pgline_pgwire_pool_connections{{user="app",database="shop",state="{state}"}}"#
         ))
     };
-    assert_eq!((pool("idle"), pool("busy")), (2.0, 3.0));
+    assert_eq!(
+        (pool("idle"), pool("reserved"), pool("busy")),
+        (2.0, 1.0, 3.0)
+    );
     assert_eq!(get(r#"pgline_core_pg_request_queue_depth{core="1"}"#), 0.0);
     // The front off: the same families, zero and without pool samples.
     let off = parse(&render(&snapshot(&shared, &repl)));

@@ -60,7 +60,19 @@ struct Reply {
 }
 
 impl Driver {
+    /// A request as a core sends a batch holding a statement the cache could answer (it asks
+    /// for the fence and the state verdict).
     fn push(&self, session: u64, kind: PgRequestKind, messages: Vec<u8>) -> u64 {
+        self.push_fenced(session, kind, messages, true)
+    }
+
+    fn push_fenced(
+        &self,
+        session: u64,
+        kind: PgRequestKind,
+        messages: Vec<u8>,
+        fence: bool,
+    ) -> u64 {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let flow = (kind == PgRequestKind::Startup).then(|| {
             let f = Arc::new(PgFlow::default());
@@ -75,6 +87,7 @@ impl Driver {
             kind,
             messages,
             cache: None,
+            fence,
             flow,
         };
         assert!(self.port.send_pg(req).is_ok());
@@ -127,6 +140,14 @@ impl Driver {
 
     async fn request(&self, session: u64, kind: PgRequestKind, messages: Vec<u8>) -> Reply {
         let seq = self.push(session, kind, messages);
+        self.reply(session, seq).await
+    }
+
+    /// A simple query sent as a core sends a batch the cache could not have answered: the
+    /// relay asks the origin nothing after it.
+    async fn query_unfenced(&self, session: u64, sql: &str) -> Reply {
+        let m = msgs(|b| frontend::query(sql, b).unwrap());
+        let seq = self.push_fenced(session, PgRequestKind::Batch, m, false);
         self.reply(session, seq).await
     }
 
@@ -203,6 +224,14 @@ fn backend_key(b: &[u8]) -> (i32, i32) {
 /// A pgline with the front on, a test database with table `t` and a login role with a
 /// password; returns the role name (dropped by [`drop_role`]).
 async fn setup(tag: &str) -> (TestDb, Driver, String) {
+    setup_with(tag, |_| {}).await
+}
+
+/// [`setup`] with a change to pgline's configuration.
+async fn setup_with(
+    tag: &str,
+    change: impl FnOnce(&mut pgline_controlplane::config::Config),
+) -> (TestDb, Driver, String) {
     let db = TestDb::create(tag).await;
     let role = format!("{}_r", db.name);
     let admin = origin::admin_client().await;
@@ -223,6 +252,7 @@ async fn setup(tag: &str) -> (TestDb, Driver, String) {
         .unwrap();
     let mut cfg = lab::config(&db, 1);
     cfg.pgwire.listen = "127.0.0.1:0".into();
+    change(&mut cfg);
     let relay_cfg = RelayConfig::from_config(&cfg).unwrap();
     let p = Pgline::start(cfg).await.expect("pgline starts");
     assert!(p.pg_relay().is_some() && p.pg_addr().is_some());
@@ -583,6 +613,7 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
         kind: PgRequestKind::Cancel,
         messages: msgs(|b| frontend::cancel_request(1, 2, b)),
         cache: None,
+        fence: false,
         flow: None,
     };
     assert!(port.send_pg(req).is_ok());
@@ -821,5 +852,81 @@ async fn a_slow_reader_holds_the_relay_back() {
     assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
     assert_eq!(tags(&r.bytes), format!("T{}CZ", "D".repeat(24)));
     assert!(r.bytes.len() > 24 << 20);
+    teardown(db, d, &role).await;
+}
+
+/// Batches that do not ask for the fence run alone at the origin (no fence, no state read:
+/// the reply's fence is 0) and their backend stays reserved for the session, so state a
+/// function left on it (here `set_config` inside a SQL function, which no text rule sees) stays
+/// the session's. Another session that finds no idle backend takes a reserved one only after
+/// the origin says it is in the login state: the one holding state goes back to its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfenced_batches_keep_their_backend_and_its_state() {
+    let (db, d, role) = setup_with("pgf_reserve", |cfg| cfg.pgwire.pool_size = 3).await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION shift_path() RETURNS text LANGUAGE sql AS \
+             $$ SELECT pg_catalog.set_config('search_path', 'elsewhere, public', false) $$;
+             GRANT EXECUTE ON FUNCTION shift_path() TO {role};"
+        ))
+        .await
+        .unwrap();
+    for s in 1..=4 {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    // Three connections (the 4th login found the pool full).
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (3, 3));
+    let login_path = "\"$user\", public";
+    let path = |r: &Reply| first_values(&r.bytes)[0].clone();
+    // Session 2 holds one connection in a transaction.
+    assert_eq!(d.query(2, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));
+    // Session 1 changes its search path through a function; session 3 runs a plain read.
+    let r = d.query_unfenced(1, "SELECT shift_path()").await;
+    assert_eq!((r.end, r.fence), (PgReplyEnd::Ready(b'I'), 0), "no fence");
+    let r = d.query_unfenced(3, "SELECT pg_backend_pid()::text").await;
+    assert_eq!(r.fence, 0);
+    let pid3 = first_values(&r.bytes)[0].clone();
+    // Both stay reserved: none is idle.
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (0, 3));
+    // Session 4 has no connection: it tries session 1's (the oldest reservation), finds
+    // another search path, hands it back, and takes session 3's, which is clean.
+    let r = d
+        .query_unfenced(
+            4,
+            "SELECT current_setting('search_path') || ' ' || pg_backend_pid()",
+        )
+        .await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert_eq!(path(&r), format!("{login_path} {pid3}"));
+    // Session 1 still has its setting, on its own backend, from now on pinned.
+    for _ in 0..2 {
+        let r = d.query_unfenced(1, "SHOW search_path").await;
+        assert_eq!(path(&r), "elsewhere, public");
+    }
+    // Session 3's own reservation went to session 4; it takes that one back the same way.
+    let r = d.query_unfenced(3, "SHOW search_path").await;
+    assert_eq!(path(&r), login_path);
+    // A fenced batch reads the state: a clean backend goes back to the pool.
+    let r = d.query(3, "SELECT 1").await;
+    assert!(r.fence > 0);
+    assert_eq!(d.query(2, "COMMIT").await.end, PgReplyEnd::Ready(b'I'));
+    // Session 1 ends: its backend is reset (DISCARD ALL) and pooled in the login state.
+    d.push(1, PgRequestKind::Close, Vec::new());
+    let until = Instant::now() + Duration::from_secs(10);
+    while d.relay.sessions() != 3 {
+        assert!(Instant::now() < until, "session 1 never ended");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for s in [2, 3, 4] {
+        let r = d.query(s, "BEGIN").await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'T'));
+        let r = d.query(s, "SHOW search_path").await;
+        assert_eq!(path(&r), login_path, "session {s}");
+    }
+    for s in [2, 3, 4] {
+        assert_eq!(d.query(s, "COMMIT").await.end, PgReplyEnd::Ready(b'I'));
+    }
     teardown(db, d, &role).await;
 }

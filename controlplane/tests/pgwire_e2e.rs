@@ -371,3 +371,94 @@ async fn only_the_cached_identity_reads_the_cache() {
         .await
         .unwrap();
 }
+
+/// Reads a point lookup until it is answered from cache (`keys_hit` grows).
+async fn until_hit(p: &Pgline, c: &tokio_postgres::Client, q: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let hits = p.shared.total(|s| &s.keys_hit);
+        c.simple_query(q).await.unwrap();
+        if p.shared.total(|s| &s.keys_hit) > hits {
+            return;
+        }
+        assert!(Instant::now() < until, "{q} never hit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A batch the cache could not have answered runs alone at the origin: no fence or state
+/// query follows it, so the origin backend's last statement is the client's own (before, a
+/// fence and state query followed every batch that ended idle, costing the origin more than a
+/// `select 1`). Without that fence the session's cache gate closes: its next cached lookup goes
+/// to the origin and brings a fence taken after everything the session did, so a write is
+/// read back and nothing older is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfenced_batches_close_the_cache_gate() {
+    let db = TestDb::create("pgw_gate").await;
+    db.client().await.batch_execute(SCHEMA).await.unwrap();
+    let p = lab::start(lab::config(&db, 1)).await;
+    let c = connect(&pgline_conn(&p, &db)).await;
+    let lookup = "SELECT n FROM counters WHERE id = 1";
+    until_hit(&p, &c, lookup).await;
+
+    // No fence after a plain batch: its backend's last query is the client's.
+    let marker = "SELECT 'i15 marker', 1";
+    c.simple_query(marker).await.unwrap();
+    let seen: i64 = db
+        .client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND query = $2",
+            &[&db.name, &marker],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 1, "a fence or state query ran after the batch");
+
+    // The plain batch closed the gate: the lookup right after it goes to the origin, and the
+    // fence it brings reopens the gate.
+    let hits = p.shared.total(|s| &s.keys_hit);
+    c.simple_query(lookup).await.unwrap();
+    assert_eq!(
+        p.shared.total(|s| &s.keys_hit),
+        hits,
+        "served behind a closed gate"
+    );
+    until_hit(&p, &c, lookup).await;
+
+    // Read-your-writes: a write (no fence) then the cached lookup reads the write, every time.
+    let select = c
+        .prepare("SELECT n FROM counters WHERE id = $1")
+        .await
+        .unwrap();
+    for i in 1..=200i64 {
+        c.simple_query(&format!("UPDATE counters SET n = {i} WHERE id = 1"))
+            .await
+            .unwrap();
+        let n: i64 = c.query_one(&select, &[&1i64]).await.unwrap().get(0);
+        assert_eq!(n, i, "read {n} after writing {i}");
+        let n: i64 = c.query_one(&select, &[&1i64]).await.unwrap().get(0);
+        assert_eq!(n, i, "second read: {n} after writing {i}");
+    }
+
+    // A driver that prepares each statement before running it (tokio-postgres with a &str:
+    // `Parse Describe Sync`, then `Bind Execute Sync`) still reads from cache: a batch that
+    // runs nothing leaves the gate as it was.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let hits = p.shared.total(|s| &s.keys_hit);
+        let n: i64 = c
+            .query_one("SELECT n FROM counters WHERE id = $1", &[&2i64])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0);
+        if p.shared.total(|s| &s.keys_hit) > hits {
+            break;
+        }
+        assert!(Instant::now() < until, "prepare-then-run lookups never hit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    p.shutdown().await;
+}

@@ -273,10 +273,12 @@ fn pgwire_snapshot(node: &Admin) -> PgwireSnapshot {
         let user = c.get_user().unwrap_or("postgres").to_owned();
         let database = c.get_dbname().unwrap_or(&user).to_owned();
         let (idle, total) = relay.pool_counts(&user, &database);
+        let reserved = relay.pool_reserved(&user, &database);
         pg.pools.push(PgPoolSnapshot {
             user,
             database,
             idle: idle as u64,
+            reserved: reserved as u64,
             total: total as u64,
         });
     }

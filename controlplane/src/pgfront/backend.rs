@@ -239,12 +239,67 @@ impl Backend {
         }
     }
 
+    /// Runs pgline's own statement `name` (text `sql`, no parameters, one row) as a prepared
+    /// statement: parsed on this connection the first time (booked in `prepared`), then
+    /// Bind/Execute only, which costs the origin no parse and plan. As [`Backend::query_row`]
+    /// otherwise. When the prepared form fails (a client's `DEALLOCATE` or `PREPARE` took the
+    /// name), the name is forgotten and `sql` runs as a simple query instead.
+    pub async fn query_prepared(
+        &mut self,
+        name: &str,
+        sql: &str,
+    ) -> io::Result<Option<Option<Row>>> {
+        if !self.cancels.settled().await {
+            return Err(io::Error::other(
+                "a cancel sent at the connection went astray",
+            ));
+        }
+        let mut buf = BytesMut::new();
+        let parsed = self.prepared.insert(name.to_owned());
+        compose_prepared(name, sql, parsed, &mut buf)?;
+        self.write(&buf).await?;
+        let mut first = None;
+        let mut failed = false;
+        loop {
+            let f = self.read_frame().await?;
+            match f[0] {
+                b'D' if first.is_none() => first = Some(row_texts(&f)),
+                b'E' => failed = true,
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        if !failed {
+            return Ok(Some(first.flatten()));
+        }
+        self.prepared.remove(name);
+        self.query_row(sql).await
+    }
+
     /// Says goodbye (best effort).
     pub async fn terminate(mut self) {
         let mut buf = BytesMut::new();
         frontend::terminate(&mut buf);
         let _ = self.write(&buf).await;
     }
+}
+
+/// `[Parse(name, sql)] Bind(unnamed portal, name) Execute Sync`: one run of pgline's own
+/// prepared statement, text results. The unnamed portal is free: pgline runs its statements only
+/// while the connection is idle, when no portal outlives the client's Sync.
+pub fn compose_prepared(name: &str, sql: &str, parse: bool, buf: &mut BytesMut) -> io::Result<()> {
+    if parse {
+        frontend::parse(name, sql, [], buf)?;
+    }
+    // Bind: unnamed portal, no parameter formats, no parameters, text results.
+    buf.extend_from_slice(b"B");
+    buf.extend_from_slice(&(4 + 1 + name.len() as u32 + 1 + 6).to_be_bytes());
+    buf.extend_from_slice(b"\0");
+    buf.extend_from_slice(name.as_bytes());
+    buf.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0]);
+    frontend::execute("", 0, buf)?;
+    frontend::sync(buf);
+    Ok(())
 }
 
 /// What pgline needs to open origin connections for a pool by itself: the startup message of

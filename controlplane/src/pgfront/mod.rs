@@ -7,10 +7,12 @@
 //! work: no TLS, no channel binding), pools origin connections per (user, database, startup
 //! settings, login state) in transaction-pooling mode, rewrites named prepared statements per backend (`plan`), streams
 //! replies in chunks of at most [`CHUNK`] bytes, forwards cancels and measures the session fence
-//! (the origin's WAL position after a batch that ends idle).
+//! (the origin's WAL position after a batch, when the core asks for it: [`PgRequest::fence`]).
 //!
-//! Place on the path: off the hit path. Every forwarded batch costs one origin round trip (the
-//! fence query is pipelined behind the client's messages when the session starts idle).
+//! Place on the path: off the hit path. Every forwarded batch costs one origin round trip; the
+//! fence and state statement (prepared, `state::FENCE_STATEMENT`) is pipelined behind the
+//! client's messages only when the core asked for it; a backend whose state was not read stays
+//! reserved for its session (`pool`).
 //!
 //! Thread model: one dispatcher task ([`run`]) drains the cores' queues when the control waker
 //! fires (and every 20 ms), and feeds one task per session through an unbounded channel; a
@@ -19,8 +21,8 @@
 //!
 //! Invariants:
 //! - Replies to a request keep their order: only its session task pushes them.
-//! - A backend is owned by exactly one place: its pool's idle list, a running batch, or a session
-//!   pinned to it.
+//! - A backend is owned by exactly one place: its pool's idle list, its pool's reserved list
+//!   (for one session), a running batch, or a session pinned to it.
 //! - pgline's own (pid, secret) per session is registered for cancel from startup to the end of
 //!   the session; the origin's keys never reach the client.
 //!
@@ -304,6 +306,15 @@ impl RelayState {
             .filter(|((u, d, _), _)| u == user && d == database)
             .map(|(_, p)| p.counts())
             .fold((0, 0), |(i, t), (pi, pt)| (i + pi, t + pt))
+    }
+
+    /// Origin connections of the (user, database) pools reserved for a session (see `pool`).
+    pub fn pool_reserved(&self, user: &str, database: &str) -> usize {
+        lock(&self.pools)
+            .iter()
+            .filter(|((u, d, _), _)| u == user && d == database)
+            .map(|(_, p)| p.reserved())
+            .sum()
     }
 
     /// Per-statement figures of forwarded batches (normalized text -> stats).

@@ -110,7 +110,8 @@ pub enum Act {
     Execute,
     Close,
     Sync,
-    /// `hidden`: pgline's own (the fence).
+    /// `hidden`: pgline's own (the fence: a prepared statement's `[Parse] Bind Execute Sync`,
+    /// whose replies up to its ReadyForQuery all belong to this one act).
     Query {
         hidden: bool,
     },
@@ -319,9 +320,17 @@ fn put_frame(out: &mut BytesMut, tag: u8, body: &[u8]) {
     out.put_slice(body);
 }
 
-/// Appends pgline's fence query to a plan (its reply is hidden; see [`Tracker::fence`]).
-pub fn add_fence(plan: &mut Plan) {
-    let _ = frontend::query(FENCE_SQL, &mut plan.out);
+/// Appends pgline's fence query to a plan, as the prepared statement
+/// [`FENCE_STATEMENT`](super::state::FENCE_STATEMENT) (parsed first if the backend lacks it):
+/// `[Parse] Bind Execute Sync`, whose replies up to ReadyForQuery are hidden as one act (see
+/// [`Tracker::fence`]).
+pub fn add_fence(plan: &mut Plan, prepared: &mut HashSet<String>) {
+    let name = super::state::FENCE_STATEMENT;
+    let parse = prepared.insert(name.to_owned());
+    let mut out = BytesMut::new();
+    // Fixed texts without NUL: encoding cannot fail.
+    let _ = super::backend::compose_prepared(name, FENCE_SQL, parse, &mut out);
+    plan.out.extend_from_slice(&out);
     plan.acts.push(Act::Query { hidden: true });
 }
 

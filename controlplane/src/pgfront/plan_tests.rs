@@ -93,7 +93,13 @@ fn error_skips_to_sync_and_forgets_failed_parse() {
         frontend::sync(b);
     });
     let mut plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
-    add_fence(&mut plan);
+    add_fence(&mut plan, &mut prepared);
+    // The fence is pgline's prepared statement: parsed once, then bound and executed.
+    assert!(plan.out.windows(9).any(|w| w == b"pgl_fence"));
+    let mut again = Plan::default();
+    let mut fenced = prepared.clone();
+    add_fence(&mut again, &mut fenced);
+    assert_eq!(tags(&again.out), b"BES");
     let mut t = Tracker::new(plan.acts);
     assert!(t.has_hidden_tail());
     let mut out = Vec::new();
@@ -102,11 +108,16 @@ fn error_skips_to_sync_and_forgets_failed_parse() {
         t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared),
         Step::ClientDone(b'I')
     );
-    assert!(prepared.is_empty(), "{prepared:?}");
+    assert_eq!(
+        prepared,
+        HashSet::from(["pgl_fence".to_owned()]),
+        "the failed Parse is forgotten"
+    );
     assert_eq!(tags(&out), b"EZ");
     // The fence's reply is hidden; its LSN is kept.
     let mut out = Vec::new();
-    t.on_message(&frame(b'T', b"\0\x01x\0"), &mut out, &mut prepared);
+    t.on_message(&frame(b'1', b""), &mut out, &mut prepared);
+    t.on_message(&frame(b'2', b""), &mut out, &mut prepared);
     t.on_message(
         &frame(b'D', b"\0\x01\0\0\0\x0916/B374D8"),
         &mut out,

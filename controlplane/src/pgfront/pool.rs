@@ -16,9 +16,22 @@
 //! it hands one out, so a client never gets a dead connection and no socket lingers in
 //! CLOSE-WAIT in the pool.
 //!
+//! Reserved connections: a connection whose session state after a batch was not read (the
+//! relay reads it only after batches that ask for the fence, see `session`) may hold state that
+//! batch left (a function that called `set_config`, a temporary table made by `EXECUTE`). It is
+//! not idle: it stays reserved for that session ([`Pool::reserve`]), whose next batch takes it
+//! back first ([`Taken::Own`]). Another session that finds no idle connection may take a
+//! reserved one that is not known to hold state ([`Taken::Steal`]); it must then read its
+//! state and use it only if it is the pool's login state, and otherwise hand it back marked
+//! `dirty` (pinned to its owner: never stolen again). A session that ends takes its reserved
+//! connection out ([`Pool::leave`]) and cleans it as a pinned one. Reserved connections count in
+//! the pool's total like idle ones, and are not trimmed by idle time (they are their session's);
+//! dead ones that hold no known state are dropped as idle ones are.
+//!
 //! Thread model: shared by the sessions of that (user, database); a std mutex guards the idle
-//! list (held for a push or pop, never across an await), a `Notify` wakes waiters.
+//! and reserved lists (held for a push or pop, never across an await), a `Notify` wakes waiters.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,9 +51,34 @@ pub enum PoolError {
     Open,
 }
 
+/// A connection reserved for the session that ran the last batch on it.
+struct Reserved {
+    owner: u64,
+    b: Backend,
+    /// Known to hold session state of its owner: only the owner takes it.
+    dirty: bool,
+}
+
+/// How [`Pool::take_for`] found a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// Idle: in the pool's login state.
+    Clean,
+    /// The session's own reserved connection; `dirty`: it holds the session's state.
+    Own { dirty: bool },
+    /// Another session's reserved connection, state unknown: read it before use, and give it
+    /// back with [`Pool::reserve`] (dirty) unless it is the login state.
+    Steal { owner: u64 },
+}
+
 struct Inner {
     /// Idle connections and since when, the most recently used last.
     idle: Vec<(Backend, Instant)>,
+    /// Reserved connections, the oldest first.
+    reserved: Vec<Reserved>,
+    /// Sessions of the pool that may hold a reservation (between [`Pool::enter`] and
+    /// [`Pool::leave`]).
+    live: HashSet<u64>,
     total: usize,
     /// When a connection was last taken or returned (eviction picks the least recent).
     last_used: Instant,
@@ -72,6 +110,8 @@ impl Pool {
             size,
             inner: Mutex::new(Inner {
                 idle: Vec::new(),
+                reserved: Vec::new(),
+                live: HashSet::new(),
                 total: 0,
                 last_used: Instant::now(),
             }),
@@ -116,10 +156,48 @@ impl Pool {
         None
     }
 
-    /// Takes an idle connection (the most recently used), waiting up to `wait` for one. Idle
-    /// connections the origin closed are dropped on the way (`dead` counts them).
-    pub async fn take(&self, wait: Duration) -> Result<Backend, PoolError> {
-        let deadline = tokio::time::Instant::now() + wait;
+    /// A session of the pool begins: it may reserve connections from now on.
+    pub fn enter(&self, owner: u64) {
+        self.lock().live.insert(owner);
+    }
+
+    /// A session ends: it reserves nothing any more; its reserved connection, if any, and
+    /// whether it is known to hold its state, for the session to clean.
+    pub fn leave(&self, owner: u64) -> Option<(Backend, bool)> {
+        let mut inner = self.lock();
+        inner.live.remove(&owner);
+        let i = inner.reserved.iter().position(|r| r.owner == owner)?;
+        let r = inner.reserved.remove(i);
+        Some((r.b, r.dirty))
+    }
+
+    /// Keeps a taken connection for `owner` (see the module doc); handed back (`Some`) when
+    /// the owner has left (the caller cleans or closes it).
+    #[must_use]
+    pub fn reserve(&self, owner: u64, b: Backend, dirty: bool) -> Option<Backend> {
+        let mut inner = self.lock();
+        if !inner.live.contains(&owner) {
+            return Some(b);
+        }
+        inner.last_used = Instant::now();
+        inner.reserved.push(Reserved { owner, b, dirty });
+        drop(inner);
+        if !dirty {
+            // A waiter may take it (after reading its state).
+            self.notify.notify_one();
+        }
+        None
+    }
+
+    /// Takes a connection for session `owner`, waiting until `deadline` for one: its own
+    /// reserved one, else an idle one (the most recently used), else another session's reserved
+    /// one not known to hold state. Idle connections (and reserved ones holding no known state)
+    /// the origin closed are dropped on the way (`dead` counts them).
+    pub async fn take_for(
+        &self,
+        owner: u64,
+        deadline: Instant,
+    ) -> Result<(Backend, Taken), PoolError> {
         loop {
             let notified = self.notify.notified();
             tokio::pin!(notified);
@@ -127,14 +205,28 @@ impl Pool {
             let opener = self.opener();
             let open = {
                 let mut inner = self.lock();
+                if let Some(i) = inner.reserved.iter().position(|r| r.owner == owner) {
+                    let mut r = inner.reserved.remove(i);
+                    if r.dirty || !r.b.unusable() {
+                        inner.last_used = Instant::now();
+                        return Ok((r.b, Taken::Own { dirty: r.dirty }));
+                    }
+                    self.dead(&mut inner);
+                }
                 while let Some((mut b, _)) = inner.idle.pop() {
                     if !b.unusable() {
                         inner.last_used = Instant::now();
-                        return Ok(b);
+                        return Ok((b, Taken::Clean));
                     }
-                    inner.total = inner.total.saturating_sub(1);
-                    OriginCounters::add(&self.counters.backend_dead, 1);
-                    tracing::debug!("pgwire: an idle origin connection was closed by the origin");
+                    self.dead(&mut inner);
+                }
+                while let Some(i) = inner.reserved.iter().position(|r| !r.dirty) {
+                    let mut r = inner.reserved.remove(i);
+                    if !r.b.unusable() {
+                        inner.last_used = Instant::now();
+                        return Ok((r.b, Taken::Steal { owner: r.owner }));
+                    }
+                    self.dead(&mut inner);
                 }
                 if opener.is_some() && inner.total < self.size {
                     inner.total += 1;
@@ -154,7 +246,7 @@ impl Pool {
             // A slot is reserved: open a connection for it.
             let Some(o) = opener else { continue };
             return match Backend::open(&o).await {
-                Ok(b) => Ok(b),
+                Ok(b) => Ok((b, Taken::Clean)),
                 Err(e) => {
                     tracing::warn!(error = %e, "pgwire: cannot open an origin connection");
                     self.discard();
@@ -162,6 +254,13 @@ impl Pool {
                 }
             };
         }
+    }
+
+    /// An idle (or reserved, state unknown) connection was found closed by the origin.
+    fn dead(&self, inner: &mut Inner) {
+        inner.total = inner.total.saturating_sub(1);
+        OriginCounters::add(&self.counters.backend_dead, 1);
+        tracing::debug!("pgwire: an idle origin connection was closed by the origin");
     }
 
     /// Returns a taken connection: at once, or once the cancels sent at it have landed (see
@@ -209,6 +308,17 @@ impl Pool {
             }
         }
         inner.idle = kept;
+        // A reserved connection holding no known state that the origin closed goes too (its
+        // owner's next batch takes another); one holding state stays for its owner to find.
+        let mut reserved = Vec::with_capacity(inner.reserved.len());
+        for mut r in std::mem::take(&mut inner.reserved) {
+            if !r.dirty && r.b.unusable() {
+                swept.dead += 1;
+            } else {
+                reserved.push(r);
+            }
+        }
+        inner.reserved = reserved;
         inner.total = inner.total.saturating_sub(swept.dead + swept.expired.len());
         swept
     }
@@ -216,10 +326,12 @@ impl Pool {
     /// Takes out every idle connection (the pool is being forgotten).
     pub fn drain(&self) -> Vec<Backend> {
         let mut inner = self.lock();
-        let idle: Vec<Backend> = std::mem::take(&mut inner.idle)
+        let mut idle: Vec<Backend> = std::mem::take(&mut inner.idle)
             .into_iter()
             .map(|(b, _)| b)
             .collect();
+        // No session holds a pool being forgotten, so none is reserved; for completeness.
+        idle.extend(std::mem::take(&mut inner.reserved).into_iter().map(|r| r.b));
         inner.total = inner.total.saturating_sub(idle.len());
         idle
     }
@@ -236,6 +348,11 @@ impl Pool {
         drop(inner);
         // Waiters must see an empty pool rather than wait out their timeout.
         self.notify.notify_waiters();
+    }
+
+    /// Reserved connections.
+    pub fn reserved(&self) -> usize {
+        self.lock().reserved.len()
     }
 
     /// (idle, total).

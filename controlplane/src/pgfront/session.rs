@@ -6,10 +6,15 @@
 //! due), the client's `p` messages to the origin, until ReadyForQuery. The origin's
 //! BackendKeyData is replaced by pgline's own; the connection then joins the session's pool.
 //!
-//! Batches: the session's pinned backend, or one from its pool. The reply streams back in
-//! chunks; the batch's last ReadyForQuery decides: `I` returns the backend to the pool unless the
-//! session left state behind (`plan::leaves_session_state`, pinned for good), `T`/`E` pin it.
-//! When the batch ends idle, `fence_lsn` is the origin's `pg_current_wal_lsn()` after it.
+//! Batches: the session's pinned backend, or one from its pool (its own reserved one first; see
+//! `pool`). The reply streams back in chunks; the batch's last ReadyForQuery decides: `T`/`E`
+//! pin the backend; `I` returns it to the pool if the state read after the batch is the login
+//! state, pins it for good if the session left state behind (`plan::leaves_session_state`, or
+//! a state read that differs), and reserves it for the session when its state was not read.
+//! The fence and state are read only when the core asked (`PgRequest::fence`): then, when the
+//! batch ends idle, `fence_lsn` is the origin's `pg_current_wal_lsn()` after it; otherwise the
+//! reply carries no fence and `serve_cached` false, which closes the session's cache gate in
+//! the core.
 //!
 //! A batch the core marked cacheable that runs with the session idle takes a result lease, runs
 //! behind pgline's snapshot query on the same backend, and, if its one statement succeeded and
@@ -34,7 +39,7 @@ use super::admit;
 use super::backend::{Backend, Opener};
 use super::error::{compose_ready, RelayError, Retry, Source};
 use super::plan::{self, Plan, Step, Stmt, Tracker};
-use super::pool::{Pool, PoolError};
+use super::pool::{Pool, PoolError, Taken};
 use super::results;
 use super::state::{self, OriginState};
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
@@ -460,6 +465,7 @@ impl Session {
                         return out.finish(PgReplyEnd::Close, 0).await;
                     };
                     self.pool = Some(pool.clone());
+                    pool.enter(self.id);
                     if let Some(extra) = pool.join(b) {
                         tokio::spawn(extra.terminate());
                     }
@@ -494,8 +500,10 @@ impl Session {
         }
     }
 
-    /// The backend for the next batch: the pinned one or one from the pool.
-    /// Busy (no connection free in time) is [`Retry::Later`]: the client may try again.
+    /// The backend for the next batch: the pinned one, this session's reserved one, an idle
+    /// one, or another session's reserved one whose state reads as the login state (see
+    /// `pool`). Busy (no connection free in time) is [`Retry::Later`]: the client may try
+    /// again.
     async fn backend(&mut self) -> Result<Backend, RelayError> {
         if let Some(b) = self.pinned.take() {
             return Ok(b);
@@ -506,17 +514,60 @@ impl Session {
                 "pgline: batch before startup",
             ));
         };
-        pool.take(POOL_WAIT).await.map_err(|e| {
-            let msg = format!("pgline: {e}");
-            match e {
-                PoolError::Timeout => RelayError::busy(Retry::Later, msg),
-                PoolError::Empty | PoolError::Open => RelayError::origin(Retry::Reconnect, msg),
+        let deadline = tokio::time::Instant::now() + POOL_WAIT;
+        loop {
+            let (b, taken) = pool.take_for(self.id, deadline).await.map_err(|e| {
+                let msg = format!("pgline: {e}");
+                match e {
+                    PoolError::Timeout => RelayError::busy(Retry::Later, msg),
+                    PoolError::Empty | PoolError::Open => RelayError::origin(Retry::Reconnect, msg),
+                }
+            })?;
+            match taken {
+                Taken::Clean => return Ok(b),
+                Taken::Own { dirty } => {
+                    // Known to hold this session's state: it stays with the session.
+                    self.sticky |= dirty;
+                    return Ok(b);
+                }
+                Taken::Steal { owner } => {
+                    if let Some(b) = self.check_stolen(&pool, owner, b).await {
+                        return Ok(b);
+                    }
+                }
             }
-        })
+        }
+    }
+
+    /// Another session's reserved backend: usable here only if the origin says it is in the
+    /// pool's login state. Otherwise it holds its owner's session state: it goes back to the
+    /// owner, pinned (or, if the owner has ended meanwhile, is reset as a pinned one is at a
+    /// session's end, and used if that brings the login state back).
+    async fn check_stolen(&self, pool: &Arc<Pool>, owner: u64, mut b: Backend) -> Option<Backend> {
+        match state::ask_state(&mut b).await {
+            Ok(Some(s)) if s.fingerprint() == self.login_state => return Some(b),
+            Ok(_) => {}
+            Err(_) => {
+                self.discard();
+                tokio::spawn(b.terminate());
+                return None;
+            }
+        }
+        // Handed back only when its owner has ended meanwhile.
+        let mut b = pool.reserve(owner, b, true)?;
+        if reset(&mut b, &self.login_state).await {
+            return Some(b);
+        }
+        self.discard();
+        tokio::spawn(b.terminate());
+        None
     }
 
     async fn batch(&mut self, mut req: PgRequest) {
         let cache = req.cache.take();
+        // The core asks for the fence and the state verdict only when the batch holds a
+        // statement it could have answered from cache; without them its gate stays closed.
+        let want_fence = req.fence;
         if std::mem::take(&mut self.lost) {
             let mut out = out_for(&self.relay, &req, self.flow.as_ref());
             RelayError::origin(
@@ -573,8 +624,9 @@ impl Session {
             let s = s.to_ascii_lowercase();
             s.contains("begin") || s.contains("start")
         });
-        if idle_before && !copy && !may_open_tx {
-            plan::add_fence(&mut plan);
+        let pipelined = want_fence && idle_before && !copy && !may_open_tx;
+        if pipelined {
+            plan::add_fence(&mut plan, &mut b.prepared);
         }
         if added.is_some() {
             plan::hide_added_describe(&mut plan);
@@ -620,19 +672,16 @@ impl Session {
             compose_ready(&mut out.buf, b'I');
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         };
-        // An answer is kept only if the session's origin state was the cache's before the
-        // statement (so its pooled backend's too) and still is after it.
-        let served_before = self.serve_cached;
+        // An answer is kept only if the origin state read right after the statement is the
+        // cache's. A cacheable statement reads only (no volatile or unknown function, so no
+        // set_config, no SET): the state it ran under is the one read after it.
         let broken = o.broken.is_some();
-        let fence = self.settle(b, &o, status, &sql).await;
-        if let (Some((key, lease)), b'I', false, false, true, true) = (
-            cache,
-            status,
-            o.failed,
-            broken,
-            served_before,
-            self.serve_cached,
-        ) {
+        let fence = self
+            .settle(b, &o, status, &sql, (want_fence, pipelined))
+            .await;
+        if let (Some((key, lease)), b'I', false, false, true) =
+            (cache, status, o.failed, broken, self.serve_cached)
+        {
             let answer = out
                 .capture
                 .take()
@@ -652,12 +701,19 @@ impl Session {
     }
 
     /// After the client's reply: where the backend goes, the session's state, the fence.
+    /// `fenced`: (the core asked for the fence, it was pipelined behind the batch).
+    ///
+    /// The backend goes back to the pool only when the state read with the fence shows the
+    /// login state; after a batch without that read, its state is unknown and it stays
+    /// reserved for this session (see `pool`); a backend known to hold session state, or in a
+    /// transaction, stays pinned to it.
     async fn settle(
         &mut self,
         mut b: Backend,
         o: &Outcome,
         status: u8,
         sql: &[String],
+        (want_fence, pipelined): (bool, bool),
     ) -> Option<u64> {
         self.status = status;
         // Known again only from a state read after this batch.
@@ -672,54 +728,63 @@ impl Session {
                 // The transaction died with the backend: the next batch tells the client.
                 self.status = b'I';
                 self.lost = true;
-            } else if fence.is_none() {
+            } else if want_fence && fence.is_none() {
                 fence = Some(self.fence_elsewhere().await);
             }
-        } else {
-            if status == b'I' && fence.is_none() {
-                match ask_fence(&mut b).await {
-                    Ok((lsn, s)) => {
-                        fence = Some(lsn);
-                        after = s;
-                    }
-                    Err(_) => {
-                        // The connection died after the reply, or a cancel sent at it went
-                        // astray: drop it, and ask another one (the batch may have written).
-                        self.discard();
-                        self.sticky = false;
-                        return Some(self.fence_elsewhere().await);
-                    }
+            return fence;
+        }
+        if pipelined && fence.is_none() {
+            // The prepared fence failed (a client's DEALLOCATE or PREPARE took its name):
+            // parsed again, or run as a simple query, next time.
+            b.prepared.remove(state::FENCE_STATEMENT);
+        }
+        if status == b'I' && want_fence && fence.is_none() {
+            match ask_fence(&mut b).await {
+                Ok((lsn, s)) => {
+                    fence = Some(lsn);
+                    after = s;
                 }
-            }
-            let clears = sql.iter().any(|s| plan::clears_prepared(s));
-            if clears && !o.failed {
-                b.prepared.clear();
-            }
-            self.sticky |= sql.iter().any(|s| plan::leaves_session_state(s));
-            if status == b'I' {
-                // However the batch changed the backend's session (SET, set_config under any
-                // spelling, a function), the origin's own answer shows it: a backend no longer
-                // in its login state stays with this session and is reset at its end.
-                match &after {
-                    Some(s) => {
-                        self.sticky |= s.fingerprint() != self.login_state;
-                        self.serve_cached = self.serves_cache(s).await;
-                    }
-                    None => self.sticky = true,
-                }
-            }
-            if status == b'I' && !self.sticky {
-                if clears && o.failed {
-                    // Whether the DISCARD/DEALLOCATE ran is not known: the connection's
-                    // prepared statements are not either, so it is not pooled again.
+                Err(_) => {
+                    // The connection died after the reply, or a cancel sent at it went
+                    // astray: drop it, and ask another one (the batch may have written).
                     self.discard();
-                    tokio::spawn(b.terminate());
-                } else {
-                    self.put_back(b);
+                    self.sticky = false;
+                    return Some(self.fence_elsewhere().await);
                 }
-            } else {
-                // Inside a transaction block DISCARD ALL fails, and an aborted transaction
-                // runs nothing: with an error, nothing was cleared.
+            }
+        }
+        let clears = sql.iter().any(|s| plan::clears_prepared(s));
+        if clears && !o.failed {
+            b.prepared.clear();
+        }
+        self.sticky |= sql.iter().any(|s| plan::leaves_session_state(s));
+        let verified = status == b'I' && fence.is_some();
+        if verified {
+            // However the batch changed the backend's session (SET, set_config under any
+            // spelling, a function), the origin's own answer shows it: a backend no longer
+            // in its login state stays with this session and is reset at its end.
+            match &after {
+                Some(s) => {
+                    self.sticky |= s.fingerprint() != self.login_state;
+                    self.serve_cached = self.serves_cache(s).await;
+                }
+                None => self.sticky = true,
+            }
+        }
+        if status != b'I' || self.sticky {
+            // Inside a transaction block DISCARD ALL fails, and an aborted transaction
+            // runs nothing: with an error, nothing was cleared.
+            self.pinned = Some(b);
+        } else if clears && o.failed {
+            // Whether the DISCARD/DEALLOCATE ran is not known: the connection's prepared
+            // statements are not either, so it is not pooled again.
+            self.discard();
+            tokio::spawn(b.terminate());
+        } else if verified {
+            self.put_back(b);
+        } else if let Some(pool) = self.pool.clone() {
+            // Not read: whatever the batch left on the backend stays this session's.
+            if let Some(b) = pool.reserve(self.id, b, false) {
                 self.pinned = Some(b);
             }
         }
@@ -835,10 +900,15 @@ impl Session {
         }
     }
 
-    /// The session is over: its backend goes back clean, or is dropped.
+    /// The session is over: its backend (pinned, or reserved in the pool) goes back clean, or
+    /// is dropped.
     async fn release(&mut self) {
         if let Some(b) = self.auth.take() {
             tokio::spawn(b.terminate());
+        }
+        if let Some((b, dirty)) = self.pool.as_ref().and_then(|p| p.leave(self.id)) {
+            self.sticky |= dirty;
+            self.pinned = Some(b);
         }
         let Some(mut b) = self.pinned.take() else {
             return;
@@ -847,18 +917,20 @@ impl Session {
         if self.status != b'I' {
             clean &= matches!(b.simple("ROLLBACK").await, Ok(Some(_)));
         }
-        if clean && self.sticky {
-            clean &= matches!(b.simple("DISCARD ALL").await, Ok(Some(_)));
-            b.prepared.clear();
+        if clean && !self.sticky {
+            // Not known to hold session state: pooled as it is if it shows the login state.
+            match state::ask_state(&mut b).await {
+                Ok(Some(s)) if s.fingerprint() == self.login_state => {
+                    return self.put_back(b);
+                }
+                Ok(_) => {}
+                Err(_) => clean = false,
+            }
         }
         // Pooled again only in the state its pool's sessions logged in to: DISCARD ALL resets
         // what SET, SET ROLE and set_config did, but not, say, a temporary schema's objects
         // whose dropping failed, or a state the login itself did not have.
-        if clean {
-            clean &= matches!(state::ask_state(&mut b).await,
-                Ok(Some(s)) if s.fingerprint() == self.login_state);
-        }
-        if clean {
+        if clean && reset(&mut b, &self.login_state).await {
             self.put_back(b);
         } else {
             self.discard();
@@ -867,13 +939,22 @@ impl Session {
     }
 }
 
+/// `DISCARD ALL` on an idle backend, then whether its state is `login_state` again.
+async fn reset(b: &mut Backend, login_state: &str) -> bool {
+    if !matches!(b.simple("DISCARD ALL").await, Ok(Some(_))) {
+        return false;
+    }
+    b.prepared.clear();
+    matches!(state::ask_state(b).await, Ok(Some(s)) if s.fingerprint() == login_state)
+}
+
 /// The origin's WAL position, asked over `b` (once its cancels have landed, see
 /// [`Backend::simple`]: one landing on the query would lose the fence). An error answer is asked
 /// again once; a second one, a connection error or a cancel gone astray is an error: `b` is
 /// not to be reused.
 async fn ask_fence(b: &mut Backend) -> std::io::Result<(u64, Option<OriginState>)> {
     for _ in 0..2 {
-        let Some(cols) = state::query_row(b, plan::FENCE_SQL).await? else {
+        let Some(cols) = state::query_row(b, state::FENCE_STATEMENT, plan::FENCE_SQL).await? else {
             continue;
         };
         if let Some(lsn) = cols

@@ -5,8 +5,10 @@
 //! `public`, pgline's output settings. A client session may get them only while the origin,
 //! in that session's exact state, would send the same bytes. Rather than guess that state from
 //! statement text (which `set_config('search'||'_path', ...)`, a function, a role default or a
-//! startup `options` evade), the relay asks the origin: the fence query that follows every
-//! batch ending idle (and a query at login) returns, beside the WAL position, these columns:
+//! startup `options` evade), the relay asks the origin: the fence query that follows a batch
+//! asking for it (see `session`), and the state query at login, before a session takes another
+//! session's reserved backend and at a session's end, return (beside the WAL position) these
+//! columns:
 //!
 //! - `session_user` and `current_user`: `SET ROLE`, `SET SESSION AUTHORIZATION` and
 //!   `set_config('role', ...)` show here (a `SECURITY DEFINER` function's role lasts only
@@ -14,7 +16,8 @@
 //! - the resolved search path (`current_schemas(true)`, so `"$user"`, role and database
 //!   defaults, startup options and `pg_temp` are all resolved) and whether the session has
 //!   temporary relations or types (an empty temporary schema stays on the path after `DISCARD
-//!   ALL` and hides nothing);
+//!   ALL` and hides nothing), and the `search_path` setting as written (fingerprint only: a
+//!   schema that does not exist changes `SHOW search_path` but not the resolved path);
 //! - the output settings the origin does not report with ParameterStatus
 //!   ([`UNREPORTED`]); the reported ones (`DateStyle`, `IntervalStyle`, `TimeZone`,
 //!   `client_encoding`, `standard_conforming_strings`) the core follows itself.
@@ -65,7 +68,8 @@ macro_rules! state_columns {
          pg_catalog.current_setting('IntervalStyle'), \
          pg_catalog.current_setting('TimeZone'), \
          pg_catalog.current_setting('client_encoding'), \
-         pg_catalog.current_setting('standard_conforming_strings')"
+         pg_catalog.current_setting('standard_conforming_strings'), \
+         pg_catalog.current_setting('search_path')"
     };
 }
 
@@ -75,8 +79,18 @@ pub const FENCE_SQL: &str = concat!(
     state_columns!()
 );
 
-/// The state alone (at login, and after `DISCARD ALL`).
+/// The state alone (at login, before another session takes a reserved backend, and at a
+/// session's end).
 pub const STATE_SQL: &str = concat!("SELECT ", state_columns!());
+
+/// The names [`FENCE_SQL`] and [`STATE_SQL`] are prepared under on each backend (once, then
+/// only bound and executed: parsing and planning them was half the origin's cost of a short
+/// batch). They cannot meet a client statement's backend name, which is `pgl_` and 16 hex
+/// digits (`plan::backend_name`); like those, they are booked in `Backend::prepared`, which
+/// `DISCARD ALL` / `DEALLOCATE ALL` clear, and a run that fails (a client's SQL-level
+/// `DEALLOCATE` or `PREPARE` took the name) forgets the name and falls back to a simple query.
+pub const FENCE_STATEMENT: &str = "pgl_fence";
+pub const STATE_STATEMENT: &str = "pgl_state";
 
 /// The one search path whose name resolution the store follows: unqualified names are read as
 /// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.
@@ -97,6 +111,9 @@ pub struct OriginState {
     /// ParameterStatus, which a batch on another backend of the pool does not repeat, so they
     /// are part of the fingerprint (a pool's backends all have its sessions' values).
     pub reported: [String; 5],
+    /// The `search_path` setting as written: `SHOW search_path` answers it, and schemas that do
+    /// not exist are in it but not in the resolved path (fingerprint only).
+    pub search_path_setting: String,
 }
 
 impl OriginState {
@@ -123,6 +140,7 @@ impl OriginState {
             temp_objects,
             settings: [text(4)?, text(5)?, text(6)?, text(7)?],
             reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
+            search_path_setting: text(13)?,
         })
     }
 
@@ -142,7 +160,8 @@ impl OriginState {
             "{}\u{1f}{}\u{1f}{}\u{1f}{}",
             self.session_user, self.current_user, self.search_path, self.temp_objects
         );
-        for s in self.settings.iter().chain(&self.reported) {
+        let raw = std::slice::from_ref(&self.search_path_setting);
+        for s in self.settings.iter().chain(&self.reported).chain(raw) {
             f.push('\u{1f}');
             f.push_str(s);
         }
@@ -150,16 +169,18 @@ impl OriginState {
     }
 }
 
-/// Runs `sql` (one simple query returning one row) on `b` once its cancels have landed, and
-/// returns the row's columns; `Ok(None)` when the origin answered with an error or no row.
-pub async fn query_row(b: &mut Backend, sql: &str) -> io::Result<Option<Row>> {
-    Ok(b.query_row(sql).await?.flatten())
+/// Runs pgline's statement `name` (`sql`, returning one row) on `b` once its cancels have
+/// landed, and returns the row's columns; `Ok(None)` when the origin answered with an error or
+/// no row.
+pub async fn query_row(b: &mut Backend, name: &str, sql: &str) -> io::Result<Option<Row>> {
+    Ok(b.query_prepared(name, sql).await?.flatten())
 }
 
-/// The backend's state, read with [`STATE_SQL`].
+/// The backend's state, read with [`STATE_SQL`] (prepared as [`STATE_STATEMENT`]).
 pub async fn ask_state(b: &mut Backend) -> io::Result<Option<OriginState>> {
-    Ok(query_row(b, STATE_SQL)
+    Ok(b.query_prepared(STATE_STATEMENT, STATE_SQL)
         .await?
+        .flatten()
         .as_deref()
         .and_then(OriginState::from_columns))
 }
@@ -191,6 +212,7 @@ mod tests {
             "UTC",
             "UTF8",
             "on",
+            "\"$user\", public",
         ])
     }
 
@@ -213,11 +235,13 @@ mod tests {
             (6, "de_DE.UTF-8"),
             (7, "on"),
             (10, "Asia/Tokyo"),
+            (13, "nowhere, public"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
             let s = OriginState::from_columns(&c).unwrap();
-            // The reported settings are the core's to judge (ParameterStatus).
+            // The reported settings are the core's to judge (ParameterStatus); the written
+            // search path changes nothing the cache serves (the resolved one is checked).
             assert_eq!(
                 s.serves_cache("app", &baseline()),
                 i >= 8,
@@ -243,7 +267,7 @@ mod tests {
 
     #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..12]).is_none());
+        assert!(OriginState::from_columns(&clean()[..13]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

@@ -127,6 +127,12 @@ pub struct PgRequest {
     /// A `Batch` the query-result cache may keep: its one statement's answer is cacheable under
     /// this key when the batch runs with the session idle (the control plane's result cache).
     pub cache: Option<Box<ResultKey>>,
+    /// A `Batch` whose reply should carry the fence and the origin-state verdict: it holds a
+    /// statement the core could have answered from cache (a point lookup or a cacheable
+    /// statement of a session that may read the cache). Without it the relay asks the origin
+    /// nothing after the batch, and the reply's `fence_lsn` is 0 and `serve_cached` false: the
+    /// core answers nothing from cache for the session until a reply with a fence reopens it.
+    pub fence: bool,
     /// Sent with `Startup` only: the session's flow control (see [`PgFlow`]).
     pub flow: Option<Arc<PgFlow>>,
 }
@@ -189,7 +195,8 @@ pub struct PgReply {
     /// served from cache again only once the applied LSN has reached it.
     pub fence_lsn: u64,
     /// On a reply that ends [`PgReplyEnd::Ready`]: the origin session state this session now
-    /// has was read from the origin after the request (identity: session user and current
+    /// has was read from the origin after the request (only when it asked, see
+    /// [`PgRequest::fence`], and at login) (identity: session user and current
     /// role; name resolution: the resolved search path and temporary objects; unreported
     /// output settings) and is the one cached answers were made under. False whenever that is
     /// not known, so the session is not served from cache until a later reply says so.

@@ -262,6 +262,7 @@ mod tests {
             kind,
             messages: Vec::new(),
             cache: None,
+            fence: false,
             flow: None,
         }
     }

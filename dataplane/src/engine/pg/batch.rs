@@ -19,6 +19,10 @@ pub(super) struct Framed<'a> {
     pub shape: [Option<Frontend<'a>>; SHAPE],
     /// The raw bytes of the first message when it is a Parse.
     pub raw_parse: Option<&'a [u8]>,
+    /// The batch binds, executes or queries something: it may read or write data or change
+    /// session state. A batch of Parse, Describe and Close only (a driver preparing a
+    /// statement) does neither.
+    pub runs: bool,
 }
 
 // A stack value used once per batch: boxing the large variant would allocate on the hit path.
@@ -36,6 +40,7 @@ pub(super) fn frame<'a>(input: &'a [u8], limits: &PgLimits, max_bytes: usize) ->
     let mut shape = [None; SHAPE];
     let mut count = 0;
     let mut raw_parse = None;
+    let mut runs = false;
     loop {
         let (msg, n) = match parse_frontend(&input[at..], limits) {
             Ok(v) => v,
@@ -65,6 +70,10 @@ pub(super) fn frame<'a>(input: &'a [u8], limits: &PgLimits, max_bytes: usize) ->
             }
             _ => {}
         }
+        runs |= matches!(
+            msg,
+            Frontend::Bind(_) | Frontend::Execute { .. } | Frontend::Query(_)
+        );
         if count == 0 && matches!(msg, Frontend::Parse { .. }) {
             raw_parse = Some(&input[..n]);
         }
@@ -79,6 +88,7 @@ pub(super) fn frame<'a>(input: &'a [u8], limits: &PgLimits, max_bytes: usize) ->
                 count,
                 shape,
                 raw_parse,
+                runs,
             });
         }
     }

@@ -24,9 +24,11 @@ pub(super) fn push(
     kind: PgRequestKind,
     messages: Vec<u8>,
     cache: Option<Box<ResultKey>>,
+    fence: bool,
 ) -> bool {
     let seq = conn.next_seq;
-    let request = request(port, conn, token, kind, messages, cache);
+    let mut request = request(port, conn, token, kind, messages, cache);
+    request.fence = fence;
     if port.send_pg(request).is_err() {
         CoreStats::add(&port.stats().pg_queue_full, 1);
         return false;
@@ -62,6 +64,7 @@ fn request(
         kind,
         messages,
         cache,
+        fence: false,
         flow,
     }
 }

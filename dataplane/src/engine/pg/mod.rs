@@ -101,6 +101,9 @@ pub(crate) struct PgSession {
     pub tx_status: u8,
     /// Cached answers only once the applied LSN has reached this.
     pub fence: u64,
+    /// The outstanding batch runs nothing (Parse, Describe, Close only): its reply leaves the
+    /// cache gate as it was (it read and wrote nothing, and changed no session state).
+    pub keeps_gate: bool,
     /// The control plane knows this session (it must hear `Close`).
     pub opened: bool,
     /// Classification memo by statement text, for the key space generation `memo_generation`.
@@ -137,6 +140,7 @@ impl PgSession {
             landed: None,
             tx_status: b'I',
             fence: 0,
+            keeps_gate: false,
             opened: false,
             memo: FxHashMap::default(),
             memo_generation: 0,
@@ -294,7 +298,7 @@ impl<'w> PgEngine<'w> {
             }
         };
         let messages = conn.input()[..consumed].to_vec();
-        if !forward::push(self.port, conn, token, kind, messages, None) {
+        if !forward::push(self.port, conn, token, kind, messages, None, false) {
             return Step::Retry;
         }
         conn.rpos += consumed;
@@ -389,7 +393,15 @@ impl<'w> PgEngine<'w> {
             return Step::Incomplete;
         }
         let messages = conn.input()[..end].to_vec();
-        if !forward::push(self.port, conn, token, PgRequestKind::Auth, messages, None) {
+        if !forward::push(
+            self.port,
+            conn,
+            token,
+            PgRequestKind::Auth,
+            messages,
+            None,
+            false,
+        ) {
             return Step::Retry;
         }
         conn.rpos += end;
@@ -424,6 +436,7 @@ impl<'w> PgEngine<'w> {
             }
         };
         let end = framed.end;
+        let runs = framed.runs;
         let Some(pg) = pg.as_deref_mut() else {
             return Step::Done;
         };
@@ -451,6 +464,9 @@ impl<'w> PgEngine<'w> {
             }
         }
         let messages = forward::forward_messages(conn, self.limits, end);
+        // A statement the cache could have answered asks for the fence and the verdict that
+        // (re)open the session's cache gate; any other batch leaves the gate closed.
+        let fence = matches!(served, Served::Miss(_) | Served::Result(_) | Served::Fence);
         let cache = match served {
             Served::Result(key) => Some(key),
             _ => None,
@@ -462,6 +478,7 @@ impl<'w> PgEngine<'w> {
             PgRequestKind::Batch,
             messages,
             cache,
+            fence,
         ) {
             // Next turn runs the batch again with the same answer in hand.
             if let Some(pg) = conn.pg.as_deref_mut() {
@@ -473,6 +490,9 @@ impl<'w> PgEngine<'w> {
             CoreStats::add(&self.port.stats().pg_lookup_fill_forwarded, 1);
         }
         forward::note_statements(conn, self.limits, end);
+        if let Some(pg) = conn.pg.as_mut() {
+            pg.keeps_gate = !runs;
+        }
         conn.rpos += end;
         Step::Done
     }
@@ -484,6 +504,7 @@ impl<'w> PgEngine<'w> {
             keyspace: self.keyspace,
             keyspace_generation: self.keyspace_generation,
             scratch: &mut *self.scratch,
+            gate: false,
         }
     }
 }
@@ -511,7 +532,9 @@ pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
         PgReplyEnd::Auth => pg.waiting = None,
         PgReplyEnd::Ready(status) => {
             pg.waiting = None;
-            pg.settings.note_origin_state(reply.serve_cached);
+            if !std::mem::take(&mut pg.keeps_gate) {
+                pg.settings.note_origin_state(reply.serve_cached);
+            }
             pg.tx_status = status;
             pg.phase = Phase::Ready;
         }

@@ -26,7 +26,7 @@
 //!   origin uncached ([`formats_fit`]). A text client and a binary client of one statement
 //!   therefore never share an entry.
 //!
-//! Served only when point lookups would be (`Serve::may_serve`: idle session, fence
+//! Served only when point lookups would be (`Serve::eligible` and `Serve::gate_open`: idle session, fence
 //! reached, hits allowed, plain settings) and, as any answer may hold date/time values, only
 //! while the session's DateStyle/IntervalStyle/TimeZone are the server's. `Execute` with a row
 //! limit is forwarded uncached.

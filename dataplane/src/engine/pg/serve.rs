@@ -1,6 +1,6 @@
 //! Hits: batches of an open session answered from the store, without the origin.
 //!
-//! Served from cache, when [`Serve::may_serve`] holds and the store has the row (or a negative
+//! Served from cache, when [`Serve::eligible`] and [`Serve::gate_open`] hold and the store has the row (or a negative
 //! entry), are exactly these shapes:
 //! - simple: `Query(text)` where text is a point lookup with literal keys;
 //! - extended: `[Parse] Bind [Describe portal] Execute Sync` on one portal, the statement a
@@ -14,6 +14,17 @@
 //! and waits (`miss.rs`), anything else is forwarded (`forward.rs`), a result's miss marked with
 //! its result key. When the fill lands, the batch runs through here again with it in hand
 //! (`landed`) and is answered from it exactly as from the store.
+//!
+//! The cache gate: a session that may read the cache ([`Serve::eligible`]) is served only while
+//! its gate is open ([`Serve::gate_open`]): the relay's last reply vouched for its origin state
+//! and the applied WAL has reached its fence. The relay asks the origin for those only after a
+//! batch that asked for them (`PgRequest::fence`), so any other forwarded batch (a write, a
+//! join that is not cacheable) closes the gate, and the session's next statement the cache
+//! could answer goes to the origin instead ([`Served::Fence`]) and brings a fresh fence and
+//! verdict. Read-your-writes and monotonic reads follow: a cached answer is given only once
+//! pgline's applied WAL has reached a fence taken after everything the session did at the
+//! origin. A batch that runs nothing (a driver's `Parse Describe Sync` preparing a statement)
+//! leaves the gate as it was (`PgSession::keeps_gate`).
 //!
 //! [`Serve`] is the part of the core a hit needs (its port, the key-space snapshot, the scratch
 //! buffer), borrowed for one batch, as `execute::Exec` is for a RESP command.
@@ -52,6 +63,9 @@ pub(super) enum Served {
     Miss(u32),
     /// A cacheable statement the store does not hold: forward, marked with its key.
     Result(Box<ResultKey>),
+    /// A statement the cache could answer, but the session's gate is closed: forward it and
+    /// ask for the fence and the verdict that reopen the gate.
+    Fence,
     No,
 }
 
@@ -61,15 +75,21 @@ pub(super) struct Serve<'a> {
     pub keyspace: &'a KeySpace,
     pub keyspace_generation: u64,
     pub scratch: &'a mut Vec<u8>,
+    /// The session's cache gate for this batch ([`Serve::gate_open`]).
+    pub gate: bool,
 }
 
 impl Serve<'_> {
-    /// Whether a cached answer may be served to this session now.
-    pub(super) fn may_serve(&self, pg: &PgSession) -> bool {
-        pg.tx_status == b'I'
-            && pg.settings.plain()
-            && self.port.serve_hits()
-            && self.port.applied_lsn() >= pg.fence
+    /// Whether this session's statements may be answered from cache at all now: it is idle,
+    /// its identity and reported settings allow it, and the cache is current.
+    pub(super) fn eligible(&self, pg: &PgSession) -> bool {
+        pg.tx_status == b'I' && pg.settings.eligible() && self.port.serve_hits()
+    }
+
+    /// The session's cache gate: the relay's last reply vouched for its origin state and the
+    /// applied WAL has reached its fence.
+    pub(super) fn gate_open(&self, pg: &PgSession) -> bool {
+        pg.settings.origin_state_ok() && self.port.applied_lsn() >= pg.fence
     }
 
     /// Serves the batch from the store when it is a cached point lookup or cached result;
@@ -81,9 +101,10 @@ impl Serve<'_> {
         out: &mut Vec<u8>,
         landed: Option<&Landed>,
     ) -> Served {
-        if !self.may_serve(pg) {
+        if !self.eligible(pg) {
             return Served::No;
         }
+        self.gate = self.gate_open(pg);
         if pg.memo_generation != self.keyspace_generation {
             pg.memo.clear();
             pg.memo_generation = self.keyspace_generation;
@@ -215,6 +236,9 @@ impl Serve<'_> {
         p: Prefix,
         landed: Option<&Landed>,
     ) -> Served {
+        if !self.gate {
+            return Served::Fence;
+        }
         let format = |i: usize| match p {
             Prefix::Simple => Format::Text,
             Prefix::Extended { bind, .. } => bind.result_format(i),
@@ -290,6 +314,9 @@ impl Serve<'_> {
         // Any answer may hold date/time values.
         if !settings.datetime_ok() {
             return Served::No;
+        }
+        if !self.gate {
+            return Served::Fence;
         }
         match self.result(q, shape, result_key, out) {
             ResultServed::Hit => Served::Hit,

@@ -8,7 +8,9 @@
 //!   database is the one pgline caches (`origin.url`'s);
 //! - no hits at all unless the relay's last reply said the session's origin state is the
 //!   cache's ([`PgReply::serve_cached`](crate::plane::PgReply)): the relay reads it from the
-//!   origin after every batch that ends idle (and at login) with one hidden query: session user
+//!   origin at login and after every batch that asked for it (one holding a statement the
+//!   cache could answer; any other reply says false, see `serve.rs`'s cache gate) with one
+//!   hidden prepared statement: session user
 //!   and current role equal to the login user (no `SET ROLE`, no `SET SESSION
 //!   AUTHORIZATION`), the resolved search path exactly `pg_catalog, public` with no temporary
 //!   relation or type, and `extra_float_digits`, `bytea_output`, `lc_monetary`,
@@ -64,8 +66,20 @@ pub(crate) struct Settings {
 
 impl Settings {
     /// Any hit at all.
+    #[cfg(test)]
     pub(crate) fn plain(&self) -> bool {
-        self.identity_ok && self.encoding_ok && self.origin_state_ok && !self.escapes_in_strings
+        self.eligible() && self.origin_state_ok
+    }
+
+    /// The session may read the cache once the relay vouches for its origin state: its
+    /// identity, encoding and string quoting allow it.
+    pub(crate) fn eligible(&self) -> bool {
+        self.identity_ok && self.encoding_ok && !self.escapes_in_strings
+    }
+
+    /// The relay's last word on the session's origin state.
+    pub(crate) fn origin_state_ok(&self) -> bool {
+        self.origin_state_ok
     }
 
     /// The StartupMessage's user and database (after its defaults), against the identities

@@ -280,7 +280,8 @@ async fn a_fill_that_raced_an_update_is_never_served() {
     lab::sync(&p, &admin).await;
     let again: i64 = c.query_one(&select, &[&7i64]).await.unwrap().get(0);
     assert_eq!(again, 7007);
-    assert_eq!(counts(&p).filled - after.filled, 1);
+    let last = counts(&p);
+    assert_eq!(last.filled - after.filled, 1, "{after:?} -> {last:?}");
     p.shutdown().await;
 }
 

@@ -13,7 +13,7 @@
 #              (uniform ids): 1 client (latency), 32 and 256 clients (throughput)
 #   dashboard  one SaaS page = 8 tenant-scoped prepared queries (bench/src/saas.rs), one page
 #              per request, tenants KEYS_DASH (uniform): 1 and 32 clients
-#   forwarded  SELECT row_to_json(t)::text ... WHERE id = $1, which pgline passes through:
+#   forwarded  SELECT row_to_json(t)::text, random() ... WHERE id = $1 (volatile: pgline passes it through):
 #              1 client (the relay's cost per statement)
 # Rows go to bench/results/pgwire-<UTC stamp>.jsonl; a table with the ratios is printed.
 # The smoke fails when a cell has errors or no requests, or when pgline's point lookups were
@@ -121,7 +121,7 @@ done
 # What pass-through costs per statement: a cheap statement pgline forwards (row_to_json is a
 # function call, so not a cached point lookup), 1 client.
 for where in origin pgline; do
-    cell forwarded "$where" --pg-query json --keys uniform --keyspace "$ROWS" --clients 1
+    cell forwarded "$where" --pg-query volatile --keys uniform --keyspace "$ROWS" --clients 1
 done
 for c in $DASH_CLIENTS; do
     for where in origin pgline; do

@@ -109,8 +109,11 @@ pub enum Op {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PgQuery {
     /// `SELECT row_to_json(t)::text FROM <table> t WHERE id = $1` (the JSON the RESP targets
-    /// return; a function call, so pgline's PostgreSQL front passes it through).
+    /// return; pgline's query-result cache answers it once the origin has).
     Json,
+    /// `SELECT row_to_json(t)::text, random() FROM <table> t WHERE id = $1`: a volatile function,
+    /// so pgline's PostgreSQL front always passes it through (the relay's cost per statement).
+    Volatile,
     /// `SELECT id, name, email, plan, active, rev FROM <table> WHERE id = $1`: a point lookup
     /// pgline's PostgreSQL front serves from its store, also in binary (every column has an
     /// exact binary form).
@@ -125,6 +128,7 @@ impl PgQuery {
     pub fn name(self) -> &'static str {
         match self {
             PgQuery::Json => "json",
+            PgQuery::Volatile => "volatile",
             PgQuery::Columns => "columns",
             PgQuery::Star => "star",
         }

@@ -61,6 +61,9 @@ pub fn lookup_sql(table: &str) -> String {
 pub fn point_sql(table: &str, q: PgQuery) -> String {
     match q {
         PgQuery::Json => lookup_sql(table),
+        PgQuery::Volatile => {
+            format!("SELECT row_to_json(t)::text, random() FROM {table} t WHERE id = $1")
+        }
         PgQuery::Columns => {
             format!("SELECT id, name, email, plan, active, rev FROM {table} WHERE id = $1")
         }

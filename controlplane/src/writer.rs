@@ -76,7 +76,16 @@ struct Fill {
     /// A warming batch: told which keys lost their lease to a WAL change (so were not
     /// installed), or the origin's error.
     on_done: Option<admin::WarmDone>,
+    /// When the first key joined it: its origin read ends within `origin.query_timeout_ms` of
+    /// this, time spent queued included.
+    created: Instant,
+    /// A fill of misses, counted in [`Writer::running`] once started.
+    of_misses: bool,
 }
+
+/// Fills of misses in flight at once; further misses queue and join one statement
+/// (`docs/decisions.md`, "Misses of many sessions share a fill statement").
+const FILLS_IN_FLIGHT: usize = 2;
 
 struct FillDone {
     fill: u64,
@@ -113,6 +122,12 @@ pub struct Writer {
     repl: Arc<ReplicationState>,
     inflight: HashMap<Key, (u64, usize)>,
     fills: HashMap<u64, Fill>,
+    /// Fills of misses not started yet, oldest first: they start as running ones land.
+    queued: std::collections::VecDeque<u64>,
+    /// The queued fill that takes further misses, per (table, installs).
+    open: HashMap<(u32, bool), u64>,
+    /// Fills of misses started and not landed ([`FILLS_IN_FLIGHT`] at most).
+    running: usize,
     waiting: HashMap<u64, Waiting>,
     next_id: u64,
     fill_tx: mpsc::UnboundedSender<FillDone>,
@@ -188,6 +203,9 @@ impl Writer {
             results: results::Results::default(),
             inflight: HashMap::new(),
             fills: HashMap::new(),
+            queued: std::collections::VecDeque::new(),
+            open: HashMap::new(),
+            running: 0,
             waiting: HashMap::new(),
             next_id: 1,
             fill_tx,
@@ -259,10 +277,10 @@ impl Writer {
 
     // ---- misses -------------------------------------------------------------------------
 
-    /// Drains every core's miss queue, answers what the store now has, leases and batches the rest.
+    /// Drains every core's miss queue, answers what the store now has, leases and batches the
+    /// rest: a key joins the queued fill of its table, and queued fills start while fewer than
+    /// [`FILLS_IN_FLIGHT`] are running.
     fn take_misses(&mut self) {
-        let mut new_fills: HashMap<(u32, bool), u64> = HashMap::new();
-        let mut started: Vec<u64> = Vec::new();
         for core in 0..self.plane.cores() {
             while let Some(req) = self.plane.recv_miss(core) {
                 let rid = self.next_id;
@@ -312,10 +330,13 @@ impl Writer {
                         }
                     }
                     let batch_key = (key.table, install);
-                    let fid = match new_fills.get(&batch_key) {
-                        Some(&fid) if self.fills[&fid].keys.len() < self.runtime.fill_batch() => {
-                            fid
-                        }
+                    let room = |fid: &u64| {
+                        self.fills
+                            .get(fid)
+                            .is_some_and(|f| f.keys.len() < self.runtime.fill_batch())
+                    };
+                    let fid = match self.open.get(&batch_key) {
+                        Some(&fid) if room(&fid) => fid,
                         _ => {
                             let fid = self.next_id;
                             self.next_id += 1;
@@ -325,10 +346,12 @@ impl Writer {
                                     table: table.clone(),
                                     keys: Vec::new(),
                                     on_done: None,
+                                    created: Instant::now(),
+                                    of_misses: true,
                                 },
                             );
-                            new_fills.insert(batch_key, fid);
-                            started.push(fid);
+                            self.open.insert(batch_key, fid);
+                            self.queued.push_back(fid);
                             fid
                         }
                     };
@@ -347,8 +370,20 @@ impl Writer {
                 }
             }
         }
-        for fid in started {
-            self.start_fill(fid);
+        self.start_queued();
+    }
+
+    /// Starts queued fills of misses while fewer than [`FILLS_IN_FLIGHT`] run.
+    fn start_queued(&mut self) {
+        while self.running < FILLS_IN_FLIGHT {
+            let Some(fid) = self.queued.pop_front() else {
+                return;
+            };
+            self.open.retain(|_, open| *open != fid);
+            if self.fills.contains_key(&fid) {
+                self.running += 1;
+                self.start_fill(fid);
+            }
         }
     }
 
@@ -381,8 +416,9 @@ impl Writer {
         let tx = self.fill_tx.clone();
         let timeout_ms = self.runtime.query_timeout_ms();
         let delay = Duration::from_millis(self.runtime.fill_delay_ms());
-        // The whole fill (a pool connection, the read, an injected delay) ends within
-        // query_timeout_ms: a key's waiting clients are never held longer than that.
+        // The whole fill (its time queued, a pool connection, the read, an injected delay)
+        // ends within query_timeout_ms: a key's waiting clients are never held longer than that.
+        let left = Duration::from_millis(timeout_ms).saturating_sub(fill.created.elapsed());
         tokio::spawn(async move {
             let work = async {
                 let result = match pool.get().await {
@@ -394,7 +430,7 @@ impl Writer {
                 }
                 result
             };
-            let result = tokio::time::timeout(Duration::from_millis(timeout_ms), work)
+            let result = tokio::time::timeout(left, work)
                 .await
                 .unwrap_or(Err(FillError::Timeout(timeout_ms)));
             let _ = tx.send(FillDone { fill: fid, result });
@@ -405,6 +441,10 @@ impl Writer {
         let Some(fill) = self.fills.remove(&done.fill) else {
             return;
         };
+        if fill.of_misses {
+            self.running -= 1;
+            self.start_queued();
+        }
         let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
         if let Ok(batch) = &done.result {
             self.note_fill_snapshots(batch);

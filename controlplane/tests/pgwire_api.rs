@@ -6,34 +6,14 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use pgline_controlplane::server::Pgline;
 use pgline_testkit::TestDb;
 use pgline_testkit::{lab, origin};
 use serde_json::Value;
-use tokio_postgres::NoTls;
 
 const SCHEMA: &str = "
 CREATE TABLE items (id int8 PRIMARY KEY, name text NOT NULL);
 INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 20) g;
 ";
-
-async fn connect(p: &Pgline, db: &TestDb) -> tokio_postgres::Client {
-    let addr = p.pg_addr().expect("the pgwire front is on");
-    let (_, _, user, password) = origin::origin_base();
-    let conn = format!(
-        "host={} port={} user={user} password={password} dbname={}",
-        addr.ip(),
-        addr.port(),
-        db.name
-    );
-    let (client, connection) = tokio_postgres::connect(&conn, NoTls)
-        .await
-        .expect("connect through pgline");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
 
 async fn get(base: &str, path: &str) -> String {
     let resp = reqwest::get(format!("{base}{path}")).await.expect("HTTP");
@@ -58,7 +38,7 @@ async fn statements_through_the_pg_port_show_in_queries_and_metrics() {
     cfg.api.open_reads = true;
     let p = lab::start(cfg).await;
     let base = format!("http://{}", p.api_addr().expect("the API is on"));
-    let c = connect(&p, &db).await;
+    let c = lab::pg_client(&p, &db).await;
 
     // Two simple queries differing in a literal: one normalized entry, 2 calls.
     for n in [1, 2] {

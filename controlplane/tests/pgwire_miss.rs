@@ -12,7 +12,6 @@ use pgline_testkit::pg::Wire;
 use pgline_testkit::TestDb;
 use pgline_testkit::{lab, origin};
 use serde_json::Value;
-use tokio_postgres::NoTls;
 
 const SCHEMA: &str = "
 CREATE TABLE acct (id int8 PRIMARY KEY, bal int8 NOT NULL, note text, f float8, u uuid, ok bool);
@@ -21,24 +20,6 @@ INSERT INTO acct SELECT g, g * 10, CASE WHEN g % 3 = 0 THEN NULL ELSE 'note ' ||
 CREATE TABLE names (k text PRIMARY KEY, v int4);
 INSERT INTO names VALUES ('a', 1), ('b', 2);
 ";
-
-async fn connect(p: &Pgline, db: &TestDb) -> tokio_postgres::Client {
-    let addr = p.pg_addr().expect("the pgwire front is on");
-    let (_, _, user, password) = origin::origin_base();
-    let conn = format!(
-        "host={} port={} user={user} password={password} dbname={}",
-        addr.ip(),
-        addr.port(),
-        db.name
-    );
-    let (client, connection) = tokio_postgres::connect(&conn, NoTls)
-        .await
-        .expect("connect through pgline");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
 
 async fn get(base: &str, path: &str) -> String {
     let resp = reqwest::get(format!("{base}{path}")).await.expect("HTTP");
@@ -209,7 +190,7 @@ async fn a_row_updated_right_before_the_miss_reads_new() {
     let admin = db.client().await;
     admin.batch_execute(SCHEMA).await.unwrap();
     let p = start(&db, &[]).await;
-    let c = connect(&p, &db).await;
+    let c = lab::pg_client(&p, &db).await;
     let select = c
         .prepare("SELECT bal FROM acct WHERE id = $1")
         .await
@@ -238,7 +219,7 @@ async fn a_fill_that_raced_an_update_is_never_served() {
     let admin = db.client().await;
     admin.batch_execute(SCHEMA).await.unwrap();
     let p = start(&db, &["origin.fill_delay_ms=1500".to_string()]).await;
-    let c = std::sync::Arc::new(connect(&p, &db).await);
+    let c = std::sync::Arc::new(lab::pg_client(&p, &db).await);
     let select = c
         .prepare("SELECT bal FROM acct WHERE id = $1")
         .await
@@ -311,7 +292,7 @@ async fn misses_racing_updates_never_serve_stale() {
             round
         })
     };
-    let c = connect(&p, &db).await;
+    let c = lab::pg_client(&p, &db).await;
     let select = c
         .prepare("SELECT bal FROM acct WHERE id = $1")
         .await
@@ -358,7 +339,7 @@ async fn a_session_never_reads_older_than_its_fill() {
     let admin = db.client().await;
     admin.batch_execute(SCHEMA).await.unwrap();
     let p = start(&db, &["replication.reconnect_backoff_ms=4000".to_string()]).await;
-    let c = connect(&p, &db).await;
+    let c = lab::pg_client(&p, &db).await;
     let select = c
         .prepare("SELECT bal FROM acct WHERE id = $1")
         .await
@@ -407,5 +388,95 @@ async fn a_session_never_reads_older_than_its_fill() {
         "after the fill's answer, row 2 from the store (20) would be older"
     );
     assert_eq!(after.hits, before.hits, "row 2 was not a hit");
+    p.shutdown().await;
+}
+
+/// The core's miss queue (`resp.miss_queue`, 16 here) full: a point lookup that misses then is
+/// forwarded to the origin without a fill, never both, and answered correctly. A RESP client
+/// pipelines GETs of absent rows to keep the queue full while eight PostgreSQL sessions look up
+/// 200 distinct rows; each lookup is answered once, from its fill or by the origin, so the
+/// fills and the relay's calls add up to exactly the lookups (a lookup both filled and
+/// forwarded would count twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_miss_queue_forwards_the_lookup_without_a_fill() {
+    use pgline_testkit::resp::{encode, Raw};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let db = TestDb::create("pgw_miss_full").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &["resp.miss_queue=16".to_string()]).await;
+    let base = format!("http://{}", p.api_addr().expect("the API is on"));
+    let queue_full = |p: &Pgline| p.shared.total(|s| &s.pg_queue_full);
+    let before = (counts(&p), queue_full(&p));
+
+    // The flood: pipelines of 2,000 GETs of rows that do not exist, each key once.
+    let flooding = Arc::new(AtomicBool::new(true));
+    let mut raw = Raw::connect(&p).await;
+    let flood = {
+        let flooding = flooding.clone();
+        tokio::spawn(async move {
+            let mut next = 1_000_000u64;
+            while flooding.load(Ordering::Relaxed) {
+                let mut pipeline = Vec::new();
+                for _ in 0..2_000 {
+                    pipeline.extend_from_slice(&encode(&["GET", &format!("acct:{next}")]));
+                    next += 1;
+                }
+                raw.send(&pipeline).await;
+                for _ in 0..2_000 {
+                    raw.frame().await;
+                }
+            }
+        })
+    };
+    let mut sessions = Vec::new();
+    for s in 0..8i64 {
+        let c = lab::pg_client(&p, &db).await;
+        sessions.push(tokio::spawn(async move {
+            let select = c
+                .prepare("SELECT bal, note FROM acct WHERE id = $1")
+                .await
+                .unwrap();
+            for id in (1..=200i64).filter(|id| id % 8 == s) {
+                let row = c.query_one(&select, &[&id]).await.unwrap();
+                let (bal, note): (i64, Option<String>) = (row.get(0), row.get(1));
+                let want = (id % 3 != 0).then(|| format!("note {id}"));
+                assert_eq!((bal, note), (id * 10, want), "id {id}");
+            }
+        }));
+    }
+    for s in sessions {
+        s.await.expect("a session's lookups");
+    }
+    flooding.store(false, Ordering::Relaxed);
+    flood.await.expect("the flood");
+
+    let after = (counts(&p), queue_full(&p));
+    let full = after.1 - before.1;
+    assert!(
+        full > 0,
+        "the miss queue was never full: {before:?} -> {after:?}"
+    );
+    let filled = after.0.filled - before.0.filled;
+    let forwarded: u64 = forwarded_mentioning(&base, "FROM acct")
+        .await
+        .iter()
+        .map(|q| q["calls"].as_u64().unwrap_or(0))
+        .sum();
+    eprintln!(
+        "200 lookups: {filled} from their fill, {forwarded} by the origin, queue full {full} times"
+    );
+    assert!(
+        forwarded > 0,
+        "no lookup was forwarded while the queue was full"
+    );
+    // Each session's prepare (Parse, Describe, Sync) is one forwarded call too.
+    assert_eq!(
+        filled + forwarded,
+        200 + 8,
+        "each lookup answered once, by its fill or the origin: {before:?} -> {after:?}"
+    );
     p.shutdown().await;
 }

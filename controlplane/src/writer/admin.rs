@@ -230,6 +230,8 @@ impl Writer {
                 table,
                 keys,
                 on_done: Some(tx),
+                created: Instant::now(),
+                of_misses: false,
             },
         );
         self.start_fill(fid);

@@ -55,6 +55,19 @@ pub async fn start(cfg: Config) -> std::sync::Arc<Pgline> {
     p
 }
 
+/// A tokio-postgres client of `db` through pgline's PostgreSQL front, as the lab origin's user.
+pub async fn pg_client(p: &Pgline, db: &TestDb) -> tokio_postgres::Client {
+    let addr = p.pg_addr().expect("the pgwire front is on");
+    let (_, _, user, password) = crate::origin::origin_base();
+    crate::origin::connect(&format!(
+        "host={} port={} user={user} password={password} dbname={}",
+        addr.ip(),
+        addr.port(),
+        db.name
+    ))
+    .await
+}
+
 /// Waits until pgline has applied everything the origin has written so far.
 pub async fn sync(p: &Pgline, client: &tokio_postgres::Client) {
     let lsn = origin_lsn(client).await;

@@ -450,7 +450,8 @@ impl<'w> PgEngine<'w> {
                 CoreStats::add(&self.port.stats().pg_lookup_filled, 1);
                 Served::Hit
             }
-            // Not servable from the fill: the origin answers, never a second fill; the answer
+            // Not answered by the fill (its read was not current, the origin failed, or the
+            // key is not the one filled): the origin answers, never a second fill; the answer
             // brings the fence and verdict, as any forwarded lookup the cache could have served
             // (without them the session's next lookup would go to the origin as well).
             (Served::Miss(_), Some(_)) => Served::Fence,

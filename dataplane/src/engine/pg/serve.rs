@@ -255,9 +255,9 @@ impl Serve<'_> {
                 StoreLookup::Hit
             }
             Some(FillResult::Absent) => StoreLookup::Negative,
-            // The fill could not answer (a race with a write, an origin error): the origin
-            // does, and its reply brings the fence and verdict for the next lookups.
-            Some(FillResult::Error(_)) => return Served::Fence,
+            // The fill could not answer (a race with a write, an origin error): still a miss,
+            // which the caller sends to the origin, never to a second fill.
+            Some(FillResult::Error(_)) => return Served::Miss(lookup.table),
         };
         let stale = found == StoreLookup::Hit
             && ColumnsView::new(self.scratch).count() != lookup.pg_table.columns.len();

@@ -89,9 +89,12 @@ pub fn run_lockstep(cfg: &WireConfig, requests: u64) -> Result<LockstepReport, S
     }
     let n = client.requests().max(1);
     let st = client.net_stats();
+    let (tx, rx) = st
+        .iter()
+        .fold((0, 0), |(tx, rx), s| (tx + s.tx_frames, rx + s.rx_frames));
     Ok(LockstepReport {
-        frames_to_server_per_req: st.tx_frames as f64 / n as f64,
-        frames_from_server_per_req: st.rx_frames as f64 / n as f64,
+        frames_to_server_per_req: tx as f64 / n as f64,
+        frames_from_server_per_req: rx as f64 / n as f64,
         requests: n,
         server_turns: turns,
         server_ns_per_req: server_ns as f64 / n as f64,

@@ -170,7 +170,7 @@ fn repeated_key_is_one_version_while_the_row_changes() {
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let v = if n % 2 == 0 { "aaa" } else { "bbb" };
+                let v = if n.is_multiple_of(2) { "aaa" } else { "bbb" };
                 put(
                     &mut writer,
                     "1",

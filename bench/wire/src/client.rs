@@ -9,7 +9,7 @@
 //! the run with an error.
 //!
 //! More connections than one client address can open to the server's port
-//! ([`split::CONNS_PER_STACK`]) are spread over several client stacks, each with its own
+//! ([`Load::conns_per_stack`]) are spread over several client stacks, each with its own
 //! address, sharing the port ([`split`]).
 //!
 //! Thread model: everything here runs on the client thread; the server is only seen through the
@@ -59,6 +59,8 @@ pub struct Load {
     pub secs: Duration,
     pub sample_every: u64,
     pub seed: u64,
+    /// Connections per client stack (address); more connections use more stacks.
+    pub conns_per_stack: usize,
 }
 
 /// Counters at one instant.
@@ -133,10 +135,10 @@ pub struct Client<'a> {
 }
 
 impl<'a> Client<'a> {
-    /// Client stacks from address `ip` up (one per [`split::CONNS_PER_STACK`] connections) on
+    /// Client stacks from address `ip` up (one per `load.conns_per_stack` connections) on
     /// `queue`, ready to open `load.conns` connections.
     pub fn new(queue: MemQueue, ip: Ipv4Addr, rows: &'a Rows, load: Load) -> Result<Self, String> {
-        let n = load.conns.div_ceil(split::CONNS_PER_STACK).max(1);
+        let n = load.conns.div_ceil(load.conns_per_stack.max(1)).max(1);
         let ips: Vec<Ipv4Addr> = (0..n as u32)
             .map(|i| Ipv4Addr::from(u32::from(ip) + i))
             .collect();

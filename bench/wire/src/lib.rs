@@ -85,6 +85,8 @@ pub struct WireConfig {
     pub server_rx_burst: Option<usize>,
     /// Checksums in software on both stacks (as before offload), instead of the port's offload.
     pub sw_checksum: bool,
+    /// Client connections per client stack and address ([`split::CONNS_PER_STACK`]).
+    pub conns_per_stack: usize,
 }
 
 impl Default for WireConfig {
@@ -101,6 +103,7 @@ impl Default for WireConfig {
             pin: true,
             server_rx_burst: None,
             sw_checksum: false,
+            conns_per_stack: split::CONNS_PER_STACK,
         }
     }
 }
@@ -118,7 +121,9 @@ impl WireConfig {
             && self.value_bytes >= rows::MIN_VALUE_BYTES
             && self.value_bytes <= 1400
             && self.sample_every > 0
-            && self.server_rx_burst.is_none_or(|b| (1..=4096).contains(&b));
+            && self.server_rx_burst.is_none_or(|b| (1..=4096).contains(&b))
+            && (1..=split::CONNS_PER_STACK).contains(&self.conns_per_stack)
+            && self.conns.div_ceil(self.conns_per_stack) <= 64;
         if ok {
             Ok(())
         } else {
@@ -245,6 +250,7 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
         secs: Duration::from_secs_f64(cfg.secs),
         sample_every: cfg.sample_every,
         seed: 0x9e37_79b9_7f4a_7c15 ^ cfg.conns as u64,
+        conns_per_stack: cfg.conns_per_stack,
     };
     let stop = AtomicBool::new(false);
     let probe = &ServerProbe::default();

@@ -25,8 +25,8 @@ use pgline_nic::{Offloads, Queue};
 
 /// Ports one client stack takes its connections from (its ephemeral range, 49152-65535).
 pub const PORTS_PER_STACK: usize = 16_384;
-/// Connections given to one client stack (below [`PORTS_PER_STACK`], leaving room for ports
-/// still in TIME-WAIT from an earlier run's close).
+/// Connections given to one client stack by default (below [`PORTS_PER_STACK`], leaving room
+/// for ports still in TIME-WAIT from an earlier run's close).
 pub const CONNS_PER_STACK: usize = 16_000;
 
 /// A client stack's queue: the whole port, or its part of a shared one.

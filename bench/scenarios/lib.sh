@@ -10,8 +10,10 @@ PGLINE="$SERVER_ADDR:$PGLINE_PORT"
 VALKEY="$SERVER_ADDR:$VALKEY_PORT"
 CACHE=bench/.cache
 BENCH=target/release/pgline-bench
-PGLINE_BIN=target/release/pgline
-PGLINE_PID="" VALKEY_PID=""
+PGLINE_BIN=${PGLINE_BIN:-target/release/pgline}
+PGLINE_BASE_PORT=${PGLINE_BASE_PORT:-6392}
+PGLINE_BASE="$SERVER_ADDR:$PGLINE_BASE_PORT"
+PGLINE_PID="" PGLINE_BASE_PID="" VALKEY_PID=""
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 [ "${SMOKE:-0}" = 1 ] && STAMP="smoke-$STAMP"
 JSONL="$OUT_DIR/scenarios-$STAMP.jsonl"
@@ -94,20 +96,40 @@ wait_port() { # port name pid
 start_pgline() {
     [ "$DRY" = 1 ] && { PGLINE_PID=0; echo "# start pgline on $PGLINE (cpus $SERVER_CPUS)"; return; }
     [ -n "$PGLINE_PID" ] && return
-    taskset -c "$SERVER_CPUS" "$PGLINE_BIN" serve --origin "$ORIGIN" --listen "$PGLINE" \
+    pgline_launch pgline "$PGLINE_BIN" "$PGLINE_PORT" pgline_scenarios
+    PGLINE_PID=$LAUNCHED_PID
+}
+
+# The baseline pgline of a before/after (PGLINE_BASE_BIN set): a second instance on its own
+# ports and replication slot, measured in the same run, cell by cell, beside the first.
+start_pgline_base() {
+    [ -z "${PGLINE_BASE_BIN:-}" ] && return
+    [ "$DRY" = 1 ] && { PGLINE_BASE_PID=0; echo "# start pgline base on $PGLINE_BASE"; return; }
+    [ -n "$PGLINE_BASE_PID" ] && return
+    pgline_launch pgline-base "$PGLINE_BASE_BIN" "$PGLINE_BASE_PORT" pgline_scenarios_base \
+        --set api.listen="\"$SERVER_ADDR:$((PGLINE_BASE_PORT + 1))\"" \
+        --set pgwire.listen="\"$SERVER_ADDR:$((PGLINE_BASE_PORT + 2))\""
+    PGLINE_BASE_PID=$LAUNCHED_PID
+}
+
+# Starts a pgline (name, binary, RESP port, slot, extra flags), waits until it serves hits and
+# every key is warm; sets LAUNCHED_PID.
+pgline_launch() {
+    local name=$1 bin=$2 port=$3 slot=$4; shift 4
+    taskset -c "$SERVER_CPUS" "$bin" serve --origin "$ORIGIN" --listen "$SERVER_ADDR:$port" \
         --cores "$(cpus_in_set "$SERVER_CPUS")" --memory 1GiB \
-        --set replication.slot='"pgline_scenarios"' --set replication.publication='"pgline_scenarios"' \
+        --set replication.slot="\"$slot\"" --set replication.publication='"pgline_scenarios"' \
         --set 'catalog.tables=["public.bench_rows"]' \
-        --set log.level='"warn"' >"$CACHE/pgline.log" 2>&1 &
-    PGLINE_PID=$!
-    wait_port "$PGLINE_PORT" pgline "$PGLINE_PID"
+        --set log.level='"warn"' "$@" >"$CACHE/$name.log" 2>&1 &
+    LAUNCHED_PID=$!
+    wait_port "$port" "$name" "$LAUNCHED_PID"
     local i
     for i in $(seq 1 300); do
-        redis-cli -h "$SERVER_ADDR" -p "$PGLINE_PORT" INFO replication | grep -q 'serving_hits:1' && break
+        redis-cli -h "$SERVER_ADDR" -p "$port" INFO replication | grep -q 'serving_hits:1' && break
         sleep 0.1
     done
     # Warm every key (and check them against the origin) before the first cell.
-    "$BENCH" stale-check --resp "$PGLINE" --keyspace "$ROWS" --expect-zero >/dev/null
+    "$BENCH" stale-check --resp "$SERVER_ADDR:$port" --keyspace "$ROWS" --expect-zero >/dev/null
 }
 
 stop_pgline() {
@@ -115,6 +137,14 @@ stop_pgline() {
     kill "$PGLINE_PID" 2>/dev/null || true
     wait "$PGLINE_PID" 2>/dev/null || true
     PGLINE_PID=""
+}
+
+stop_pgline_base() {
+    [ -z "$PGLINE_BASE_PID" ] || [ "$PGLINE_BASE_PID" = 0 ] && { PGLINE_BASE_PID=""; return; }
+    kill "$PGLINE_BASE_PID" 2>/dev/null || true
+    wait "$PGLINE_BASE_PID" 2>/dev/null || true
+    PGLINE_BASE_PID=""
+    [ "$DRY" = 1 ] || deploy/lab/pg.sh drop-slot pgline_scenarios_base || true
 }
 
 start_valkey() { # io-threads
@@ -135,6 +165,7 @@ stop_valkey() {
 
 servers_stop() {
     stop_pgline
+    stop_pgline_base
     stop_valkey
     [ "$DRY" = 1 ] || deploy/lab/pg.sh drop-slot pgline_scenarios || true
 }

@@ -21,7 +21,9 @@
 # Environment: ROWS (100000), SERVER_CPUS (0), CLIENT_CPUS (1), DURATION (10s), WARMUP (2s),
 # STALE_SECS (120), SOAK (1h), SERVER_ADDR (127.0.0.1), PGLINE_PORT (6390), VALKEY_PORT (6391);
 # READ_MGETS, READ_CLIENTS, READ_SHAPES narrow the reads grid (e.g. READ_MGETS="1 16");
-# MIXED_RATES replaces the writer targets of `mixed` (e.g. MIXED_RATES="4000").
+# MIXED_RATES replaces the writer targets of `mixed` (e.g. MIXED_RATES="4000"); PGLINE_BIN
+# (target/release/pgline) runs another pgline binary; PGLINE_BASE_BIN adds a second pgline
+# (a baseline build, on PGLINE_BASE_PORT 6392-6394) to `reads`, each cell run beside the first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
         --dry-run) DRY=1 ;;
         --loadgen) LOADGEN=$2; shift ;;
         --out) OUT_DIR=$2; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -62,6 +64,7 @@ scenario_reads() {
     [ $SMOKE = 1 ] && mgets="1 16" clients="16" shapes="hot uniform"
     mgets=${READ_MGETS:-$mgets} clients=${READ_CLIENTS:-$clients} shapes=${READ_SHAPES:-$shapes}
     start_pgline
+    start_pgline_base
     local io
     for io in $(valkey_io_threads); do
         start_valkey "$io"
@@ -71,6 +74,10 @@ scenario_reads() {
             if [ "$io" = 1 ]; then
                 bench_run reads "pgline" --target resp --resp "$PGLINE" --server-pid "pgline=$PGLINE_PID" \
                     $(op_args "$m") --clients "$c" --keys "$k"
+                if [ -n "${PGLINE_BASE_BIN:-}" ]; then
+                    bench_run reads "pgline base" --target resp --resp "$PGLINE_BASE" \
+                        --server-pid "pgline=$PGLINE_BASE_PID" $(op_args "$m") --clients "$c" --keys "$k"
+                fi
                 bench_run reads "postgres prepared" --target pg-prepared --mget "$m" --clients "$c" --keys "$k"
             fi
             bench_run reads "valkey io-threads $io" --target cache-aside --resp "$VALKEY" \

@@ -1,6 +1,6 @@
 //! The hit path allocates nothing: a counting global allocator (`stats_alloc`) watches a real engine (kernel
-//! transport, real store) serve pipelined GET, MGET 16 and HGET hits to a client that reuses its
-//! buffers, and warm PostgreSQL point lookups (simple Query; Parse/Bind/Describe/Execute/Sync;
+//! transport, real store) serve pipelined GET, MGET 16, MGET 64 of one key and HGET hits to a
+//! client that reuses its buffers, and warm PostgreSQL point lookups (simple Query; Parse/Bind/Describe/Execute/Sync;
 //! Bind/Execute/Sync of a named statement with binary results). Nothing else runs in this
 //! process during the measured window (no control plane; the tests take turns), so any
 //! allocation counted is the dataplane's.
@@ -169,6 +169,13 @@ fn hits_allocate_nothing() {
         mget.extend_from_slice(format!("${}\r\n{key}\r\n", key.len()).as_bytes());
         encode_resp_json(&mut mget_reply, &row_json(i * 61));
     }
+    // One hot key 64 times (repeats are copied from the reply composed for the first).
+    let mut hot = b"*65\r\n$4\r\nMGET\r\n".to_vec();
+    let mut hot_reply = b"*64\r\n".to_vec();
+    for _ in 0..64 {
+        hot.extend_from_slice(b"$5\r\nkv:42\r\n");
+        encode_resp_json(&mut hot_reply, &row_json(42));
+    }
     // HGET of a row, then HMGET and GET of a row that does not exist (negative hits).
     let hget = b"*3\r\n$4\r\nHGET\r\n$5\r\nkv:42\r\n$2\r\nid\r\n\
 *4\r\n$5\r\nHMGET\r\n$9\r\nkv:999999\r\n$2\r\nid\r\n$1\r\nx\r\n\
@@ -180,6 +187,7 @@ fn hits_allocate_nothing() {
     for _ in 0..200 {
         round_trip(&mut s, &gets, &mut buf, get_reply.len());
         round_trip(&mut s, &mget, &mut buf, mget_reply.len());
+        round_trip(&mut s, &hot, &mut buf, hot_reply.len());
         round_trip(&mut s, hget, &mut buf, hget_reply.len());
     }
     assert_eq!(&buf[..hget_reply.len()], hget_reply);
@@ -189,6 +197,7 @@ fn hits_allocate_nothing() {
     for _ in 0..rounds {
         round_trip(&mut s, &gets, &mut buf, get_reply.len());
         round_trip(&mut s, &mget, &mut buf, mget_reply.len());
+        round_trip(&mut s, &hot, &mut buf, hot_reply.len());
         round_trip(&mut s, hget, &mut buf, hget_reply.len());
     }
     let change = region.change();
@@ -198,12 +207,14 @@ fn hits_allocate_nothing() {
     assert_eq!(&buf[..get_reply.len()], &get_reply[..]);
     round_trip(&mut s, &mget, &mut buf, mget_reply.len());
     assert_eq!(&buf[..mget_reply.len()], &mget_reply[..]);
+    round_trip(&mut s, &hot, &mut buf, hot_reply.len());
+    assert_eq!(&buf[..hot_reply.len()], &hot_reply[..]);
     round_trip(&mut s, hget, &mut buf, hget_reply.len());
     assert_eq!(&buf[..hget_reply.len()], &hget_reply[..]);
-    let requests = rounds * (64 + 1 + 3);
+    let requests = rounds * (64 + 2 + 3);
     eprintln!(
         "{requests} hit requests ({} keys), {allocs} heap allocations",
-        rounds * (64 + 16 + 3)
+        rounds * (64 + 16 + 64 + 3)
     );
     assert_eq!(
         allocs, 0,
@@ -213,7 +224,7 @@ fn hits_allocate_nothing() {
     // measured window, so with no allocation). The last turn's may land after its reply.
     let (buckets, sum_ns) = shared.stats(0).service_time.snapshot();
     let observed: u64 = buckets.iter().sum();
-    let sent = ((200 + rounds + 1) * (64 + 1 + 3)) as u64;
+    let sent = ((200 + rounds + 1) * (64 + 2 + 3)) as u64;
     assert!(
         observed <= sent && observed + 64 >= sent,
         "{observed} observations for {sent} requests"

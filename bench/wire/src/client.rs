@@ -8,6 +8,10 @@
 //! `sample_every`-th reply is compared in full. A mismatch, a closed connection or a stall stops
 //! the run with an error.
 //!
+//! More connections than one client address can open to the server's port
+//! ([`Load::conns_per_stack`]) are spread over several client stacks, each with its own
+//! address, sharing the port ([`split`]).
+//!
 //! Thread model: everything here runs on the client thread; the server is only seen through the
 //! wire and through the [`ServerProbe`] it publishes.
 
@@ -21,11 +25,15 @@ use pgline_nic::mem::MemQueue;
 
 use crate::cpu::ThreadClock;
 use crate::rows::{Rows, PREFIX};
+use crate::split::{self, ClientQueue};
 
 /// Bytes of every row reply compared on every reply (the `$len\r\n{"id":N,` part and more).
 const CHECK_PREFIX: usize = 24;
 /// Input bytes already parsed before the buffer is compacted.
 const COMPACT_AT: usize = 32 * 1024;
+/// Handshakes started and not yet complete, at most: a burst of SYNs larger than the port's
+/// ring would be dropped and retried until connections time out.
+const HANDSHAKES_IN_FLIGHT: usize = 2_048;
 /// No reply at all for this long: the run is stuck.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -51,6 +59,8 @@ pub struct Load {
     pub secs: Duration,
     pub sample_every: u64,
     pub seed: u64,
+    /// Connections per client stack (address); more connections use more stacks.
+    pub conns_per_stack: usize,
 }
 
 /// Counters at one instant.
@@ -77,9 +87,15 @@ pub struct Outcome {
     pub verified: u64,
     pub error: Option<String>,
     pub client_retransmits: u64,
+    /// The process's resident set before the first connection (store, both stacks, buffers
+    /// sized at start) and with every connection open at the end of the window.
+    pub rss_base: Option<u64>,
+    pub rss_open: Option<u64>,
 }
 
 struct Conn {
+    /// The client stack it is on, and its id there.
+    stack: usize,
     id: ConnId,
     connected: bool,
     input: Vec<u8>,
@@ -94,12 +110,13 @@ struct Conn {
 
 /// The client side of one run.
 pub struct Client<'a> {
-    stack: Stack<MemQueue>,
+    stacks: Vec<Stack<ClientQueue>>,
     rows: &'a Rows,
     load: Load,
     conns: Vec<Conn>,
-    /// Connection index by `ConnId::slot()`.
-    by_slot: Vec<u32>,
+    /// Connection index by stack and `ConnId::slot()`.
+    by_slot: Vec<Vec<u32>>,
+    /// One stack's events of this turn.
     events: Vec<NetEvent>,
     ready: Vec<u32>,
     tx: Vec<u32>,
@@ -113,22 +130,34 @@ pub struct Client<'a> {
     /// Wall nanoseconds in turns that did work, and in all turns.
     busy_ns: u64,
     total_ns: u64,
+    /// Connections wait for every handshake before their first request (see [`Client::run`]).
+    hold: bool,
 }
 
 impl<'a> Client<'a> {
-    /// A client stack at `ip` on `queue`, ready to open `load.conns` connections.
+    /// Client stacks from address `ip` up (one per `load.conns_per_stack` connections) on
+    /// `queue`, ready to open `load.conns` connections.
     pub fn new(queue: MemQueue, ip: Ipv4Addr, rows: &'a Rows, load: Load) -> Result<Self, String> {
-        let mut cfg = NetConfig::new(ip, 24);
-        cfg.max_connections = load.conns + 16;
-        cfg.rx_buffer = 64 * 1024;
-        cfg.rx_burst = 64;
-        let stack = Stack::new(queue, cfg).map_err(|e| format!("client stack: {e}"))?;
+        let n = load.conns.div_ceil(load.conns_per_stack.max(1)).max(1);
+        let ips: Vec<Ipv4Addr> = (0..n as u32)
+            .map(|i| Ipv4Addr::from(u32::from(ip) + i))
+            .collect();
+        let mut stacks = Vec::with_capacity(n);
+        let mut by_slot = Vec::with_capacity(n);
+        for (i, q) in split::client_queues(queue, &ips).into_iter().enumerate() {
+            let mut cfg = NetConfig::new(ips[i], 24);
+            cfg.max_connections = load.conns.div_ceil(n) + 16;
+            cfg.rx_buffer = 64 * 1024;
+            cfg.rx_burst = 64;
+            by_slot.push(vec![u32::MAX; cfg.max_connections]);
+            stacks.push(Stack::new(q, cfg).map_err(|e| format!("client stack {i}: {e}"))?);
+        }
         Ok(Client {
-            stack,
+            stacks,
             rows,
             load,
             conns: Vec::with_capacity(load.conns),
-            by_slot: vec![u32::MAX; cfg.max_connections],
+            by_slot,
             events: Vec::with_capacity(4096),
             ready: Vec::with_capacity(load.conns),
             tx: Vec::with_capacity(load.conns),
@@ -141,6 +170,7 @@ impl<'a> Client<'a> {
             error: None,
             busy_ns: 0,
             total_ns: 0,
+            hold: false,
         })
     }
 
@@ -151,7 +181,10 @@ impl<'a> Client<'a> {
         server_clock: ThreadClock,
         probe: &ServerProbe,
     ) -> Outcome {
-        let mut out = Outcome::default();
+        let mut out = Outcome {
+            rss_base: crate::cpu::rss_bytes(),
+            ..Outcome::default()
+        };
         if let Err(e) = self.open(server) {
             out.error = Some(e);
             return out;
@@ -175,6 +208,7 @@ impl<'a> Client<'a> {
             }
             if now >= end || self.error.is_some() {
                 out.end = self.snapshot(now, server_clock, probe);
+                out.rss_open = crate::cpu::rss_bytes();
                 break;
             }
             let worked = self.turn(now);
@@ -193,7 +227,7 @@ impl<'a> Client<'a> {
         }
         out.verified = self.verified;
         out.error = self.error.take();
-        out.client_retransmits = self.stack.stats().tcp_retransmits;
+        out.client_retransmits = self.stacks.iter().map(|s| s.stats().tcp_retransmits).sum();
         out
     }
 
@@ -207,11 +241,30 @@ impl<'a> Client<'a> {
                 c.sent,
                 c.out.len(),
                 c.input.len() - c.parsed,
-                self.stack.send_capacity(c.id)
+                self.stacks[c.stack].send_capacity(c.id)
             ));
         }
-        s.push_str(&format!("client stack {:?}", self.stack.stats()));
+        s.push_str(&self.stack_totals());
         s
+    }
+
+    /// The client stacks' counters that tell why connections fail, summed.
+    fn stack_totals(&self) -> String {
+        let st = self.net_stats();
+        let sum = |f: fn(&pgline_dataplane::net::NetStats) -> u64| st.iter().map(f).sum::<u64>();
+        format!(
+            "client stacks ({}): {} frames out, {} in, {} retransmits, {} RST sent, {} closed, {} dropped (no buffer {}, ring {}, no ARP {})",
+            st.len(),
+            sum(|s| s.tx_frames),
+            sum(|s| s.rx_frames),
+            sum(|s| s.tcp_retransmits),
+            sum(|s| s.tcp_rst_sent),
+            sum(|s| s.tcp_conns_closed),
+            sum(|s| s.tx_dropped_nobuf + s.tx_dropped_ring + s.tx_dropped_no_arp),
+            sum(|s| s.tx_dropped_nobuf),
+            sum(|s| s.tx_dropped_ring),
+            sum(|s| s.tx_dropped_no_arp),
+        )
     }
 
     fn snapshot(&self, now: Instant, server: ThreadClock, probe: &ServerProbe) -> Snapshot {
@@ -229,35 +282,54 @@ impl<'a> Client<'a> {
         }
     }
 
-    /// Opens every connection and waits for the handshakes (requests start as each completes).
+    /// Opens every connection, at most [`HANDSHAKES_IN_FLIGHT`] at a time, waits for the
+    /// handshakes, then starts the requests on all of them (with 100,000 connections, requests
+    /// on the first ones would delay the handshakes of the last past their timeouts).
     fn open(&mut self, server: SocketAddrV4) -> Result<(), String> {
-        self.connect_all(server)?;
-        let until = Instant::now() + Duration::from_secs(20);
+        self.hold = true;
+        let limit = Duration::from_secs(20 + self.load.conns as u64 / 5_000);
+        let until = Instant::now() + limit;
         while self.connected < self.load.conns {
             let now = Instant::now();
             if now > until {
                 return Err(format!(
-                    "{} of {} connections established after 20 s",
-                    self.connected, self.load.conns
+                    "{} of {} connections established after {limit:?}; {}",
+                    self.connected,
+                    self.load.conns,
+                    self.stack_totals()
                 ));
             }
+            let pending = self.conns.len() - self.connected;
+            self.connect_more(server, HANDSHAKES_IN_FLIGHT.saturating_sub(pending))?;
             self.turn(now);
             if let Some(e) = self.error.take() {
                 return Err(e);
             }
+        }
+        self.hold = false;
+        for c in 0..self.conns.len() {
+            self.start_requests(c);
         }
         Ok(())
     }
 
     /// Starts every connection; the handshakes complete as the client and server turn.
     pub fn connect_all(&mut self, server: SocketAddrV4) -> Result<(), String> {
-        for i in 0..self.load.conns {
-            let id = self
-                .stack
+        self.connect_more(server, usize::MAX)
+    }
+
+    /// Starts up to `n` more connections, spread over the client stacks in order.
+    fn connect_more(&mut self, server: SocketAddrV4, n: usize) -> Result<(), String> {
+        let per_stack = self.load.conns.div_ceil(self.stacks.len());
+        let start = self.conns.len();
+        for i in start..self.load.conns.min(start.saturating_add(n)) {
+            let stack = i / per_stack;
+            let id = self.stacks[stack]
                 .connect(server, 0)
-                .map_err(|e| format!("connect {i}: {e}"))?;
-            self.by_slot[id.slot()] = i as u32;
+                .map_err(|e| format!("connect {i} (client stack {stack}): {e}"))?;
+            self.by_slot[stack][id.slot()] = i as u32;
             self.conns.push(Conn {
+                stack,
                 id,
                 connected: false,
                 input: Vec::with_capacity(64 * 1024),
@@ -287,9 +359,9 @@ impl<'a> Client<'a> {
         self.connected
     }
 
-    /// The client stack's counters (frames sent and received, retransmissions).
-    pub fn net_stats(&self) -> pgline_dataplane::net::NetStats {
-        *self.stack.stats()
+    /// The client stacks' counters (frames sent and received, retransmissions), one per stack.
+    pub fn net_stats(&self) -> Vec<pgline_dataplane::net::NetStats> {
+        self.stacks.iter().map(|s| *s.stats()).collect()
     }
 
     /// Replies received and checked so far.
@@ -300,30 +372,11 @@ impl<'a> Client<'a> {
     /// One client turn: RX and events, parse replies and issue the next requests, TX. Returns
     /// whether anything arrived.
     fn turn(&mut self, now: Instant) -> bool {
-        self.events.clear();
-        let worked = self.stack.poll(now, &mut self.events);
-        for i in 0..self.events.len() {
-            match self.events[i] {
-                NetEvent::Connected(id) => self.on_connected(id),
-                NetEvent::Readable(id) => {
-                    if let Some(c) = self.index(id) {
-                        if !self.conns[c].ready {
-                            self.conns[c].ready = true;
-                            self.ready.push(c as u32);
-                        }
-                    }
-                }
-                NetEvent::Writable(id) => {
-                    if let Some(c) = self.index(id) {
-                        self.queue_tx(c);
-                    }
-                }
-                NetEvent::Closed(_) => {
-                    self.error
-                        .get_or_insert_with(|| "the server closed a connection".into());
-                }
-                NetEvent::Accepted { .. } => {}
-            }
+        let mut worked = false;
+        for stack in 0..self.stacks.len() {
+            self.events.clear();
+            worked |= self.stacks[stack].poll(now, &mut self.events);
+            self.on_events(stack);
         }
         for i in 0..self.ready.len() {
             let c = self.ready[i] as usize;
@@ -332,22 +385,68 @@ impl<'a> Client<'a> {
         }
         self.ready.clear();
         self.transmit();
-        self.stack.flush(now);
+        for stack in &mut self.stacks {
+            stack.flush(now);
+        }
         worked
     }
 
-    fn index(&self, id: ConnId) -> Option<usize> {
-        let c = *self.by_slot.get(id.slot())? as usize;
-        (c < self.conns.len() && self.conns[c].id == id).then_some(c)
+    /// Handles the events one stack's poll gave.
+    fn on_events(&mut self, stack: usize) {
+        for i in 0..self.events.len() {
+            match self.events[i] {
+                NetEvent::Connected(id) => self.on_connected(stack, id),
+                NetEvent::Readable(id) => {
+                    if let Some(c) = self.index(stack, id) {
+                        if !self.conns[c].ready {
+                            self.conns[c].ready = true;
+                            self.ready.push(c as u32);
+                        }
+                    }
+                }
+                NetEvent::Writable(id) => {
+                    if let Some(c) = self.index(stack, id) {
+                        self.queue_tx(c);
+                    }
+                }
+                NetEvent::Closed(id) => {
+                    if self.error.is_none() {
+                        let c = self.index(stack, id);
+                        self.error = Some(format!(
+                            "connection {c:?} closed (reset by the server, or timed out) with {} of {} connected; {}",
+                            self.connected,
+                            self.load.conns,
+                            self.stack_totals()
+                        ));
+                    }
+                }
+                NetEvent::Accepted { .. } => {}
+            }
+        }
     }
 
-    fn on_connected(&mut self, id: ConnId) {
-        let Some(c) = self.index(id) else { return };
+    fn index(&self, stack: usize, id: ConnId) -> Option<usize> {
+        let c = *self.by_slot[stack].get(id.slot())? as usize;
+        (c < self.conns.len() && self.conns[c].stack == stack && self.conns[c].id == id)
+            .then_some(c)
+    }
+
+    fn on_connected(&mut self, stack: usize, id: ConnId) {
+        let Some(c) = self.index(stack, id) else {
+            return;
+        };
         if self.conns[c].connected {
             return;
         }
         self.conns[c].connected = true;
         self.connected += 1;
+        if !self.hold {
+            self.start_requests(c);
+        }
+    }
+
+    /// Puts connection `c`'s first `depth` requests in flight.
+    fn start_requests(&mut self, c: usize) {
         for _ in 0..self.load.depth {
             self.push_request(c);
         }
@@ -396,10 +495,8 @@ impl<'a> Client<'a> {
     /// Reads what arrived on `c`, checks complete replies and sends the next requests.
     fn receive(&mut self, c: usize) {
         loop {
-            match self
-                .stack
-                .recv(self.conns[c].id, &mut self.conns[c].input, 1 << 16)
-            {
+            let conn = &mut self.conns[c];
+            match self.stacks[conn.stack].recv(conn.id, &mut conn.input, 1 << 16) {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => {
@@ -482,7 +579,7 @@ impl<'a> Client<'a> {
             if !conn.connected || conn.sent == conn.out.len() {
                 continue;
             }
-            match self.stack.send(conn.id, &conn.out[conn.sent..]) {
+            match self.stacks[conn.stack].send(conn.id, &conn.out[conn.sent..]) {
                 Ok(n) => conn.sent += n,
                 Err(NetError::Full) => {}
                 Err(e) => {

@@ -7,7 +7,7 @@
 //! not counted, which is what makes per-request CPU figures usable on a noisy box.
 //!
 //! Cycles are CPU time x a nominal clock rate from `/proc/cpuinfo` (see [`nominal_mhz`]); no
-//! hardware counters are needed.
+//! hardware counters are needed. Memory is the process's resident set ([`rss_bytes`]).
 
 use std::time::Duration;
 
@@ -106,6 +106,14 @@ pub fn nominal_mhz() -> (f64, &'static str) {
         Some(g) => (g * 1000.0, "model name GHz"),
         None => (0.0, "unknown"),
     }
+}
+
+/// The process's resident set size (`VmRSS` of `/proc/self/status`), `None` where unreadable.
+pub fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Where the figures were taken.

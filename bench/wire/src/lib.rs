@@ -42,6 +42,7 @@ pub mod client;
 pub mod cpu;
 pub mod lockstep;
 pub mod rows;
+pub mod split;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,6 +85,8 @@ pub struct WireConfig {
     pub server_rx_burst: Option<usize>,
     /// Checksums in software on both stacks (as before offload), instead of the port's offload.
     pub sw_checksum: bool,
+    /// Client connections per client stack and address ([`split::CONNS_PER_STACK`]).
+    pub conns_per_stack: usize,
 }
 
 impl Default for WireConfig {
@@ -100,6 +103,7 @@ impl Default for WireConfig {
             pin: true,
             server_rx_burst: None,
             sw_checksum: false,
+            conns_per_stack: split::CONNS_PER_STACK,
         }
     }
 }
@@ -107,7 +111,7 @@ impl Default for WireConfig {
 impl WireConfig {
     pub fn validate(&self) -> Result<(), String> {
         let ok = self.conns > 0
-            && self.conns <= 60_000
+            && self.conns <= 200_000
             && self.depth > 0
             && self.depth <= 1024
             && self.mget <= 1024
@@ -117,7 +121,9 @@ impl WireConfig {
             && self.value_bytes >= rows::MIN_VALUE_BYTES
             && self.value_bytes <= 1400
             && self.sample_every > 0
-            && self.server_rx_burst.is_none_or(|b| (1..=4096).contains(&b));
+            && self.server_rx_burst.is_none_or(|b| (1..=4096).contains(&b))
+            && (1..=split::CONNS_PER_STACK).contains(&self.conns_per_stack)
+            && self.conns.div_ceil(self.conns_per_stack) <= 64;
         if ok {
             Ok(())
         } else {
@@ -152,6 +158,10 @@ pub struct Report {
     pub pinned: Option<(usize, usize)>,
     pub verified: u64,
     pub client_retransmits: u64,
+    /// The process's resident set with every connection open (both ends: the client stacks
+    /// and the server core), and before the first one.
+    pub rss_bytes: Option<u64>,
+    pub rss_base_bytes: Option<u64>,
     pub env: Env,
 }
 
@@ -188,6 +198,9 @@ impl Report {
             "pinned": self.pinned.map(|(s, c)| serde_json::json!({"server": s, "client": c})),
             "verified_replies": self.verified,
             "client_retransmits": self.client_retransmits,
+            "rss_mib": self.rss_bytes.map(|b| round(b as f64 / MIB, 1)),
+            "rss_base_mib": self.rss_base_bytes.map(|b| round(b as f64 / MIB, 1)),
+            "rss_per_conn_kib": self.rss_per_conn().map(|b| round(b / 1024.0, 2)),
             "env": {
                 "cpu_model": self.env.cpu_model,
                 "cores": self.env.cores,
@@ -196,6 +209,16 @@ impl Report {
         })
     }
 }
+
+impl Report {
+    /// Resident bytes the open connections added, per connection (both ends).
+    pub fn rss_per_conn(&self) -> Option<f64> {
+        let (open, base) = (self.rss_bytes?, self.rss_base_bytes?);
+        Some(open.saturating_sub(base) as f64 / self.cfg.conns as f64)
+    }
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 fn round(x: f64, digits: i32) -> f64 {
     let p = 10f64.powi(digits);
@@ -227,6 +250,7 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
         secs: Duration::from_secs_f64(cfg.secs),
         sample_every: cfg.sample_every,
         seed: 0x9e37_79b9_7f4a_7c15 ^ cfg.conns as u64,
+        conns_per_stack: cfg.conns_per_stack,
     };
     let stop = AtomicBool::new(false);
     let probe = &ServerProbe::default();
@@ -271,12 +295,18 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
         let st = stats.stats(0);
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         return Err(format!(
-            "{e}; server core: {} commands, {} keys missed, {} bytes in, {} bytes out, {} polls",
+            "{e}; server core: {} commands, {} keys missed, {} bytes in, {} bytes out, {} polls, {} connections rejected; its stack: {} frames in, {} out, {} dropped in, {} dropped out, {} retransmits",
             get(&st.resp_commands),
             get(&st.keys_miss),
             get(&st.bytes_in),
             get(&st.bytes_out),
-            get(&st.polls)
+            get(&st.polls),
+            get(&st.connections_rejected),
+            get(&st.net_rx_frames),
+            get(&st.net_tx_frames),
+            get(&st.net_rx_dropped),
+            get(&st.net_tx_dropped),
+            get(&st.net_tcp_retransmits),
         ));
     }
     Ok(report(cfg, &outcome, pinned))
@@ -284,7 +314,9 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
 
 /// The in-memory port pair: server end, client end.
 pub(crate) fn port_pair(cfg: &WireConfig) -> (MemQueue, MemQueue) {
-    let frames = (cfg.conns * (cfg.depth + 2) * 2).clamp(8192, 1 << 17);
+    // Room for every request and reply in flight at once (a port that drops makes the stacks
+    // retransmit and, at 100,000 connections, time out).
+    let frames = (cfg.conns * (cfg.depth + 2) * 2).clamp(8192, 1 << 20);
     mem::pair(MemConfig {
         pool_frames: frames,
         ring: frames / 2,
@@ -429,6 +461,8 @@ fn report(cfg: &WireConfig, o: &Outcome, pinned: Option<(usize, usize)>) -> Repo
         pinned,
         verified: o.verified,
         client_retransmits: o.client_retransmits,
+        rss_bytes: o.rss_open,
+        rss_base_bytes: o.rss_base,
         env: Env::probe(),
     }
 }

@@ -60,6 +60,7 @@ pub fn run_lockstep(cfg: &WireConfig, requests: u64) -> Result<LockstepReport, S
         secs: Duration::ZERO,
         sample_every: cfg.sample_every,
         seed: 0x9e37_79b9_7f4a_7c15 ^ cfg.conns as u64,
+        conns_per_stack: cfg.conns_per_stack,
     };
     let mut client = Client::new(client_q, CLIENT_IP, &rows, load)?;
     client.connect_all(SocketAddrV4::new(SERVER_IP, PORT))?;
@@ -89,9 +90,12 @@ pub fn run_lockstep(cfg: &WireConfig, requests: u64) -> Result<LockstepReport, S
     }
     let n = client.requests().max(1);
     let st = client.net_stats();
+    let (tx, rx) = st
+        .iter()
+        .fold((0, 0), |(tx, rx), s| (tx + s.tx_frames, rx + s.rx_frames));
     Ok(LockstepReport {
-        frames_to_server_per_req: st.tx_frames as f64 / n as f64,
-        frames_from_server_per_req: st.rx_frames as f64 / n as f64,
+        frames_to_server_per_req: tx as f64 / n as f64,
+        frames_from_server_per_req: rx as f64 / n as f64,
         requests: n,
         server_turns: turns,
         server_ns_per_req: server_ns as f64 / n as f64,

@@ -66,6 +66,7 @@ fn main() {
         pin: !a.no_pin,
         server_rx_burst: a.server_rx_burst,
         sw_checksum: a.sw_checksum,
+        ..WireConfig::default()
     };
     if let Some(n) = a.lockstep {
         match pgline_wire_bench::lockstep::run_lockstep(&cfg, n) {

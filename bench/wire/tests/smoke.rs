@@ -35,6 +35,23 @@ fn get_depth_1_and_8_and_mget_16_answer_correctly() {
     smoke(16, 2, 16);
 }
 
+/// Connections spread over several client stacks (addresses) sharing the port, as the
+/// 100,000-connection cell needs, answer as one stack's do.
+#[test]
+fn connections_over_several_client_addresses_answer_correctly() {
+    let cfg = WireConfig {
+        conns: 40,
+        conns_per_stack: 16,
+        secs: 1.0,
+        warmup: 0.2,
+        rows: 20_000,
+        sample_every: 8,
+        ..WireConfig::default()
+    };
+    let r = run(&cfg).unwrap_or_else(|e| panic!("40 connections on 3 addresses: {e}"));
+    assert!(r.requests > 0 && r.verified > 0, "{r:?}");
+}
+
 #[test]
 fn a_wrong_reply_fails_the_run() {
     // Served rows differ from the expected ones only inside the JSON, past the bytes checked on

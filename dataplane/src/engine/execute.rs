@@ -5,6 +5,8 @@
 //! and what the reply needs later. A hit is visible here as the early `Lookup::Hit` arms: one
 //! optimistic copy of the pre-encoded section into `out`, no allocation.
 
+use std::ops::Range;
+
 use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissKey, Shared};
 use crate::resp::{
@@ -169,11 +171,25 @@ impl Exec<'_> {
         self.prefetch(keys);
         let start = out.len();
         compose_array_header(out, keys.len());
+        // The last key that was a hit and the bytes its value took in `out` (only a key right
+        // after it is compared with it).
+        let mut prev: (&[u8], Range<usize>) = (&[], 0..0);
         let mut iter = keys.iter().enumerate();
         for (i, key) in iter.by_ref() {
+            if !prev.1.is_empty() && key == prev.0 {
+                // The key before it again: the same value, copied from the reply composed for
+                // it instead of looked up again (docs/decisions.md, issue 16).
+                CoreStats::add(&self.stats.keys_hit, 1);
+                out.extend_from_within(prev.1.clone());
+                continue;
+            }
+            let before = out.len();
             match self.find(key, SECTION_RESP_JSON, out) {
-                Found::Hit => {}
-                Found::Absent => compose_null(out, proto),
+                Found::Hit => prev = (key, before..out.len()),
+                Found::Absent => {
+                    compose_null(out, proto);
+                    prev.1 = 0..0;
+                }
                 Found::Refused => {
                     out.truncate(start);
                     self.compose_refusal(key, out);
@@ -218,18 +234,27 @@ impl Exec<'_> {
         Outcome::Done
     }
 
-    /// Overlaps the cache misses of a batch of keys: every bucket, then every entry header.
+    /// Overlaps the cache misses of a batch of keys: every bucket, then every entry header
+    /// (a key equal to the one before it is skipped: `mget` copies its reply).
     fn prefetch(&self, keys: Args<'_>) {
         if !self.serve_hits || keys.len() < 2 {
             return;
         }
         let store = self.shared.store();
-        for key in keys.iter() {
+        let distinct = || {
+            let mut prev: &[u8] = &[];
+            keys.iter().enumerate().filter(move |&(i, key)| {
+                let new = i == 0 || key != prev;
+                prev = key;
+                new
+            })
+        };
+        for (_, key) in distinct() {
             if let Some((table, pk)) = self.keyspace.resolve(key) {
                 store.prefetch_bucket(table, pk);
             }
         }
-        for key in keys.iter() {
+        for (_, key) in distinct() {
             if let Some((table, pk)) = self.keyspace.resolve(key) {
                 store.prefetch_entry(table, pk);
             }

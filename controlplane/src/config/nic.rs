@@ -138,6 +138,7 @@ impl NicConfig {
             tx_buffer: self.tx_buffer.0 as usize,
             max_connections: max_connections + REJECT_SLACK,
             rx_burst: self.rx_burst,
+            ..NetConfig::new(self.ipv4()?, self.prefix_len)
         })
     }
 

@@ -11,8 +11,10 @@
 //!              → one tx_burst
 //! ```
 //!
-//! TCP uses smoltcp's TCP socket state machine behind our own flow demux (see `conn.rs` for why
-//! each connection gets its own one-socket smoltcp interface): a 4-tuple → slot hash table, an
+//! TCP is smoltcp's TCP socket state machine by default, or with `NetConfig::owned_tcp` our own
+//! (`tcp.rs`: a compact TCP with a header-prediction fast path for established connections),
+//! behind our own flow demux (see `conn.rs` for why each smoltcp connection gets its own
+//! one-socket interface): a 4-tuple → slot hash table, an
 //! accept path that arms a fresh socket for each SYN on a listened port (so any number of
 //! connections are accepted), a dirty list and a timer heap so `flush` only visits connections
 //! with something to send or a timer due. Per-packet cost does not depend on the number of open
@@ -31,7 +33,7 @@
 //! Limitations: IPv4 only, no IP fragments (dropped and counted), no IP options on what we send,
 //! a peer's MAC learned from its SYN is kept for the connection's life; TIME-WAIT is not kept (a
 //! closed connection's slot is freed at once, late segments get a RST); no TCP timestamps or
-//! SACK (smoltcp's defaults).
+//! SACK (smoltcp's defaults; ours has neither, nor an out-of-order queue).
 
 #![deny(unsafe_code)]
 

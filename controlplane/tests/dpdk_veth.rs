@@ -58,6 +58,7 @@ fn dpdk_veth_end_to_end() {
                 cores: 1,
                 args: "",
                 load: true,
+                owned_tcp: false,
             },
             Run {
                 port: "net_af_xdp0",
@@ -67,6 +68,7 @@ fn dpdk_veth_end_to_end() {
                 // It once stalled after a few thousand frames: the mbuf pool's buffers past
                 // net_af_xdp's UMEM were refused on the fill ring (dpdk_port.rs packs the pool).
                 load: true,
+                owned_tcp: false,
             },
             Run {
                 port: "net_af_packet1",
@@ -74,6 +76,16 @@ fn dpdk_veth_end_to_end() {
                 cores: 2,
                 args: ",qpairs=2",
                 load: true,
+                owned_tcp: false,
+            },
+            // Our own TCP (issue 16) against Linux's, on the same 1,000-connection load.
+            Run {
+                port: "net_af_packet2",
+                tag: "afpown",
+                cores: 1,
+                args: "",
+                load: true,
+                owned_tcp: true,
             },
         ];
         for r in runs {
@@ -106,6 +118,8 @@ struct Run {
     args: &'static str,
     /// Whether the 1,000 x 100 clients run.
     load: bool,
+    /// `nic.owned_tcp`: our own TCP instead of smoltcp's.
+    owned_tcp: bool,
 }
 
 /// One pgline as `r` says, and every client check against it.
@@ -116,6 +130,7 @@ async fn run(r: Run) {
         cores,
         args,
         load,
+        owned_tcp,
     } = r;
     let t0 = Instant::now();
     let db = TestDb::create(&format!("dpdk_{tag}")).await;
@@ -150,6 +165,7 @@ async fn run(r: Run) {
         .to_vec();
     cfg.nic.rx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
     cfg.nic.tx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
+    cfg.nic.owned_tcp = owned_tcp;
     let p = lab::start(cfg).await;
     eprintln!(
         "[{port}] pgline ({cores} cores) serving after {:?}",

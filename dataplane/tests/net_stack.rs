@@ -20,6 +20,8 @@ fn cfg(ip: Ipv4Addr, max: usize) -> NetConfig {
         tx_buffer: 8192,
         max_connections: max,
         rx_burst: 64,
+        // `net_stack_owned` runs these tests again with our own TCP on the server.
+        owned_tcp: ip == SERVER_IP && env!("CARGO_CRATE_NAME") == "net_stack_owned",
         ..NetConfig::new(ip, 24)
     }
 }
@@ -234,6 +236,9 @@ fn echo_over_1000_concurrent_connections() {
     let st = *w.server.stats();
     assert_eq!(st.tcp_conns_accepted, 1000);
     assert_eq!(st.tcp_retransmits, 0, "no loss, no retransmission: {st:?}");
+    // Our own TCP takes the echo's in-order segments on its fast path; smoltcp has none.
+    let owned = env!("CARGO_CRATE_NAME") == "net_stack_owned";
+    assert_eq!(st.tcp_fast_path > 0, owned, "fast path segments: {st:?}");
     assert_eq!(st.rx_dropped_checksum + st.rx_dropped_malformed, 0);
     assert_eq!(st.arp_requests_answered, 1, "the client resolved us once");
     close_all(&mut w, &flows);

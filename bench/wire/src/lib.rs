@@ -87,6 +87,8 @@ pub struct WireConfig {
     pub sw_checksum: bool,
     /// Client connections per client stack and address ([`split::CONNS_PER_STACK`]).
     pub conns_per_stack: usize,
+    /// The server's TCP: our own (`true`), smoltcp's (`false`), or the stack's default.
+    pub server_owned_tcp: Option<bool>,
 }
 
 impl Default for WireConfig {
@@ -104,6 +106,7 @@ impl Default for WireConfig {
             server_rx_burst: None,
             sw_checksum: false,
             conns_per_stack: split::CONNS_PER_STACK,
+            server_owned_tcp: None,
         }
     }
 }
@@ -178,6 +181,7 @@ impl Report {
             "value_bytes": self.cfg.value_bytes,
             "rows": self.cfg.rows,
             "server_rx_burst": self.cfg.server_rx_burst,
+            "server_tcp": self.cfg.server_owned_tcp.map(|o| if o { "owned" } else { "smoltcp" }),
             "checksum": if self.cfg.sw_checksum { "software" } else { "offload" },
             "window_s": round(self.window_s, 3),
             "requests": self.requests,
@@ -382,6 +386,9 @@ pub(crate) fn server_core(
     net.max_connections = cfg.conns + 64;
     if let Some(burst) = cfg.server_rx_burst {
         net.rx_burst = burst;
+    }
+    if let Some(owned) = cfg.server_owned_tcp {
+        net.owned_tcp = owned;
     }
     let stack = Stack::new(queue, net).map_err(|e| format!("server stack: {e}"))?;
     Ok(UserCore::new(

@@ -40,6 +40,9 @@ struct Args {
     /// Compute and verify checksums in software (no checksum offload on the in-memory port).
     #[arg(long)]
     sw_checksum: bool,
+    /// The server's TCP: `owned` (ours) or `smoltcp` (default: the stack's).
+    #[arg(long, value_parser = ["owned", "smoltcp"])]
+    server_tcp: Option<String>,
     /// Do not pin the server and client threads.
     #[arg(long)]
     no_pin: bool,
@@ -66,6 +69,7 @@ fn main() {
         pin: !a.no_pin,
         server_rx_burst: a.server_rx_burst,
         sw_checksum: a.sw_checksum,
+        server_owned_tcp: a.server_tcp.as_deref().map(|t| t == "owned"),
         ..WireConfig::default()
     };
     if let Some(n) = a.lockstep {

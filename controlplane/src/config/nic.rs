@@ -77,6 +77,8 @@ pub struct NicConfig {
     pub tx_buffer: ByteSize,
     /// Frames received per burst.
     pub rx_burst: usize,
+    /// Our own TCP with its fast path instead of smoltcp's (userspace modes; issue 16).
+    pub owned_tcp: bool,
     /// Extra EAL arguments (dpdk), e.g. `["--no-huge", "-m", "256"]`.
     pub eal_args: Vec<String>,
     /// Virtual devices (dpdk), e.g. `["net_af_packet0,iface=veth0"]`. A `net_af_packet` with
@@ -101,6 +103,7 @@ impl Default for NicConfig {
             rx_buffer: ByteSize(DEFAULT_TCP_BUFFER),
             tx_buffer: ByteSize(DEFAULT_TCP_BUFFER),
             rx_burst: DEFAULT_RX_BURST,
+            owned_tcp: false,
             eal_args: Vec::new(),
             vdevs: Vec::new(),
             port: String::new(),
@@ -138,6 +141,8 @@ impl NicConfig {
             tx_buffer: self.tx_buffer.0 as usize,
             max_connections: max_connections + REJECT_SLACK,
             rx_burst: self.rx_burst,
+            owned_tcp: self.owned_tcp,
+            ..NetConfig::new(self.ipv4()?, self.prefix_len)
         })
     }
 

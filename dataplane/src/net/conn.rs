@@ -1,5 +1,6 @@
-//! One TCP connection slot: a smoltcp TCP socket driven by its own tiny `Interface` over a device
-//! shim that sees only this flow's packets.
+//! One TCP connection slot: either a smoltcp TCP socket driven by its own tiny `Interface` over a
+//! device shim that sees only this flow's packets, or our own TCP (`tcp.rs`,
+//! `NetConfig::owned_tcp`).
 //!
 //! Why per connection: smoltcp's `Interface::poll*` visits every socket of its `SocketSet`, and
 //! the TCP socket's `process`/`dispatch` are crate-private in smoltcp 0.12. A one-socket
@@ -11,20 +12,23 @@
 //! transmit buffers straight from the port (the IPv4 packet is written after room for the
 //! Ethernet header: no copy). After smoltcp emits a segment the shim writes the Ethernet header,
 //! counts retransmissions (a segment starting below the highest sequence sent), and prepares
-//! checksum offload when the device does it.
+//! checksum offload when the device does it. With our own TCP the segment fields go straight to
+//! the state machine and [`emit_own`] writes the frame.
 //!
 //! Slots are reused: a freed slot keeps its interface, socket and buffers, so steady-state
 //! accept/close does not allocate.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
 
 use pgline_nic::{Packet, Queue};
 use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet};
 use smoltcp::phy::{self, Checksum, ChecksumCapabilities, DeviceCapabilities, Medium};
-use smoltcp::socket::tcp;
-use smoltcp::time::Instant as SInstant;
-use smoltcp::wire::{HardwareAddress, IpCidr};
+use smoltcp::socket::tcp::{self, State};
+use smoltcp::time::{Duration as SDuration, Instant as SInstant};
+use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpListenEndpoint};
 
+use super::tcp::{Out, Seg, Tcb};
 use super::wire::{self, ETHERTYPE_IPV4, ETH_HDR, PROTO_TCP};
 use super::NetStats;
 
@@ -45,20 +49,31 @@ pub struct FlowKey {
     pub local_port: u16,
 }
 
-/// Link facts the shim needs to frame an IPv4 packet.
+/// Link facts needed to frame an IPv4 packet.
 #[derive(Clone, Copy, Debug)]
 pub struct Link {
     pub src_mac: [u8; 6],
+    pub src_ip: [u8; 4],
     pub tx_offload: bool,
+}
+
+/// The TCP implementation behind a slot (`NetConfig::owned_tcp` picks one per stack).
+pub enum Engine {
+    /// smoltcp's socket driven through a one-socket interface.
+    Smol {
+        iface: Box<Interface>,
+        sockets: SocketSet<'static>,
+        handle: SocketHandle,
+    },
+    /// Our own TCP (`tcp.rs`).
+    Own(Box<Tcb>),
 }
 
 /// One connection slot.
 pub struct Conn {
     /// Bumped each time the slot is freed, so stale `ConnId`s miss.
     pub gen: u32,
-    pub iface: Interface,
-    pub sockets: SocketSet<'static>,
-    pub handle: SocketHandle,
+    pub engine: Engine,
     /// `Some` while the slot holds a connection.
     pub key: Option<FlowKey>,
     pub origin: Origin,
@@ -76,7 +91,7 @@ pub struct Conn {
     pub mac: Option<[u8; 6]>,
     /// The earliest pending timer entry (µs since the stack's epoch).
     pub timer: Option<u64>,
-    /// Highest sequence number sent + 1 (for counting retransmissions).
+    /// Highest sequence number sent + 1 (for counting smoltcp's retransmissions).
     pub snd_max: Option<u32>,
 }
 
@@ -134,7 +149,7 @@ pub fn capabilities(mtu: usize, tx_offload: bool) -> DeviceCapabilities {
 }
 
 impl Conn {
-    /// A new, free slot.
+    /// A new, free slot with smoltcp's socket.
     pub fn new(
         caps: &DeviceCapabilities,
         ip: Ipv4Addr,
@@ -156,11 +171,25 @@ impl Conn {
         );
         let mut sockets = SocketSet::new(Vec::with_capacity(1));
         let handle = sockets.add(socket);
-        Conn {
-            gen: 0,
-            iface,
+        Conn::with_engine(Engine::Smol {
+            iface: Box::new(iface),
             sockets,
             handle,
+        })
+    }
+
+    /// A new, free slot with our own TCP.
+    pub fn new_owned(rx_buffer: usize, tx_buffer: usize, mss: u16, fast_path: bool) -> Conn {
+        let ack_delay = super::ACK_DELAY.as_micros() as u64;
+        let mut t = Tcb::new(rx_buffer, tx_buffer, mss, ack_delay);
+        t.fast_path = fast_path;
+        Conn::with_engine(Engine::Own(Box::new(t)))
+    }
+
+    fn with_engine(engine: Engine) -> Conn {
+        Conn {
+            gen: 0,
+            engine,
             key: None,
             origin: Origin::Active,
             announced: false,
@@ -173,14 +202,6 @@ impl Conn {
             timer: None,
             snd_max: None,
         }
-    }
-
-    pub fn socket(&self) -> &tcp::Socket<'static> {
-        self.sockets.get::<tcp::Socket>(self.handle)
-    }
-
-    pub fn socket_mut(&mut self) -> &mut tcp::Socket<'static> {
-        self.sockets.get_mut::<tcp::Socket>(self.handle)
     }
 
     /// Resets the per-connection bookkeeping for a new connection.
@@ -204,37 +225,324 @@ impl Conn {
         self.snd_max = None;
     }
 
-    /// Feeds one IPv4 packet of this flow to the socket; replies smoltcp sends right away (RST,
-    /// challenge ACK) go through `out`.
-    pub fn ingress<Q: Queue>(&mut self, now: SInstant, packet: &[u8], out: TxOut<'_, Q>) {
-        let mut shim = Shim {
-            rx: Some(packet),
-            out,
-            mac: self.mac,
-            snd_max: &mut self.snd_max,
-        };
-        self.iface
-            .poll_ingress_single(now, &mut shim, &mut self.sockets);
+    // ---- the socket operations the stack uses, for either engine ----
+
+    fn smol(&self) -> Option<&tcp::Socket<'static>> {
+        match &self.engine {
+            Engine::Smol {
+                sockets, handle, ..
+            } => Some(sockets.get::<tcp::Socket>(*handle)),
+            Engine::Own(_) => None,
+        }
     }
 
-    /// Lets the socket send one segment if it has one (data, ACK, FIN, RST, retransmission);
+    pub fn state(&self) -> State {
+        match (&self.engine, self.smol()) {
+            (Engine::Own(t), _) => t.state,
+            (_, Some(s)) => s.state(),
+            _ => State::Closed,
+        }
+    }
+
+    pub fn may_recv(&self) -> bool {
+        match (&self.engine, self.smol()) {
+            (Engine::Own(t), _) => t.may_recv(),
+            (_, Some(s)) => s.may_recv(),
+            _ => false,
+        }
+    }
+
+    pub fn may_send(&self) -> bool {
+        match (&self.engine, self.smol()) {
+            (Engine::Own(t), _) => t.may_send(),
+            (_, Some(s)) => s.may_send(),
+            _ => false,
+        }
+    }
+
+    /// Bytes received and not read yet.
+    pub fn recv_queue(&self) -> usize {
+        match (&self.engine, self.smol()) {
+            (Engine::Own(t), _) => t.rx.len(),
+            (_, Some(s)) => s.recv_queue(),
+            _ => 0,
+        }
+    }
+
+    /// Free room in the send buffer.
+    pub fn send_room(&self) -> usize {
+        match (&self.engine, self.smol()) {
+            (Engine::Own(t), _) => t.tx.room(),
+            (_, Some(s)) => s.send_capacity() - s.send_queue(),
+            _ => 0,
+        }
+    }
+
+    /// Appends up to `max` received bytes to `out`; returns how many.
+    pub fn recv(&mut self, out: &mut Vec<u8>, max: usize) -> usize {
+        match &mut self.engine {
+            Engine::Smol {
+                sockets, handle, ..
+            } => {
+                let sock = sockets.get_mut::<tcp::Socket>(*handle);
+                let mut total = 0;
+                // The receive ring may wrap: at most two contiguous pieces.
+                for _ in 0..2 {
+                    if total >= max || !sock.can_recv() {
+                        break;
+                    }
+                    let want = max - total;
+                    let got = sock.recv(|buf| {
+                        let n = buf.len().min(want);
+                        out.extend_from_slice(&buf[..n]);
+                        (n, n)
+                    });
+                    match got {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => total += n,
+                    }
+                }
+                total
+            }
+            Engine::Own(t) => t.recv(out, max),
+        }
+    }
+
+    /// Queues bytes to send; how many fit (`Err` when the direction is closed).
+    pub fn send(&mut self, data: &[u8]) -> Result<usize, ()> {
+        match &mut self.engine {
+            Engine::Smol {
+                sockets, handle, ..
+            } => sockets
+                .get_mut::<tcp::Socket>(*handle)
+                .send_slice(data)
+                .map_err(|_| ()),
+            Engine::Own(t) => Ok(t.send(data)),
+        }
+    }
+
+    pub fn close(&mut self) {
+        match &mut self.engine {
+            Engine::Smol {
+                sockets, handle, ..
+            } => sockets.get_mut::<tcp::Socket>(*handle).close(),
+            Engine::Own(t) => t.close(),
+        }
+    }
+
+    pub fn abort(&mut self) {
+        match &mut self.engine {
+            Engine::Smol {
+                sockets, handle, ..
+            } => sockets.get_mut::<tcp::Socket>(*handle).abort(),
+            Engine::Own(t) => t.abort(),
+        }
+    }
+
+    /// Nagle off, delayed ACK, the given inactivity timeout.
+    pub fn configure(&mut self, timeout: Duration) {
+        match &mut self.engine {
+            Engine::Smol {
+                sockets, handle, ..
+            } => {
+                let sock = sockets.get_mut::<tcp::Socket>(*handle);
+                sock.set_nagle_enabled(false);
+                sock.set_ack_delay(Some(SDuration::from_micros(
+                    super::ACK_DELAY.as_micros() as u64
+                )));
+                sock.set_timeout(Some(SDuration::from_micros(timeout.as_micros() as u64)));
+                sock.set_keep_alive(None);
+            }
+            Engine::Own(t) => t.set_timeout(timeout.as_micros() as u64),
+        }
+    }
+
+    /// Arms the slot for the SYN that created it; false if the socket refused.
+    pub fn listen(&mut self, ip: Ipv4Addr, port: u16, iss: u32, now: SInstant) -> bool {
+        match &mut self.engine {
+            Engine::Smol {
+                sockets, handle, ..
+            } => {
+                let ep = IpListenEndpoint {
+                    addr: Some(IpAddress::Ipv4(ip)),
+                    port,
+                };
+                sockets.get_mut::<tcp::Socket>(*handle).listen(ep).is_ok()
+            }
+            Engine::Own(t) => {
+                t.listen(iss, micros(now));
+                true
+            }
+        }
+    }
+
+    /// Active open; false if the socket refused.
+    pub fn connect(
+        &mut self,
+        ip: Ipv4Addr,
+        local_port: u16,
+        remote: SocketAddrV4,
+        iss: u32,
+        now: SInstant,
+    ) -> bool {
+        match &mut self.engine {
+            Engine::Smol {
+                iface,
+                sockets,
+                handle,
+            } => {
+                let remote_ep = IpEndpoint::new(IpAddress::Ipv4(*remote.ip()), remote.port());
+                let local_ep = IpListenEndpoint {
+                    addr: Some(IpAddress::Ipv4(ip)),
+                    port: local_port,
+                };
+                let cx = iface.context();
+                sockets
+                    .get_mut::<tcp::Socket>(*handle)
+                    .connect(cx, remote_ep, local_ep)
+                    .is_ok()
+            }
+            Engine::Own(t) => {
+                t.connect(iss, micros(now));
+                true
+            }
+        }
+    }
+
+    /// Feeds one checked IPv4 packet of this flow (its TCP header parsed as `tcp`); replies sent
+    /// right away (smoltcp's RST, challenge ACK) go through `out`. True if our own TCP took it
+    /// on its fast path.
+    pub fn ingress<Q: Queue>(
+        &mut self,
+        now: SInstant,
+        packet: &[u8],
+        ip: &wire::Ipv4,
+        tcp: &wire::Tcp,
+        out: TxOut<'_, Q>,
+    ) -> bool {
+        match &mut self.engine {
+            Engine::Smol { iface, sockets, .. } => {
+                let mut shim = Shim {
+                    rx: Some(packet),
+                    out,
+                    mac: self.mac,
+                    snd_max: &mut self.snd_max,
+                };
+                iface.poll_ingress_single(now, &mut shim, sockets);
+                false
+            }
+            Engine::Own(t) => {
+                let seg = &packet[ip.header_len..];
+                let (hdr, payload) = seg.split_at(tcp.header_len);
+                let mut s = Seg {
+                    seq: tcp.seq,
+                    ack: tcp.ack,
+                    flags: tcp.flags,
+                    window: u16::from_be_bytes([hdr[14], hdr[15]]),
+                    mss: None,
+                    wscale: None,
+                };
+                if tcp.flags & wire::TCP_SYN != 0 {
+                    (s.mss, s.wscale) = wire::tcp_syn_options(&hdr[wire::TCP_HDR..]);
+                }
+                t.process(micros(now), &s, payload)
+            }
+        }
+    }
+
+    /// Lets the connection send one segment if it has one (data, ACK, FIN, RST, retransmission);
     /// true if it did.
     pub fn egress<Q: Queue>(&mut self, now: SInstant, out: TxOut<'_, Q>) -> bool {
-        let mut shim = Shim {
-            rx: None,
-            out,
-            mac: self.mac,
-            snd_max: &mut self.snd_max,
-        };
-        self.iface.poll_egress(now, &mut shim, &mut self.sockets) == PollResult::SocketStateChanged
+        match &mut self.engine {
+            Engine::Smol { iface, sockets, .. } => {
+                let mut shim = Shim {
+                    rx: None,
+                    out,
+                    mac: self.mac,
+                    snd_max: &mut self.snd_max,
+                };
+                iface.poll_egress(now, &mut shim, sockets) == PollResult::SocketStateChanged
+            }
+            Engine::Own(t) => {
+                let Some(key) = self.key else {
+                    return false;
+                };
+                let Some(seg) = t.dispatch(micros(now)) else {
+                    return false;
+                };
+                emit_own(t, &seg, key, self.mac, out);
+                true
+            }
+        }
     }
 
-    /// When smoltcp next wants to run for this connection (µs since the epoch; 0 = now).
+    /// When the connection next wants to run (µs since the epoch; `now` or earlier = at once).
     pub fn poll_at(&mut self, now: SInstant) -> Option<u64> {
-        self.iface
-            .poll_at(now, &self.sockets)
-            .map(|t| t.total_micros().max(0) as u64)
+        match &mut self.engine {
+            Engine::Smol { iface, sockets, .. } => iface
+                .poll_at(now, sockets)
+                .map(|t| t.total_micros().max(0) as u64),
+            Engine::Own(t) => t.poll_at(micros(now)),
+        }
     }
+}
+
+fn micros(t: SInstant) -> u64 {
+    t.total_micros().max(0) as u64
+}
+
+/// Writes one segment of our own TCP as an Ethernet frame into a port buffer (the payload is
+/// copied from the send ring straight into the frame).
+fn emit_own<Q: Queue>(t: &Tcb, seg: &Out, key: FlowKey, mac: Option<[u8; 6]>, out: TxOut<'_, Q>) {
+    let opts = if seg.syn_opts.is_some() { 8 } else { 0 };
+    let tcp_len = wire::TCP_HDR + opts + seg.data_len;
+    let frame_len = ETH_HDR + wire::IPV4_HDR + tcp_len;
+    let Some(mac) = mac else {
+        // The segment is lost (TCP retransmits it).
+        out.stats.tx_dropped_no_arp += 1;
+        return;
+    };
+    let Some(mut pkt) = out.queue.alloc() else {
+        out.stats.tx_dropped_nobuf += 1;
+        return;
+    };
+    if frame_len > pkt.capacity() {
+        out.stats.tx_dropped_nobuf += 1;
+        return;
+    }
+    if seg.retransmit {
+        out.stats.tcp_retransmits += 1;
+    }
+    pkt.set_len(frame_len);
+    let offload = out.link.tx_offload;
+    let buf = pkt.data_mut();
+    wire::compose_eth(buf, mac, out.link.src_mac, ETHERTYPE_IPV4);
+    let ip = wire::Ipv4 {
+        header_len: wire::IPV4_HDR,
+        total_len: wire::IPV4_HDR + tcp_len,
+        proto: PROTO_TCP,
+        src: out.link.src_ip,
+        dst: key.remote_ip.to_be_bytes(),
+    };
+    // DF is set, so the identification field carries no meaning (RFC 6864).
+    wire::compose_ipv4(&mut buf[ETH_HDR..], &ip, 0, offload);
+    let l4 = &mut buf[ETH_HDR + wire::IPV4_HDR..frame_len];
+    if seg.data_len > 0 {
+        t.tx.read_at(seg.data_off, &mut l4[wire::TCP_HDR + opts..]);
+    }
+    let hdr = wire::TcpOut {
+        src_port: key.local_port,
+        dst_port: key.remote_port,
+        seq: seg.seq,
+        ack: seg.ack,
+        flags: seg.flags,
+        window: seg.window,
+    };
+    wire::compose_tcp(l4, &ip, &hdr, seg.syn_opts, offload);
+    if offload {
+        pkt.request_tx_checksum(ETH_HDR as u16, wire::IPV4_HDR as u16);
+    }
+    out.tx.push(pkt);
 }
 
 /// Where transmitted frames go: the port (for buffers), the pending TX burst and the counters.

@@ -49,7 +49,7 @@ impl<Q: Queue> Stack<Q> {
         }
         let at = self.egress_conn(slot, now, t);
         let c = &mut self.conns[slot as usize];
-        let state = c.socket().state();
+        let state = c.state();
         if matches!(state, State::Closed | State::TimeWait) {
             let report = c.announced || c.origin == Origin::Active;
             self.release(slot, report);

@@ -10,13 +10,12 @@ use std::net::Ipv4Addr;
 use pgline_nic::{Packet, Queue};
 use smoltcp::socket::tcp::State;
 use smoltcp::time::Instant as SInstant;
-use smoltcp::wire::{IpAddress, IpListenEndpoint};
 
 use super::conn::{FlowKey, Origin, TxOut};
 use super::wire::{
     self, Drop, Ipv4, ETH_HDR, IPV4_HDR, PROTO_ICMP, PROTO_TCP, TCP_ACK, TCP_RST, TCP_SYN,
 };
-use super::{configure, NetEvent, Stack, CONN_TIMEOUT, HANDSHAKE_TIMEOUT};
+use super::{NetEvent, Stack, CONN_TIMEOUT, HANDSHAKE_TIMEOUT};
 
 impl<Q: Queue> Stack<Q> {
     /// Processes one received frame.
@@ -180,7 +179,9 @@ impl<Q: Queue> Stack<Q> {
             stats: &mut self.stats,
             link: self.link,
         };
-        c.ingress(now, packet, out);
+        if c.ingress(now, packet, ip, &tcp, out) {
+            self.stats.tcp_fast_path += 1;
+        }
         self.after_ingress(slot);
         Ok(())
     }
@@ -194,6 +195,7 @@ impl<Q: Queue> Stack<Q> {
         ip: &Ipv4,
     ) -> Option<u32> {
         let slot = self.alloc_slot(now)?;
+        let iss = self.next_iss();
         let our_ip = self.cfg.ip;
         let peer = Ipv4Addr::from(ip.src);
         let c = &mut self.conns[slot as usize];
@@ -205,17 +207,12 @@ impl<Q: Queue> Stack<Q> {
             peer,
             Some(src_mac),
         );
-        let sock = c.socket_mut();
-        let ep = IpListenEndpoint {
-            addr: Some(IpAddress::Ipv4(our_ip)),
-            port: key.local_port,
-        };
-        if sock.listen(ep).is_err() {
+        if !c.listen(our_ip, key.local_port, iss, now) {
             c.key = None;
             self.free.push(slot);
             return None;
         }
-        configure(sock, HANDSHAKE_TIMEOUT);
+        c.configure(HANDSHAKE_TIMEOUT);
         self.table.insert(key, slot);
         self.open += 1;
         self.stats.tcp_conns_open = self.open as u64;
@@ -229,7 +226,7 @@ impl<Q: Queue> Stack<Q> {
     fn after_ingress(&mut self, slot: u32) {
         let id = self.id_of(slot);
         let c = &mut self.conns[slot as usize];
-        let state = c.socket().state();
+        let state = c.state();
         match state {
             State::Closed => {
                 let report = c.announced || c.origin == Origin::Active;
@@ -248,7 +245,7 @@ impl<Q: Queue> Stack<Q> {
             c.announced = true;
             match c.origin {
                 Origin::Passive { listener } => {
-                    configure(c.socket_mut(), CONN_TIMEOUT);
+                    c.configure(CONN_TIMEOUT);
                     self.stats.tcp_conns_accepted += 1;
                     self.events.push(NetEvent::Accepted { id, listener });
                 }
@@ -259,10 +256,9 @@ impl<Q: Queue> Stack<Q> {
             }
         }
         if c.announced {
-            let sock = c.socket();
-            let eof = !sock.may_recv();
-            let queued = sock.recv_queue();
-            let room = sock.may_send() && sock.send_capacity() > sock.send_queue();
+            let eof = !c.may_recv();
+            let queued = c.recv_queue();
+            let room = c.may_send() && c.send_room() > 0;
             if queued > 0 || (eof && !c.eof_reported) {
                 c.eof_reported |= eof;
                 self.events.push(NetEvent::Readable(id));

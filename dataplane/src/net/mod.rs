@@ -11,8 +11,10 @@
 //!              → one tx_burst
 //! ```
 //!
-//! TCP uses smoltcp's TCP socket state machine behind our own flow demux (see `conn.rs` for why
-//! each connection gets its own one-socket smoltcp interface): a 4-tuple → slot hash table, an
+//! TCP is smoltcp's TCP socket state machine by default, or with `NetConfig::owned_tcp` our own
+//! (`tcp.rs`: a compact TCP with a header-prediction fast path for established connections),
+//! behind our own flow demux (see `conn.rs` for why each smoltcp connection gets its own
+//! one-socket interface): a 4-tuple → slot hash table, an
 //! accept path that arms a fresh socket for each SYN on a listened port (so any number of
 //! connections are accepted), a dirty list and a timer heap so `flush` only visits connections
 //! with something to send or a timer due. Per-packet cost does not depend on the number of open
@@ -31,7 +33,7 @@
 //! Limitations: IPv4 only, no IP fragments (dropped and counted), no IP options on what we send,
 //! a peer's MAC learned from its SYN is kept for the connection's life; TIME-WAIT is not kept (a
 //! closed connection's slot is freed at once, late segments get a RST); no TCP timestamps or
-//! SACK (smoltcp's defaults).
+//! SACK (smoltcp's defaults; ours has neither, nor an out-of-order queue).
 
 #![deny(unsafe_code)]
 
@@ -39,6 +41,7 @@ mod arp;
 mod conn;
 mod egress;
 mod ingress;
+mod tcp;
 mod wire;
 
 use std::cmp::Reverse;
@@ -49,9 +52,8 @@ use std::time::{Duration, Instant};
 use pgline_nic::Queue;
 use rustc_hash::FxHashMap;
 use smoltcp::phy::DeviceCapabilities;
-use smoltcp::socket::tcp;
-use smoltcp::time::{Duration as SDuration, Instant as SInstant};
-use smoltcp::wire::{IpAddress, IpEndpoint, IpListenEndpoint};
+use smoltcp::socket::tcp::State;
+use smoltcp::time::Instant as SInstant;
 
 use conn::{Conn, FlowKey, Link, Origin};
 
@@ -84,6 +86,11 @@ pub struct NetConfig {
     pub max_connections: usize,
     /// Frames received per `poll` at most.
     pub rx_burst: usize,
+    /// Our own TCP (`tcp.rs`) instead of smoltcp's socket for every connection of this stack.
+    pub owned_tcp: bool,
+    /// With `owned_tcp`: take in-order data segments of established connections on the header
+    /// prediction fast path (off only to compare against the general path).
+    pub tcp_fast_path: bool,
 }
 
 impl NetConfig {
@@ -99,6 +106,8 @@ impl NetConfig {
             tx_buffer: 32 * 1024,
             max_connections: 4096,
             rx_burst: 32,
+            owned_tcp: false,
+            tcp_fast_path: true,
         }
     }
 
@@ -208,6 +217,8 @@ pub struct NetStats {
     /// RSTs sent for segments of no connection.
     pub tcp_rst_sent: u64,
     pub tcp_retransmits: u64,
+    /// Segments our own TCP took on its header-prediction fast path.
+    pub tcp_fast_path: u64,
 }
 
 /// One core's network stack over one queue.
@@ -258,6 +269,7 @@ impl<Q: Queue> Stack<Q> {
             mac,
             link: Link {
                 src_mac: mac,
+                src_ip: cfg.ip.octets(),
                 tx_offload: offloads.tx_checksum,
             },
             caps: conn::capabilities(mtu, offloads.tx_checksum),
@@ -320,21 +332,15 @@ impl<Q: Queue> Stack<Q> {
         let slot = self.alloc_slot(now).ok_or(NetError::Full)?;
         let mac = self.arp.lookup(next_hop);
         let ip = self.cfg.ip;
+        let iss = self.next_iss();
         let c = &mut self.conns[slot as usize];
         c.begin(key, Origin::Active, next_hop, mac);
-        let remote_ep = IpEndpoint::new(IpAddress::Ipv4(*remote.ip()), remote.port());
-        let local_ep = IpListenEndpoint {
-            addr: Some(IpAddress::Ipv4(ip)),
-            port: local_port,
-        };
-        let cx = c.iface.context();
-        let sock = c.sockets.get_mut::<tcp::Socket>(c.handle);
-        if sock.connect(cx, remote_ep, local_ep).is_err() {
+        if !c.connect(ip, local_port, remote, iss, now) {
             c.key = None;
             self.free.push(slot);
             return Err(NetError::Unreachable);
         }
-        configure(sock, CONN_TIMEOUT);
+        c.configure(CONN_TIMEOUT);
         self.table.insert(key, slot);
         self.open += 1;
         self.stats.tcp_conns_open = self.open as u64;
@@ -367,31 +373,14 @@ impl<Q: Queue> Stack<Q> {
     /// closed its side and everything was read.
     pub fn recv(&mut self, id: ConnId, out: &mut Vec<u8>, max: usize) -> Result<usize, NetError> {
         let slot = self.live(id).ok_or(NetError::Unknown)?;
-        let sock = self.conns[slot].socket_mut();
-        let mut total = 0;
-        // The receive ring may wrap: at most two contiguous pieces.
-        for _ in 0..2 {
-            if total >= max || !sock.can_recv() {
-                break;
-            }
-            let want = max - total;
-            let got = sock.recv(|buf| {
-                let n = buf.len().min(want);
-                out.extend_from_slice(&buf[..n]);
-                (n, n)
-            });
-            match got {
-                Ok(0) => break,
-                Ok(n) => total += n,
-                Err(_) => break,
-            }
-        }
+        let c = &mut self.conns[slot];
+        let total = c.recv(out, max);
         if total > 0 {
-            // The window opened: smoltcp decides whether an update is worth sending.
+            // The window opened: the TCP decides whether an update is worth sending.
             self.mark_dirty(slot as u32);
             return Ok(total);
         }
-        if sock.may_recv() {
+        if self.conns[slot].may_recv() {
             Ok(0)
         } else {
             Err(NetError::Closed)
@@ -403,14 +392,13 @@ impl<Q: Queue> Stack<Q> {
     pub fn send(&mut self, id: ConnId, data: &[u8]) -> Result<usize, NetError> {
         let slot = self.live(id).ok_or(NetError::Unknown)?;
         let c = &mut self.conns[slot];
-        let sock = c.socket_mut();
-        if !sock.may_send() {
+        if !c.may_send() {
             return Err(NetError::Closed);
         }
         if data.is_empty() {
             return Ok(0);
         }
-        let n = sock.send_slice(data).map_err(|_| NetError::Closed)?;
+        let n = c.send(data).map_err(|_| NetError::Closed)?;
         if n < data.len() {
             c.want_write = true;
         }
@@ -425,9 +413,9 @@ impl<Q: Queue> Stack<Q> {
     pub fn send_capacity(&self, id: ConnId) -> usize {
         match self.live(id) {
             Some(slot) => {
-                let s = self.conns[slot].socket();
-                if s.may_send() {
-                    s.send_capacity() - s.send_queue()
+                let c = &self.conns[slot];
+                if c.may_send() {
+                    c.send_room()
                 } else {
                     0
                 }
@@ -439,7 +427,7 @@ impl<Q: Queue> Stack<Q> {
     /// Closes our side: FIN after the queued data. `Closed` follows once both sides are done.
     pub fn close(&mut self, id: ConnId) {
         if let Some(slot) = self.live(id) {
-            self.conns[slot].socket_mut().close();
+            self.conns[slot].close();
             self.mark_dirty(slot as u32);
         }
     }
@@ -448,7 +436,7 @@ impl<Q: Queue> Stack<Q> {
     /// `Closed` event follows.
     pub fn abort(&mut self, id: ConnId) {
         if let Some(slot) = self.live(id) {
-            self.conns[slot].socket_mut().abort();
+            self.conns[slot].abort();
             let now = self.s_now_cached();
             self.egress_conn(slot as u32, now, self.last_t);
             self.release(slot as u32, false);
@@ -573,14 +561,25 @@ impl<Q: Queue> Stack<Q> {
             .seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let c = Conn::new(
-            &self.caps,
-            self.cfg.ip,
-            self.seed,
-            self.cfg.rx_buffer,
-            self.cfg.tx_buffer,
-            now,
-        );
+        let c = if self.cfg.owned_tcp {
+            Conn::new_owned(
+                self.cfg.rx_buffer,
+                self.cfg.tx_buffer,
+                self.cfg
+                    .mss
+                    .min(self.caps.max_transmission_unit as u16 - 40),
+                self.cfg.tcp_fast_path,
+            )
+        } else {
+            Conn::new(
+                &self.caps,
+                self.cfg.ip,
+                self.seed,
+                self.cfg.rx_buffer,
+                self.cfg.tx_buffer,
+                now,
+            )
+        };
         self.conns.push(c);
         Some((self.conns.len() - 1) as u32)
     }
@@ -596,9 +595,8 @@ impl<Q: Queue> Stack<Q> {
         c.timer = None;
         c.dirty = false;
         c.arp_wait = false;
-        let sock = c.socket_mut();
-        if sock.state() != tcp::State::Closed {
-            sock.abort();
+        if c.state() != State::Closed {
+            c.abort();
         }
         self.table.remove(&key);
         self.free.push(slot);
@@ -610,6 +608,15 @@ impl<Q: Queue> Stack<Q> {
         }
     }
 
+    /// An initial sequence number: the stack's generator mixed with the clock.
+    fn next_iss(&mut self) -> u32 {
+        self.seed = self
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.seed >> 32) as u32).wrapping_add((self.last_t / 4) as u32)
+    }
+
     fn mark_dirty(&mut self, slot: u32) {
         let c = &mut self.conns[slot as usize];
         if !c.dirty {
@@ -617,14 +624,6 @@ impl<Q: Queue> Stack<Q> {
             self.dirty.push(slot);
         }
     }
-}
-
-/// Nagle off, delayed ACK, the given inactivity timeout.
-fn configure(sock: &mut tcp::Socket<'static>, timeout: Duration) {
-    sock.set_nagle_enabled(false);
-    sock.set_ack_delay(Some(SDuration::from_micros(ACK_DELAY.as_micros() as u64)));
-    sock.set_timeout(Some(SDuration::from_micros(timeout.as_micros() as u64)));
-    sock.set_keep_alive(None);
 }
 
 fn in_prefix(a: Ipv4Addr, b: Ipv4Addr, len: u8) -> bool {

@@ -290,6 +290,84 @@ pub fn compose_tcp_rst(
     seg[16..18].copy_from_slice(&c.to_be_bytes());
 }
 
+/// The header fields of a TCP segment we send (our own TCP).
+#[derive(Clone, Copy, Debug)]
+pub struct TcpOut {
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: u8,
+    pub window: u16,
+}
+
+/// Writes a TCP header (with MSS and window scale options when `syn_opts` is given) in front of
+/// the payload already in `seg` (which is the whole segment), and its checksum: complete, or with
+/// `offload` only the pseudo-header sum for the device to finish.
+pub fn compose_tcp(
+    seg: &mut [u8],
+    ip: &Ipv4,
+    h: &TcpOut,
+    syn_opts: Option<(u16, Option<u8>)>,
+    offload: bool,
+) {
+    let hdr_len = if syn_opts.is_some() {
+        TCP_HDR + 8
+    } else {
+        TCP_HDR
+    };
+    seg[0..2].copy_from_slice(&h.src_port.to_be_bytes());
+    seg[2..4].copy_from_slice(&h.dst_port.to_be_bytes());
+    seg[4..8].copy_from_slice(&h.seq.to_be_bytes());
+    seg[8..12].copy_from_slice(&h.ack.to_be_bytes());
+    seg[12] = ((hdr_len / 4) as u8) << 4;
+    seg[13] = h.flags;
+    seg[14..16].copy_from_slice(&h.window.to_be_bytes());
+    seg[16..20].copy_from_slice(&[0; 4]);
+    if let Some((mss, ws)) = syn_opts {
+        seg[20..24].copy_from_slice(&[2, 4, (mss >> 8) as u8, mss as u8]);
+        // Window scale (or two no-ops when we do not offer it).
+        match ws {
+            Some(shift) => seg[24..28].copy_from_slice(&[1, 3, 3, shift]),
+            None => seg[24..28].copy_from_slice(&[1, 1, 1, 1]),
+        }
+    }
+    let s = pseudo_sum(ip.src, ip.dst, PROTO_TCP, seg.len());
+    let c = if offload {
+        fold(s)
+    } else {
+        !fold(sum16(s, seg))
+    };
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+}
+
+/// The MSS and window scale options of a SYN (`opts`: the bytes after the fixed header).
+/// Malformed options end the walk; what was read so far counts.
+pub fn tcp_syn_options(opts: &[u8]) -> (Option<u16>, Option<u8>) {
+    let (mut mss, mut ws) = (None, None);
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i] {
+            0 => break,
+            1 => i += 1,
+            kind => {
+                let Some(&len) = opts.get(i + 1) else { break };
+                let len = usize::from(len);
+                if len < 2 || i + len > opts.len() {
+                    break;
+                }
+                match (kind, len) {
+                    (2, 4) => mss = Some(u16::from_be_bytes([opts[i + 2], opts[i + 3]])),
+                    (3, 3) => ws = Some(opts[i + 2]),
+                    _ => {}
+                }
+                i += len;
+            }
+        }
+    }
+    (mss, ws)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,5 +484,42 @@ mod tests {
         assert_eq!(parse_tcp(&seg, &ip, true).err(), Some(Drop::Checksum));
         seg[12] = 6 << 4;
         assert_eq!(parse_tcp(&seg, &ip, false).err(), Some(Drop::Malformed));
+    }
+
+    #[test]
+    fn tcp_with_options_verifies_and_options_parse_back() {
+        let ip = Ipv4 {
+            header_len: 20,
+            total_len: 20 + 28 + 3,
+            proto: PROTO_TCP,
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+        };
+        let mut seg = [0u8; 31];
+        seg[28..].copy_from_slice(b"abc");
+        let h = TcpOut {
+            src_port: 80,
+            dst_port: 1234,
+            seq: 7,
+            ack: 9,
+            flags: TCP_SYN | TCP_ACK,
+            window: 4096,
+        };
+        compose_tcp(&mut seg, &ip, &h, Some((1460, Some(7))), false);
+        let t = parse_tcp(&seg, &ip, true).expect("valid");
+        assert_eq!(
+            (t.seq, t.ack, t.flags, t.header_len),
+            (7, 9, TCP_SYN | TCP_ACK, 28)
+        );
+        assert_eq!(tcp_syn_options(&seg[20..28]), (Some(1460), Some(7)));
+        compose_tcp(&mut seg, &ip, &h, Some((536, None)), false);
+        assert_eq!(tcp_syn_options(&seg[20..28]), (Some(536), None));
+        // Truncated or zero-length options stop the walk without panicking.
+        assert_eq!(tcp_syn_options(&[2, 4, 5]), (None, None));
+        assert_eq!(tcp_syn_options(&[3, 0, 1, 1]), (None, None));
+        assert_eq!(
+            tcp_syn_options(&[1, 3, 3, 2, 2, 4, 1, 0]),
+            (Some(256), Some(2))
+        );
     }
 }

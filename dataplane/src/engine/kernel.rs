@@ -208,17 +208,14 @@ impl Core {
     pub fn run(&mut self, stop: &AtomicBool) {
         self.worker.port.set_transport("kernel");
         if let Some(host) = self.worker.port.pg_host() {
-            match tokio::runtime::Builder::new_current_thread()
+            // Without a runtime (out of file descriptors) the relay serves this core from the
+            // control plane, as for a userspace core.
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
-                Ok(rt) => {
-                    self.worker.port.set_pg_hosted();
-                    return rt.block_on(self.run_hosting(stop, host));
-                }
-                // No runtime here (out of file descriptors): the relay serves this core from
-                // the control plane, as for a userspace core.
-                Err(_) => {}
+                self.worker.port.set_pg_hosted();
+                return rt.block_on(self.run_hosting(stop, host));
             }
         }
         self.run_alone(stop);

@@ -377,6 +377,8 @@ fn start_control_plane(
         Some(Ok(mut relay_cfg)) => {
             relay_cfg.origin.primary = primary;
             let relay = RelayState::new(shared.control_port(), leases, relay_cfg);
+            // Kernel-transport cores run it on their own threads; `run` serves the others.
+            relay.host_on_cores();
             tasks.push(tokio::spawn(crate::pgfront::run(
                 relay.clone(),
                 relay_wake,

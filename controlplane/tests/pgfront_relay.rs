@@ -930,3 +930,65 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
     }
     teardown(db, d, &role).await;
 }
+
+/// Two kernel cores, each running the relay on its own thread: sessions on both cores are
+/// served, each core keeps its own pool, and a cancel that arrives on either core (the kernel
+/// spreads connections over the cores' `SO_REUSEPORT` listeners) reaches its query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_runs_on_two_cores_and_cancels_cross_them() {
+    let (db, d, role) = setup_with("pgf_twocores", |cfg| cfg.resp.cores = 2).await;
+    let addr = d.p.pg_addr().unwrap();
+    let conn = format!(
+        "host={} port={} user={role} password={PASSWORD} dbname={}",
+        addr.ip(),
+        addr.port(),
+        db.name
+    );
+    let open_on = |c: usize| {
+        d.p.shared
+            .stats(c)
+            .connections_open_pg
+            .load(Ordering::Relaxed)
+    };
+    // The kernel spreads connections by a hash of their ports: open until both cores have some.
+    let mut clients = Vec::new();
+    while clients.len() < 8 || (open_on(0) == 0 || open_on(1) == 0) && clients.len() < 64 {
+        let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+            .await
+            .expect("connects through pgline");
+        tokio::spawn(connection);
+        clients.push(client);
+    }
+    assert!(
+        open_on(0) > 0 && open_on(1) > 0,
+        "all connections on one core"
+    );
+    for (i, c) in clients.iter().enumerate() {
+        let id = (i % 10) as i32 + 1;
+        let row = c
+            .query_one("SELECT v FROM t WHERE id = $1", &[&id])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), format!("v{id}"));
+    }
+    // Each session's cancel goes out on a new connection, whichever core takes it.
+    for c in &clients[..6] {
+        let token = c.cancel_token();
+        let started = Instant::now();
+        let sleeper = c.simple_query("SELECT pg_sleep(10)");
+        let cancel = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        };
+        let (r, ()) = tokio::join!(sleeper, cancel);
+        let e = r.expect_err("cancelled");
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)
+        );
+        assert!(started.elapsed() < Duration::from_secs(9));
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    drop(clients);
+    teardown(db, d, &role).await;
+}

@@ -14,10 +14,24 @@
 //! client's messages only when the core asked for it; a backend whose state was not read stays
 //! reserved for its session (`pool`).
 //!
-//! Thread model: one dispatcher task ([`run`]) drains the cores' queues when the control waker
-//! fires (and every 20 ms), and feeds one task per session through an unbounded channel; a
-//! session task handles its requests one at a time (the core sends one batch at a time per
-//! session). Cancels are handled by the dispatcher without waiting for the session.
+//! Thread model: the relay runs on the core that owns the client's connection. A kernel-transport
+//! core takes [`CoreRelay`] (offered through the plane, [`RelayState::host_on_cores`]) and, after
+//! each of its turns, drains its own queue into [`RelayState::dispatch`] on its own thread, whose
+//! tokio current-thread runtime runs the session tasks and their origin sockets between the
+//! core's turns (`engine::kernel`): a forwarded batch crosses no thread. A core that does not
+//! host it (a userspace core) is served by one dispatcher task ([`run`]) on the control runtime,
+//! which drains its queue when the control waker fires (and every 20 ms). Either way the
+//! dispatcher feeds one task per session through an unbounded channel (spawned with
+//! `tokio::spawn` on the dispatching thread's runtime: one code base for both); a session task
+//! handles its requests one at a time (the core sends one batch at a time per session). Cancels
+//! are handled by the dispatcher without waiting for the session; a cancel may arrive on another
+//! core than its session's, and is sent from there (the session table and the cancel states are
+//! shared, under locks).
+//!
+//! Pools are per core, as PgBouncer's processes on `SO_REUSEPORT` each have their own: a pool is
+//! keyed by core too, and holds at most `pgwire.pool_size / resp.cores` (rounded up)
+//! connections, so the origin sees about `pool_size` connections per (user, database, startup
+//! settings) over all cores, each used by the thread that opened it.
 //!
 //! Invariants:
 //! - Replies to a request keep their order: only its session task pushes them.
@@ -56,7 +70,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pgline_dataplane::plane::{ControlPort, PgReply, PgRequest, PgRequestKind};
+use pgline_dataplane::plane::{ControlPort, PgHost, PgReply, PgRequest, PgRequestKind};
 
 use crate::result_plane::ResultPlane;
 use tokio::sync::{mpsc, watch, Notify};
@@ -157,9 +171,10 @@ pub struct RelayState {
     /// The query-result cache's leases; landed answers go to the writer through it.
     results: Arc<ResultPlane>,
     cfg: RelayConfig,
-    /// Keyed by user, database and the startup settings (see `session::Startup`): clients
-    /// share origin connections only with clients that logged in with the same settings.
-    pools: Mutex<HashMap<(String, String, String), Arc<pool::Pool>>>,
+    /// Keyed by core, user, database and the startup settings (see `session::Startup`):
+    /// clients share origin connections only with clients of the same core that logged in with
+    /// the same settings.
+    pools: Mutex<HashMap<PoolKey, Arc<pool::Pool>>>,
     sessions: Mutex<HashMap<u64, SessionHandle>>,
     /// pgline's (pid, secret) -> session id.
     keys: Mutex<HashMap<(i32, i32), u64>>,
@@ -173,6 +188,9 @@ pub struct RelayState {
     /// The bound on startups in authentication, and the origin-protection counters.
     admission: admit::Admission,
 }
+
+/// (core, user, database, startup settings and login state).
+type PoolKey = (usize, String, String, String);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -197,10 +215,21 @@ impl RelayState {
         })
     }
 
-    /// The pool of a (user, database, startup settings), made if new; `None` (counted) when
-    /// `max_pools` pools are in use by sessions.
-    fn pool(&self, user: &str, database: &str, settings: &str) -> Option<Arc<pool::Pool>> {
-        let key = (user.to_owned(), database.to_owned(), settings.to_owned());
+    /// The pool of a (core, user, database, startup settings), made if new; `None` (counted)
+    /// when `max_pools` pools are in use by sessions.
+    fn pool(
+        &self,
+        core: usize,
+        user: &str,
+        database: &str,
+        settings: &str,
+    ) -> Option<Arc<pool::Pool>> {
+        let key = (
+            core,
+            user.to_owned(),
+            database.to_owned(),
+            settings.to_owned(),
+        );
         let mut pools = lock(&self.pools);
         if let Some(p) = pools.get(&key) {
             return Some(Arc::clone(p));
@@ -210,7 +239,7 @@ impl RelayState {
             return None;
         }
         let p = Arc::new(pool::Pool::new(
-            self.cfg.pool_size,
+            self.cfg.pool_size.div_ceil(self.plane.cores().max(1)),
             Arc::clone(&self.admission.counters),
         ));
         pools.insert(key, Arc::clone(&p));
@@ -219,7 +248,7 @@ impl RelayState {
 
     /// Forgets the least recently used pool no session holds (its idle connections are
     /// closed); whether there was one.
-    fn evict_one(&self, pools: &mut HashMap<(String, String, String), Arc<pool::Pool>>) -> bool {
+    fn evict_one(&self, pools: &mut HashMap<PoolKey, Arc<pool::Pool>>) -> bool {
         // Under the map's lock no session can pick a pool up, so a count of one (the map's
         // own reference) means none holds it, and none will.
         let victim = pools
@@ -303,7 +332,7 @@ impl RelayState {
     pub fn pool_counts(&self, user: &str, database: &str) -> (usize, usize) {
         lock(&self.pools)
             .iter()
-            .filter(|((u, d, _), _)| u == user && d == database)
+            .filter(|((_, u, d, _), _)| u == user && d == database)
             .map(|(_, p)| p.counts())
             .fold((0, 0), |(i, t), (pi, pt)| (i + pi, t + pt))
     }
@@ -312,7 +341,7 @@ impl RelayState {
     pub fn pool_reserved(&self, user: &str, database: &str) -> usize {
         lock(&self.pools)
             .iter()
-            .filter(|((u, d, _), _)| u == user && d == database)
+            .filter(|((_, u, d, _), _)| u == user && d == database)
             .map(|(_, p)| p.reserved())
             .sum()
     }
@@ -451,12 +480,35 @@ impl RelayState {
         });
     }
 
+    /// Dispatches what core `core` sent.
+    fn drain_core(self: &Arc<Self>, core: usize) {
+        while let Some(req) = self.plane.recv_pg_request(core) {
+            self.dispatch(req);
+        }
+    }
+
+    /// Dispatches what the cores that do not host the relay sent.
     fn drain(self: &Arc<Self>) {
         for core in 0..self.plane.cores() {
-            while let Some(req) = self.plane.recv_pg_request(core) {
-                self.dispatch(req);
+            if !self.plane.pg_hosted(core) {
+                self.drain_core(core);
             }
         }
+    }
+
+    /// Offers the relay to the cores, to run on their own threads ([`CoreRelay`]); call before
+    /// the cores start. Cores that do not take it are served by [`run`].
+    pub fn host_on_cores(self: &Arc<Self>) {
+        self.plane.set_pg_host(Arc::new(CoreRelay(self.clone())));
+    }
+}
+
+/// The relay as a core runs it on its own thread (see the module doc).
+pub struct CoreRelay(Arc<RelayState>);
+
+impl PgHost for CoreRelay {
+    fn drain(&self, core: usize) {
+        self.0.drain_core(core);
     }
 }
 

@@ -456,7 +456,8 @@ impl Session {
                     // Sessions share connections only with sessions that logged in to the
                     // same state (a role or database default changed since is another pool).
                     let key = format!("{}\0{}", self.startup_settings, self.login_state);
-                    let Some(pool) = self.relay.pool(&self.user, &self.database, &key) else {
+                    let Some(pool) = self.relay.pool(req.core, &self.user, &self.database, &key)
+                    else {
                         tokio::spawn(b.terminate());
                         out.buf.clear();
                         RelayError::busy(Retry::Reconnect, admit::POOLS_FULL)

@@ -26,8 +26,17 @@
 //! the CPU on each (`sched_yield`: a relay or fill thread on the same CPU runs at once), then
 //! sleeps in epoll until a socket or the control plane's waker wakes it. Work per turn is bounded: bytes
 //! read per connection, requests per connection, replies held per connection.
+//!
+//! Hosting the relay ([`crate::plane::PgHost`], when the control plane offers it): the core's
+//! thread runs a tokio current-thread runtime whose one driving future is this loop. After each
+//! turn the core hands its PostgreSQL requests to the relay, whose tasks (sessions, their origin
+//! sockets) run on the same runtime between turns (`yield_now`). When idle past the spin it
+//! sleeps in tokio's epoll, which watches the origin sockets and this core's own mio epoll fd
+//! (`AsyncFd`), so a client's bytes, the relay's reply (the core's waker) and an origin's answer
+//! each wake the one thread. No request or reply crosses threads.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +44,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Registry, Token};
 
-use crate::plane::{ConnToken, CoreStats, Shared, Wake};
+use crate::plane::{ConnToken, CoreStats, PgHost, Shared, Wake};
 use crate::transport::kernel;
 
 use super::limits::Sources;
@@ -70,6 +79,15 @@ pub struct Ports {
 const READ_PER_TURN: usize = 256 * 1024;
 
 struct MioWaker(mio::Waker);
+
+/// The core's mio epoll fd as tokio sees it (borrowed: the `Poll` owns and closes it).
+struct EpollFd(std::os::fd::RawFd);
+
+impl std::os::fd::AsRawFd for EpollFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
+    }
+}
 
 impl Wake for MioWaker {
     fn wake(&self) {
@@ -186,10 +204,26 @@ impl Core {
             .transpose()
     }
 
-    /// Runs until `stop` is set.
+    /// Runs until `stop` is set; with the relay on this thread when the control plane offers it.
     pub fn run(&mut self, stop: &AtomicBool) {
-        let mut idle = 0u32;
         self.worker.port.set_transport("kernel");
+        if let Some(host) = self.worker.port.pg_host() {
+            // Without a runtime (out of file descriptors) the relay serves this core from the
+            // control plane, as for a userspace core.
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                self.worker.port.set_pg_hosted();
+                return rt.block_on(self.run_hosting(stop, host));
+            }
+        }
+        self.run_alone(stop);
+    }
+
+    /// The loop with the relay on the control plane.
+    fn run_alone(&mut self, stop: &AtomicBool) {
+        let mut idle = 0u32;
         while !stop.load(Ordering::Relaxed) {
             let timeout = if idle < self.worker.cfg.spin_polls {
                 Duration::ZERO
@@ -209,6 +243,51 @@ impl Core {
                     // once (one syscall), so a core with its own CPU loses nothing.
                     std::thread::yield_now();
                 }
+            }
+        }
+    }
+
+    /// The loop hosting the relay (see the module doc): the same turns and spin, with the
+    /// relay's requests drained after each turn and its tasks run between turns.
+    async fn run_hosting(&mut self, stop: &AtomicBool, host: Arc<dyn PgHost>) {
+        let id = self.worker.port.id();
+        // Readiness of the core's own epoll fd: a socket event or the waker. Its replacement
+        // (`register_with_interest`) is `unsafe` only because tokio cannot know the fd outlives
+        // the registration; here it does: `self.poll` owns it and outlives `epoll`, dropped at
+        // the end of this function.
+        #[allow(deprecated)]
+        let epoll = tokio::io::unix::AsyncFd::with_interest(
+            EpollFd(self.poll.as_raw_fd()),
+            tokio::io::Interest::READABLE,
+        );
+        let mut idle = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            let worked = self.poll_once(Duration::ZERO);
+            host.drain(id);
+            if worked {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+            }
+            if idle < self.worker.cfg.spin_polls || self.slots.has_active() {
+                if !worked {
+                    // As in `run_alone`: PostgreSQL or another thread may want this CPU.
+                    std::thread::yield_now();
+                }
+                // The relay's tasks and the origin sockets' readiness get their turn.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            self.slots.may_sleep();
+            match &epoll {
+                Ok(fd) => {
+                    let ready = tokio::time::timeout(Duration::from_millis(100), fd.readable());
+                    if let Ok(Ok(mut guard)) = ready.await {
+                        guard.clear_ready();
+                    }
+                }
+                // Not registrable: sleep a little at a time, so that the relay still runs.
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
             }
         }
     }

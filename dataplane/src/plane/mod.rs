@@ -22,6 +22,11 @@
 //! Each consumer has its own waker: a core's wakes that core, the control side has one for the
 //! miss consumer (the store writer) and one for the PostgreSQL relay, and a core's turn wakes
 //! each only if it sent that consumer something.
+//!
+//! The relay may instead run on a core's own thread ([`PgHost`], set by the control plane before
+//! the cores start): a kernel-transport core that takes the host drains its own PostgreSQL
+//! requests after each turn (no control-side wake, no thread crossing), and the relay's control
+//! side leaves that core's queue alone ([`ControlPort::pg_hosted`]).
 
 mod lane;
 mod message;
@@ -50,6 +55,13 @@ pub struct NoWake;
 
 impl Wake for NoWake {
     fn wake(&self) {}
+}
+
+/// The PostgreSQL relay as a core hosts it on its own thread (see `engine::kernel`).
+pub trait PgHost: Send + Sync {
+    /// Takes core `core`'s PostgreSQL requests and starts their work on the calling thread's
+    /// tokio runtime (the core's own); called by that core after each of its turns.
+    fn drain(&self, core: usize);
 }
 
 /// The control plane's two consumers of core traffic, each with its own waker.
@@ -121,6 +133,10 @@ pub struct Shared {
     next_client_id: AtomicU64,
     /// Which transport the cores run (`kernel`, `userspace`), set when the engine starts.
     transport: OnceLock<&'static str>,
+    /// The relay, for cores that run it on their own thread.
+    pg_host: OnceLock<Arc<dyn PgHost>>,
+    /// Per core: it drains its own PostgreSQL requests (set by the core before its first turn).
+    pg_hosted: Vec<AtomicBool>,
 }
 
 impl Shared {
@@ -143,6 +159,8 @@ impl Shared {
             started_at: Instant::now(),
             next_client_id: AtomicU64::new(1),
             transport: OnceLock::new(),
+            pg_host: OnceLock::new(),
+            pg_hosted: (0..cores).map(|_| AtomicBool::new(false)).collect(),
         }
     }
 

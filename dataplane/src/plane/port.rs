@@ -7,7 +7,9 @@ use std::sync::Arc;
 use crate::keyspace::{KeySpace, KeySpaceCell};
 use crate::store::StoreReader;
 
-use super::{CoreStats, MissReply, MissRequest, PgReply, PgRequest, Replication, Shared, Wake};
+use super::{
+    CoreStats, MissReply, MissRequest, PgHost, PgReply, PgRequest, Replication, Shared, Wake,
+};
 
 /// One core's side of the plane, owned by that core's thread.
 pub struct CorePort {
@@ -17,6 +19,8 @@ pub struct CorePort {
     misses_sent: Cell<bool>,
     /// PostgreSQL requests were sent this turn: wake the relay at the turn's end.
     pg_sent: Cell<bool>,
+    /// This core runs the relay on its own thread: nothing on the control side to wake.
+    pg_hosted: Cell<bool>,
 }
 
 impl CorePort {
@@ -26,7 +30,21 @@ impl CorePort {
             id,
             misses_sent: Cell::new(false),
             pg_sent: Cell::new(false),
+            pg_hosted: Cell::new(false),
         }
+    }
+
+    /// The relay to run on this core's thread, if the control plane offers one.
+    pub fn pg_host(&self) -> Option<Arc<dyn PgHost>> {
+        self.shared.pg_host.get().cloned()
+    }
+
+    /// From now on this core drains its own PostgreSQL requests (with [`CorePort::pg_host`]'s
+    /// host, after each turn); the control side no longer takes them or is woken for them.
+    /// Called before the core's first turn.
+    pub fn set_pg_hosted(&self) {
+        self.shared.pg_hosted[self.id].store(true, Ordering::Release);
+        self.pg_hosted.set(true);
     }
 
     /// The core this port belongs to.
@@ -132,7 +150,7 @@ impl CorePort {
         if self.misses_sent.replace(false) {
             self.shared.control_wakers.misses.wake();
         }
-        if self.pg_sent.replace(false) {
+        if self.pg_sent.replace(false) && !self.pg_hosted.get() {
             self.shared.control_wakers.pg.wake();
         }
     }
@@ -161,6 +179,20 @@ impl ControlPort {
     /// The next miss core `core` sent.
     pub fn recv_miss(&self, core: usize) -> Option<MissRequest> {
         self.shared.lanes[core].misses.pop()
+    }
+
+    /// Offers the relay to the cores, to run on their own threads (see [`PgHost`]); before the
+    /// cores start. The first call wins.
+    pub fn set_pg_host(&self, host: Arc<dyn PgHost>) {
+        let _ = self.shared.pg_host.set(host);
+    }
+
+    /// Whether core `core` drains its own PostgreSQL requests (the relay runs on its thread).
+    pub fn pg_hosted(&self, core: usize) -> bool {
+        self.shared
+            .pg_hosted
+            .get(core)
+            .is_some_and(|h| h.load(Ordering::Acquire))
     }
 
     /// The next PostgreSQL request core `core` sent.

@@ -992,3 +992,82 @@ async fn the_relay_runs_on_two_cores_and_cancels_cross_them() {
     drop(clients);
     teardown(db, d, &role).await;
 }
+
+/// A client that prepares a statement the pool already knows is answered at once when no
+/// backend is free: `pgbench -M prepared` at more clients than the pool blocked in `PQprepare`
+/// (Parse + Sync) behind backends held by its own thread's open transactions, and hung. A
+/// statement the pool has never prepared, or any other batch, still waits for a backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_prepare_does_not_wait_for_a_busy_pool() {
+    let (db, d, role) = setup_with("pgf_known_prepare", |cfg| cfg.pgwire.pool_size = 1).await;
+    for s in 1..=2 {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    let sql = "SELECT v FROM t WHERE id = $1";
+    let prepare = |name: &'static str, text: &'static str| {
+        msgs(move |b| {
+            frontend::parse(name, text, [23u32], b).unwrap();
+            frontend::sync(b);
+        })
+    };
+    let run = |name: &'static str, id: &'static str| {
+        msgs(move |b| {
+            pg::bind_text(b, name, &[id]);
+            frontend::execute("", 0, b).unwrap();
+            frontend::sync(b);
+        })
+    };
+    // Session 1 prepares and runs the statement: the pool learns it.
+    assert_eq!(
+        tags(
+            &d.request(1, PgRequestKind::Batch, prepare("a", sql))
+                .await
+                .bytes
+        ),
+        "1Z"
+    );
+    let r = d.request(1, PgRequestKind::Batch, run("a", "3")).await;
+    assert_eq!(first_values(&r.bytes), ["v3"]);
+    // Session 1 holds the only backend in a transaction.
+    assert_eq!(d.query(1, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));
+    // Session 2 prepares the same statement: answered without a backend, promptly.
+    let started = Instant::now();
+    let r = d.request(2, PgRequestKind::Batch, prepare("b", sql)).await;
+    assert_eq!(
+        (tags(&r.bytes).as_str(), r.end),
+        ("1Z", PgReplyEnd::Ready(b'I'))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The same name again is the client's error, from the origin's rule, so it waits: a
+    // statement the pool never prepared waits too. Both are answered once the backend is free.
+    let dup = d.push(2, PgRequestKind::Batch, prepare("b", sql));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        d.port.recv_pg_reply().is_none() && d.stash.lock().unwrap().is_empty(),
+        "a duplicate name must not be answered locally"
+    );
+    assert_eq!(d.query(1, "COMMIT").await.end, PgReplyEnd::Ready(b'I'));
+    let r = d.reply(2, dup).await;
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("42P05"));
+    assert_eq!(d.query(1, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));
+    let fresh = d.push(
+        2,
+        PgRequestKind::Batch,
+        prepare("c", "SELECT v || '!' FROM t WHERE id = $1"),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(d.port.recv_pg_reply().is_none() && d.stash.lock().unwrap().is_empty());
+    assert_eq!(d.query(1, "COMMIT").await.end, PgReplyEnd::Ready(b'I'));
+    assert_eq!(tags(&d.reply(2, fresh).await.bytes), "1Z");
+    // The locally answered statement runs: prepared on the backend by its first Bind.
+    let r = d.request(2, PgRequestKind::Batch, run("b", "7")).await;
+    assert_eq!(first_values(&r.bytes), ["v7"]);
+    let r = d.request(2, PgRequestKind::Batch, run("c", "2")).await;
+    assert_eq!(first_values(&r.bytes), ["v2!"]);
+    teardown(db, d, &role).await;
+}

@@ -256,21 +256,8 @@ fn plan_parse(
         });
         return Ok(());
     }
-    // A named statement is re-sent under its backend name, so its text must be UTF-8.
-    let (text, rest) = cstr(rest)?;
-    plan.sql.push(text.to_owned());
-    let n = rest
-        .get(..2)
-        .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
-        .ok_or(PlanError::Malformed)?;
-    let oids: Vec<u32> = rest[2..]
-        .chunks_exact(4)
-        .take(n)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    if oids.len() != n {
-        return Err(PlanError::Malformed);
-    }
+    let st = named_stmt(rest)?;
+    plan.sql.push(st.text.clone());
     if stmts.contains_key(name) {
         let msg = format!("prepared statement \"{name}\" already exists");
         let mut reply = Vec::new();
@@ -279,11 +266,6 @@ fn plan_parse(
         plan.acts.push(Act::Fail(reply));
         return Ok(());
     }
-    let st = Stmt {
-        backend_name: backend_name(text, &oids),
-        text: text.to_owned(),
-        oids,
-    };
     plan.named_parses.push((plan.acts.len(), name.to_owned()));
     if prepared.contains(&st.backend_name) {
         plan.acts.push(Act::Local(PARSE_COMPLETE));
@@ -297,6 +279,67 @@ fn plan_parse(
     }
     stmts.insert(name.to_owned(), st);
     Ok(())
+}
+
+/// A named Parse's statement, from the body after its name. It is re-sent under its backend
+/// name, so its text must be UTF-8.
+fn named_stmt(rest: &[u8]) -> Result<Stmt, PlanError> {
+    let (text, rest) = cstr(rest)?;
+    let n = rest
+        .get(..2)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+        .ok_or(PlanError::Malformed)?;
+    let oids: Vec<u32> = rest[2..]
+        .chunks_exact(4)
+        .take(n)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if oids.len() != n {
+        return Err(PlanError::Malformed);
+    }
+    Ok(Stmt {
+        backend_name: backend_name(text, &oids),
+        text: text.to_owned(),
+        oids,
+    })
+}
+
+/// The reply to a batch of named Parses and a Sync alone (what libpq's `PQprepare` sends)
+/// when every statement is one `known` says a backend of the pool has accepted, the names are
+/// new to the session and distinct: a ParseComplete each and ReadyForQuery (idle). The
+/// statements are booked in `stmts` as a relayed Parse books them, so the first Bind prepares
+/// them on whatever backend runs it. `None` (and `stmts` untouched) for any other batch.
+pub fn parse_only(
+    messages: &[u8],
+    stmts: &mut HashMap<String, Stmt>,
+    known: impl Fn(&str) -> bool,
+) -> Option<Vec<u8>> {
+    let frames = parse_frames(messages).ok()?;
+    let (last, parses) = frames.split_last()?;
+    if last.tag != b'S' || parses.is_empty() {
+        return None;
+    }
+    let mut new = Vec::with_capacity(parses.len());
+    for f in parses {
+        if f.tag != b'P' {
+            return None;
+        }
+        let (name, rest) = cstr(f.body).ok()?;
+        let st = named_stmt(rest).ok()?;
+        let fresh =
+            !name.is_empty() && !stmts.contains_key(name) && !new.iter().any(|(n, _)| *n == name);
+        if !fresh || !known(&st.backend_name) {
+            return None;
+        }
+        new.push((name, st));
+    }
+    let mut reply = Vec::with_capacity(new.len() * PARSE_COMPLETE.len() + 6);
+    for (name, st) in new {
+        stmts.insert(name.to_owned(), st);
+        reply.extend_from_slice(PARSE_COMPLETE);
+    }
+    pgwire::compose_ready_for_query(&mut reply, pgwire::TxStatus::Idle);
+    Some(reply)
 }
 
 fn ensure_prepared(st: &Stmt, prepared: &mut HashSet<String>, plan: &mut Plan) {

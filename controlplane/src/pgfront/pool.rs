@@ -82,7 +82,13 @@ struct Inner {
     total: usize,
     /// When a connection was last taken or returned (eviction picks the least recent).
     last_used: Instant,
+    /// Backend statement names ([`super::plan::backend_name`]) some connection of this pool
+    /// accepted a Parse of: at most [`KNOWN_STATEMENTS`], the first ones learnt.
+    known: HashSet<String>,
 }
+
+/// Bound on [`Pool::learn`]'s statement names per pool.
+pub const KNOWN_STATEMENTS: usize = 4096;
 
 /// What a [`Pool::sweep`] took out of the pool.
 #[derive(Default)]
@@ -114,10 +120,24 @@ impl Pool {
                 live: HashSet::new(),
                 total: 0,
                 last_used: Instant::now(),
+                known: HashSet::new(),
             }),
             notify: Notify::new(),
             opener: Mutex::new(None),
         }
+    }
+
+    /// Notes that a connection of this pool accepted a Parse of backend statement `name`.
+    pub fn learn(&self, name: &str) {
+        let mut inner = self.lock();
+        if inner.known.len() < KNOWN_STATEMENTS && !inner.known.contains(name) {
+            inner.known.insert(name.to_owned());
+        }
+    }
+
+    /// Whether a connection of this pool has accepted a Parse of backend statement `name`.
+    pub fn knows(&self, name: &str) -> bool {
+        self.lock().known.contains(name)
     }
 
     /// Lets the pool open connections itself (kept: the first opener set wins).

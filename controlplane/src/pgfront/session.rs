@@ -503,9 +503,9 @@ impl Session {
 
     /// The backend for the next batch: the pinned one, this session's reserved one, an idle
     /// one, or another session's reserved one whose state reads as the login state (see
-    /// `pool`). Busy (no connection free in time) is [`Retry::Later`]: the client may try
-    /// again.
-    async fn backend(&mut self) -> Result<Backend, RelayError> {
+    /// `pool`). Busy (no connection free by `deadline`) is [`Retry::Later`]: the client may
+    /// try again.
+    async fn backend(&mut self, deadline: tokio::time::Instant) -> Result<Backend, RelayError> {
         if let Some(b) = self.pinned.take() {
             return Ok(b);
         }
@@ -515,7 +515,6 @@ impl Session {
                 "pgline: batch before startup",
             ));
         };
-        let deadline = tokio::time::Instant::now() + POOL_WAIT;
         loop {
             let (b, taken) = pool.take_for(self.id, deadline).await.map_err(|e| {
                 let msg = format!("pgline: {e}");
@@ -538,6 +537,16 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// The local reply to a batch that only prepares statements the pool knows, for an idle
+    /// session with no backend free (see [`plan::parse_only`]).
+    fn parse_locally(&mut self, messages: &[u8]) -> Option<Vec<u8>> {
+        if self.status != b'I' || self.pinned.is_some() {
+            return None;
+        }
+        let pool = self.pool.clone()?;
+        plan::parse_only(messages, &mut self.stmts, |name| pool.knows(name))
     }
 
     /// Another session's reserved backend: usable here only if the origin says it is in the
@@ -579,7 +588,20 @@ impl Session {
             compose_ready(&mut out.buf, b'I');
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         }
-        let mut b = match self.backend().await {
+        // A client that prepares statements the pool already knows is answered at once when
+        // no backend is free (as PgBouncer does with prepared statements): a client blocked
+        // in `PQprepare` may be the one that would end the transactions holding them.
+        let now = tokio::time::Instant::now();
+        let mut got = self.backend(now).await;
+        if matches!(&got, Err(e) if e.retry == Retry::Later) {
+            if let Some(reply) = self.parse_locally(&req.messages) {
+                let mut out = out_for(&self.relay, &req, self.flow.as_ref());
+                out.buf.extend_from_slice(&reply);
+                return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
+            }
+            got = self.backend(now + POOL_WAIT).await;
+        }
+        let mut b = match got {
             Ok(b) => b,
             Err(e) if e.retry == Retry::Later => {
                 // Busy, not broken: the client may try again.
@@ -641,6 +663,7 @@ impl Session {
                 (key, lease)
             });
         let sql = std::mem::take(&mut plan.sql);
+        let parsed: Vec<String> = plan.named_parses.iter().map(|(_, n)| n.clone()).collect();
         let relay = self.relay.clone();
         let mut out = out_for(&relay, &req, self.flow.as_ref());
         if cache.is_some() {
@@ -650,6 +673,13 @@ impl Session {
         let o = self.execute(&mut b, plan, &mut out).await;
         for name in &o.unparsed {
             self.stmts.remove(name);
+        }
+        if o.status.is_some() {
+            if let Some(pool) = &self.pool {
+                for st in parsed.iter().filter_map(|n| self.stmts.get(n)) {
+                    pool.learn(&st.backend_name);
+                }
+            }
         }
         let bytes = out.sent + out.buf.len();
         let failed = o.failed || o.status.is_none();
@@ -797,7 +827,7 @@ impl Session {
     /// highest fence, so this session (whose origin is failing anyway) reads from the origin
     /// from then on, never older data than its last write.
     async fn fence_elsewhere(&mut self) -> u64 {
-        if let Ok(mut b) = self.backend().await {
+        if let Ok(mut b) = self.backend(tokio::time::Instant::now() + POOL_WAIT).await {
             if let Ok((lsn, _)) = ask_fence(&mut b).await {
                 self.put_back(b);
                 return lsn;

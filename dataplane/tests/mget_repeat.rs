@@ -10,13 +10,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgline_dataplane::engine::{Engine, EngineConfig};
+use pgline_dataplane::engine::Engine;
 use pgline_dataplane::keyspace::{KeySpace, KeySpaceCell};
 use pgline_dataplane::plane::{ControlWakers, Shared};
-use pgline_dataplane::resp::{compose_request, Limits};
+use pgline_dataplane::resp::compose_request;
 use pgline_dataplane::row::encode_resp_json;
 use pgline_dataplane::store::{self, EntryData, StoreConfig, StoreWriter};
 use pgline_hugepages::PageLevel;
+
+mod support;
 
 const TABLE: u32 = 7;
 
@@ -70,22 +72,7 @@ fn start() -> (Engine, Arc<Shared>, StoreWriter) {
     ));
     shared.control_port().set_serve_hits(true);
     let engine = Engine::start(
-        EngineConfig {
-            pg_listen: None,
-            pg_cache_users: Vec::new(),
-            pg_cache_database: None,
-            listen: "127.0.0.1:0".parse().unwrap(),
-            cores: 1,
-            max_connections: 16,
-            max_request_bytes: 1 << 20,
-            max_reply_backlog: 8 << 20,
-            requests_per_turn: 128,
-            max_pending_per_conn: 1024,
-            spin_polls: 100,
-            password: None,
-            limits: Limits::default(),
-            conn_limits: pgline_dataplane::engine::ConnLimits::default(),
-        },
+        support::rig::engine_config(1, 16, "127.0.0.1:0"),
         shared.clone(),
     )
     .expect("engine");

@@ -499,16 +499,21 @@ impl RelayState {
     /// Offers the relay to the cores, to run on their own threads ([`CoreRelay`]); call before
     /// the cores start. Cores that do not take it are served by [`run`].
     pub fn host_on_cores(self: &Arc<Self>) {
-        self.plane.set_pg_host(Arc::new(CoreRelay(self.clone())));
+        self.plane
+            .set_pg_host(Arc::new(CoreRelay(Arc::downgrade(self))));
     }
 }
 
-/// The relay as a core runs it on its own thread (see the module doc).
-pub struct CoreRelay(Arc<RelayState>);
+/// The relay as a core runs it on its own thread (see the module doc). Weak: the plane holds
+/// the host and the relay holds the plane, so a strong reference would keep both, and every
+/// pooled origin connection, alive after pgline is dropped.
+pub struct CoreRelay(std::sync::Weak<RelayState>);
 
 impl PgHost for CoreRelay {
     fn drain(&self, core: usize) {
-        self.0.drain_core(core);
+        if let Some(relay) = self.0.upgrade() {
+            relay.drain_core(core);
+        }
     }
 }
 

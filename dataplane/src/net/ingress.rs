@@ -195,7 +195,7 @@ impl<Q: Queue> Stack<Q> {
         ip: &Ipv4,
     ) -> Option<u32> {
         let slot = self.alloc_slot(now)?;
-        let iss = self.next_iss();
+        let iss = self.next_iss(key);
         let our_ip = self.cfg.ip;
         let peer = Ipv4Addr::from(ip.src);
         let c = &mut self.conns[slot as usize];

@@ -41,6 +41,7 @@ mod arp;
 mod conn;
 mod egress;
 mod ingress;
+mod isn;
 mod tcp;
 mod wire;
 
@@ -246,6 +247,7 @@ pub struct Stack<Q: Queue> {
     stats: NetStats,
     open: usize,
     seed: u64,
+    isn: isn::IsnGen,
     next_ephemeral: u16,
     ip_ident: u16,
     last_t: u64,
@@ -261,8 +263,12 @@ impl<Q: Queue> Stack<Q> {
         }
         let mtu = (usize::from(cfg.mss) + 40).min(max_frame - wire::ETH_HDR);
         let mac = cfg.mac.unwrap_or_else(|| queue.mac());
-        let seed = u64::from(u32::from(cfg.ip))
-            ^ u64::from_be_bytes([0, 0, mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]]);
+        let isn = isn::IsnGen::new();
+        // smoltcp's generator (its sequence numbers) is seeded from the secret too.
+        let seed = isn.seed(
+            u64::from(u32::from(cfg.ip))
+                ^ u64::from_be_bytes([0, 0, mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]]),
+        );
         Ok(Stack {
             queue,
             cfg,
@@ -294,6 +300,7 @@ impl<Q: Queue> Stack<Q> {
             stats: NetStats::default(),
             open: 0,
             seed: seed | 1,
+            isn,
             next_ephemeral: 49152,
             ip_ident: 1,
             last_t: 0,
@@ -332,7 +339,7 @@ impl<Q: Queue> Stack<Q> {
         let slot = self.alloc_slot(now).ok_or(NetError::Full)?;
         let mac = self.arp.lookup(next_hop);
         let ip = self.cfg.ip;
-        let iss = self.next_iss();
+        let iss = self.next_iss(key);
         let c = &mut self.conns[slot as usize];
         c.begin(key, Origin::Active, next_hop, mac);
         if !c.connect(ip, local_port, remote, iss, now) {
@@ -608,13 +615,9 @@ impl<Q: Queue> Stack<Q> {
         }
     }
 
-    /// An initial sequence number: the stack's generator mixed with the clock.
-    fn next_iss(&mut self) -> u32 {
-        self.seed = self
-            .seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.seed >> 32) as u32).wrapping_add((self.last_t / 4) as u32)
+    /// The initial sequence number of connection `key` (RFC 6528, `isn.rs`).
+    fn next_iss(&self, key: FlowKey) -> u32 {
+        self.isn.isn(self.cfg.ip, key, self.last_t)
     }
 
     fn mark_dirty(&mut self, slot: u32) {

@@ -46,11 +46,15 @@ struct Echo {
 
 impl World {
     fn new(mem: MemConfig, server_max: usize, client_max: usize) -> World {
+        World::with_configs(mem, cfg(SERVER_IP, server_max), cfg(CLIENT_IP, client_max))
+    }
+
+    fn with_configs(mem: MemConfig, scfg: NetConfig, ccfg: NetConfig) -> World {
         let (a, b) = mem::pair(mem);
         let now = Instant::now();
-        let mut server = Stack::new(a, cfg(SERVER_IP, server_max)).expect("server config");
+        let mut server = Stack::new(a, scfg).expect("server config");
         server.listen(PORT);
-        let client = Stack::new(b, cfg(CLIENT_IP, client_max)).expect("client config");
+        let client = Stack::new(b, ccfg).expect("client config");
         World {
             server,
             client,
@@ -249,6 +253,37 @@ fn echo_over_1000_concurrent_connections() {
     // Slots are reused: a second wave allocates no new ones and works the same.
     let flows = run_echo(&mut w, 1000, 300, 100, 20_000);
     assert_echoed(&flows);
+}
+
+#[test]
+fn a_dry_buffer_pool_holds_data_back_and_every_byte_still_comes_back() {
+    // 64 connections send at once; the server's pools hold 4 receive and 4 send buffers.
+    let scfg = NetConfig {
+        conn_buffers: 4,
+        ..cfg(SERVER_IP, 256)
+    };
+    let mut w = World::with_configs(MemConfig::default(), scfg, cfg(CLIENT_IP, 256));
+    let flows = run_echo(&mut w, 64, 6000, 3000, 200_000);
+    assert_echoed(&flows);
+    let st = *w.server.stats();
+    let (rx, tx) = w.server.buffer_pools();
+    if env!("CARGO_CRATE_NAME") == "net_stack_owned" {
+        assert!(st.tcp_buffer_waits > 0, "connections waited: {st:?}");
+        assert!(rx.dry > 0 && tx.dry > 0, "both pools ran dry: {rx:?} {tx:?}");
+        assert_eq!((rx.buffers, tx.buffers), (4, 4));
+        assert_eq!((rx.peak_in_use, tx.peak_in_use), (4, 4));
+    } else {
+        // smoltcp's sockets own their buffers: no pools.
+        assert_eq!((rx.buffers, tx.buffers, st.tcp_buffer_waits), (0, 0, 0));
+    }
+    // Idle connections hold no buffer.
+    for _ in 0..200 {
+        w.step();
+    }
+    let (rx, tx) = w.server.buffer_pools();
+    assert_eq!((rx.in_use, tx.in_use), (0, 0), "idle: every buffer back");
+    close_all(&mut w, &flows);
+    assert_eq!(w.server.open_connections(), 0);
 }
 
 #[test]

@@ -16,7 +16,9 @@
 //! the state machine and [`emit_own`] writes the frame.
 //!
 //! Slots are reused: a freed slot keeps its interface, socket and buffers, so steady-state
-//! accept/close does not allocate.
+//! accept/close does not allocate. A smoltcp slot owns its two socket buffers for its life
+//! (smoltcp's socket takes them at construction); our own TCP's slot holds none while idle and
+//! takes them from the stack's pools (`bufpool.rs`).
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
@@ -28,6 +30,7 @@ use smoltcp::socket::tcp::{self, State};
 use smoltcp::time::{Duration as SDuration, Instant as SInstant};
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpListenEndpoint};
 
+use super::bufpool::Pools;
 use super::tcp::{Out, Seg, Tcb};
 use super::wire::{self, ETHERTYPE_IPV4, ETH_HDR, PROTO_TCP};
 use super::NetStats;
@@ -93,6 +96,9 @@ pub struct Conn {
     pub timer: Option<u64>,
     /// Highest sequence number sent + 1 (for counting smoltcp's retransmissions).
     pub snd_max: Option<u32>,
+    /// On the stack's wait list for a receive / send pool buffer.
+    pub rx_waiting: bool,
+    pub tx_waiting: bool,
 }
 
 /// A device with capabilities only (used to build interfaces).
@@ -201,6 +207,8 @@ impl Conn {
             mac: None,
             timer: None,
             snd_max: None,
+            rx_waiting: false,
+            tx_waiting: false,
         }
     }
 
@@ -223,6 +231,8 @@ impl Conn {
         self.mac = mac;
         self.timer = None;
         self.snd_max = None;
+        self.rx_waiting = false;
+        self.tx_waiting = false;
     }
 
     // ---- the socket operations the stack uses, for either engine ----
@@ -269,17 +279,17 @@ impl Conn {
         }
     }
 
-    /// Free room in the send buffer.
-    pub fn send_room(&self) -> usize {
+    /// Free room in the send buffer (our TCP: 0 while it holds none and the pool is dry).
+    pub fn send_room(&self, p: &Pools) -> usize {
         match (&self.engine, self.smol()) {
-            (Engine::Own(t), _) => t.tx.room(),
+            (Engine::Own(t), _) => t.tx.room(&p.tx),
             (_, Some(s)) => s.send_capacity() - s.send_queue(),
             _ => 0,
         }
     }
 
     /// Appends up to `max` received bytes to `out`; returns how many.
-    pub fn recv(&mut self, out: &mut Vec<u8>, max: usize) -> usize {
+    pub fn recv(&mut self, p: &mut Pools, out: &mut Vec<u8>, max: usize) -> usize {
         match &mut self.engine {
             Engine::Smol {
                 sockets, handle, ..
@@ -304,12 +314,12 @@ impl Conn {
                 }
                 total
             }
-            Engine::Own(t) => t.recv(out, max),
+            Engine::Own(t) => t.recv(p, out, max),
         }
     }
 
     /// Queues bytes to send; how many fit (`Err` when the direction is closed).
-    pub fn send(&mut self, data: &[u8]) -> Result<usize, ()> {
+    pub fn send(&mut self, p: &mut Pools, data: &[u8]) -> Result<usize, ()> {
         match &mut self.engine {
             Engine::Smol {
                 sockets, handle, ..
@@ -317,7 +327,7 @@ impl Conn {
                 .get_mut::<tcp::Socket>(*handle)
                 .send_slice(data)
                 .map_err(|_| ()),
-            Engine::Own(t) => Ok(t.send(data)),
+            Engine::Own(t) => Ok(t.send(p, data)),
         }
     }
 
@@ -336,6 +346,46 @@ impl Conn {
                 sockets, handle, ..
             } => sockets.get_mut::<tcp::Socket>(*handle).abort(),
             Engine::Own(t) => t.abort(),
+        }
+    }
+
+    /// Gives our own TCP's buffers back to the pools (the connection is gone).
+    pub fn free_buffers(&mut self, p: &mut Pools) {
+        if let Engine::Own(t) = &mut self.engine {
+            t.free_buffers(p);
+        }
+    }
+
+    /// Data was refused for want of a receive buffer since the last call (our own TCP).
+    pub fn take_rx_starved(&mut self) -> bool {
+        match &mut self.engine {
+            Engine::Own(t) => std::mem::take(&mut t.rx_starved),
+            Engine::Smol { .. } => false,
+        }
+    }
+
+    /// Hands the connection a receive buffer (it waited for one) and has it announce the
+    /// window; false if the pool is dry again or the connection holds one already.
+    pub fn grant_rx(&mut self, p: &mut Pools) -> bool {
+        match &mut self.engine {
+            Engine::Own(t) => t.grant_rx(p),
+            Engine::Smol { .. } => false,
+        }
+    }
+
+    /// Our own TCP holds no send buffer and the pool has none to give.
+    pub fn send_starved(&self, p: &Pools) -> bool {
+        match &self.engine {
+            Engine::Own(t) => !t.tx.held() && p.tx.available() == 0,
+            Engine::Smol { .. } => false,
+        }
+    }
+
+    /// Hands the connection a send buffer (it waited for one); false if the pool is dry.
+    pub fn grant_tx(&mut self, p: &mut Pools) -> bool {
+        match &mut self.engine {
+            Engine::Own(t) => t.tx.reserve(&mut p.tx),
+            Engine::Smol { .. } => false,
         }
     }
 
@@ -358,7 +408,14 @@ impl Conn {
     }
 
     /// Arms the slot for the SYN that created it; false if the socket refused.
-    pub fn listen(&mut self, ip: Ipv4Addr, port: u16, iss: u32, now: SInstant) -> bool {
+    pub fn listen(
+        &mut self,
+        p: &mut Pools,
+        ip: Ipv4Addr,
+        port: u16,
+        iss: u32,
+        now: SInstant,
+    ) -> bool {
         match &mut self.engine {
             Engine::Smol {
                 sockets, handle, ..
@@ -370,7 +427,7 @@ impl Conn {
                 sockets.get_mut::<tcp::Socket>(*handle).listen(ep).is_ok()
             }
             Engine::Own(t) => {
-                t.listen(iss, micros(now));
+                t.listen(p, iss, micros(now));
                 true
             }
         }
@@ -379,6 +436,7 @@ impl Conn {
     /// Active open; false if the socket refused.
     pub fn connect(
         &mut self,
+        p: &mut Pools,
         ip: Ipv4Addr,
         local_port: u16,
         remote: SocketAddrV4,
@@ -403,7 +461,7 @@ impl Conn {
                     .is_ok()
             }
             Engine::Own(t) => {
-                t.connect(iss, micros(now));
+                t.connect(p, iss, micros(now));
                 true
             }
         }
@@ -445,7 +503,7 @@ impl Conn {
                 if tcp.flags & wire::TCP_SYN != 0 {
                     (s.mss, s.wscale) = wire::tcp_syn_options(&hdr[wire::TCP_HDR..]);
                 }
-                t.process(micros(now), &s, payload)
+                t.process(out.pools, micros(now), &s, payload)
             }
         }
     }
@@ -467,7 +525,7 @@ impl Conn {
                 let Some(key) = self.key else {
                     return false;
                 };
-                let Some(seg) = t.dispatch(micros(now)) else {
+                let Some(seg) = t.dispatch(out.pools, micros(now)) else {
                     return false;
                 };
                 emit_own(t, &seg, key, self.mac, out);
@@ -528,7 +586,8 @@ fn emit_own<Q: Queue>(t: &Tcb, seg: &Out, key: FlowKey, mac: Option<[u8; 6]>, ou
     wire::compose_ipv4(&mut buf[ETH_HDR..], &ip, 0, offload);
     let l4 = &mut buf[ETH_HDR + wire::IPV4_HDR..frame_len];
     if seg.data_len > 0 {
-        t.tx.read_at(seg.data_off, &mut l4[wire::TCP_HDR + opts..]);
+        t.tx
+            .read_at(&out.pools.tx, seg.data_off, &mut l4[wire::TCP_HDR + opts..]);
     }
     let hdr = wire::TcpOut {
         src_port: key.local_port,
@@ -552,6 +611,8 @@ pub struct TxOut<'a, Q: Queue> {
     pub scratch: &'a mut Vec<u8>,
     pub stats: &'a mut NetStats,
     pub link: Link,
+    /// Our own TCP's buffer pools.
+    pub pools: &'a mut Pools,
 }
 
 /// The one-flow device smoltcp's interface drives.

@@ -73,6 +73,7 @@ impl<Q: Queue> Stack<Q> {
                 scratch: &mut self.scratch,
                 stats: &mut self.stats,
                 link: self.link,
+                pools: &mut self.pools,
             };
             let sent = c.egress(now, out);
             let at = c.poll_at(now);

@@ -178,6 +178,7 @@ impl<Q: Queue> Stack<Q> {
             scratch: &mut self.scratch,
             stats: &mut self.stats,
             link: self.link,
+            pools: &mut self.pools,
         };
         if c.ingress(now, packet, ip, &tcp, out) {
             self.stats.tcp_fast_path += 1;
@@ -207,7 +208,7 @@ impl<Q: Queue> Stack<Q> {
             peer,
             Some(src_mac),
         );
-        if !c.listen(our_ip, key.local_port, iss, now) {
+        if !c.listen(&mut self.pools, our_ip, key.local_port, iss, now) {
             c.key = None;
             self.free.push(slot);
             return None;
@@ -255,10 +256,15 @@ impl<Q: Queue> Stack<Q> {
                 }
             }
         }
+        if c.take_rx_starved() && !c.rx_waiting {
+            c.rx_waiting = true;
+            self.push_waiter(id, false);
+        }
+        let c = &mut self.conns[slot as usize];
         if c.announced {
             let eof = !c.may_recv();
             let queued = c.recv_queue();
-            let room = c.may_send() && c.send_room() > 0;
+            let room = c.may_send() && c.send_room(&self.pools) > 0;
             if queued > 0 || (eof && !c.eof_reported) {
                 c.eof_reported |= eof;
                 self.events.push(NetEvent::Readable(id));
@@ -269,6 +275,8 @@ impl<Q: Queue> Stack<Q> {
             }
         }
         self.mark_dirty(slot);
+        // An ACK may have emptied a send ring, or a RST freed both.
+        self.serve_waiters();
     }
 
     /// A RST for a segment of no connection (RFC 793: ACK'd segments get seq = their ack).

@@ -38,6 +38,7 @@
 #![deny(unsafe_code)]
 
 mod arp;
+mod bufpool;
 mod conn;
 mod egress;
 mod ingress;
@@ -46,7 +47,7 @@ mod tcp;
 mod wire;
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
@@ -56,6 +57,8 @@ use smoltcp::phy::DeviceCapabilities;
 use smoltcp::socket::tcp::State;
 use smoltcp::time::Instant as SInstant;
 
+pub use bufpool::PoolStats;
+use bufpool::Pools;
 use conn::{Conn, FlowKey, Link, Origin};
 
 /// Delayed ACK: an ACK waits this long for a reply to ride on.
@@ -68,6 +71,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_SEGMENTS_PER_FLUSH: usize = 64;
 /// Frames kept for the next `flush` when the TX ring is full; beyond this they are dropped.
 pub const MAX_TX_BACKLOG: usize = 4096;
+/// Default `NetConfig::conn_buffers`: receive and send buffers per core's pools.
+pub const DEFAULT_CONN_BUFFERS: usize = 4096;
 
 /// Settings of one core's stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +88,11 @@ pub struct NetConfig {
     pub rx_buffer: usize,
     /// Send buffer per connection.
     pub tx_buffer: usize,
+    /// With `owned_tcp`: receive buffers, and as many send buffers, in the stack's pools
+    /// (`bufpool.rs`); connections take them while they move bytes. Capped at
+    /// `max_connections` (one of each per connection never runs dry). Ignored by smoltcp,
+    /// whose sockets own their buffers.
+    pub conn_buffers: usize,
     /// Open connections at most; a SYN beyond them gets a RST.
     pub max_connections: usize,
     /// Frames received per `poll` at most.
@@ -105,6 +115,7 @@ impl NetConfig {
             mss: 1460,
             rx_buffer: 16 * 1024,
             tx_buffer: 32 * 1024,
+            conn_buffers: DEFAULT_CONN_BUFFERS,
             max_connections: 4096,
             rx_burst: 32,
             owned_tcp: false,
@@ -118,6 +129,7 @@ impl NetConfig {
             && self.rx_buffer >= 1024
             && self.tx_buffer >= 1024
             && self.max_connections > 0
+            && self.conn_buffers > 0
             && self.max_connections < u32::MAX as usize
             && self.rx_burst > 0
             && !self.ip.is_unspecified();
@@ -220,6 +232,9 @@ pub struct NetStats {
     pub tcp_retransmits: u64,
     /// Segments our own TCP took on its header-prediction fast path.
     pub tcp_fast_path: u64,
+    /// Times a connection of our own TCP found a buffer pool dry and waited (receive: data
+    /// refused under a zero window; send: `send` took nothing).
+    pub tcp_buffer_waits: u64,
 }
 
 /// One core's network stack over one queue.
@@ -240,6 +255,11 @@ pub struct Stack<Q: Queue> {
     timers: BinaryHeap<Reverse<(u64, u32, u32)>>,
     arp: arp::Arp,
     arp_waiters: Vec<ConnId>,
+    /// Our own TCP's buffer pools and the connections waiting for a buffer (FIFO, each at most
+    /// once: `Conn::rx_waiting` / `tx_waiting`).
+    pools: Pools,
+    rx_waiters: VecDeque<ConnId>,
+    tx_waiters: VecDeque<ConnId>,
     rx: Vec<Q::Packet>,
     tx: Vec<Q::Packet>,
     scratch: Vec<u8>,
@@ -263,6 +283,13 @@ impl<Q: Queue> Stack<Q> {
         }
         let mtu = (usize::from(cfg.mss) + 40).min(max_frame - wire::ETH_HDR);
         let mac = cfg.mac.unwrap_or_else(|| queue.mac());
+        // smoltcp sockets own their buffers: its stacks get empty pools.
+        let pooled = if cfg.owned_tcp {
+            cfg.conn_buffers.min(cfg.max_connections)
+        } else {
+            0
+        };
+        let waiters = pooled.min(1 << 16);
         let isn = isn::IsnGen::new();
         // smoltcp's generator (its sequence numbers) is seeded from the secret too.
         let seed = isn.seed(
@@ -293,6 +320,9 @@ impl<Q: Queue> Stack<Q> {
             timers: BinaryHeap::with_capacity(1024),
             arp: arp::Arp::new(),
             arp_waiters: Vec::new(),
+            pools: Pools::new(cfg.rx_buffer, cfg.tx_buffer, pooled),
+            rx_waiters: VecDeque::with_capacity(waiters),
+            tx_waiters: VecDeque::with_capacity(waiters),
             rx: Vec::with_capacity(cfg.rx_burst),
             tx: Vec::with_capacity(MAX_TX_BACKLOG),
             scratch: Vec::with_capacity(max_frame),
@@ -342,7 +372,7 @@ impl<Q: Queue> Stack<Q> {
         let iss = self.next_iss(key);
         let c = &mut self.conns[slot as usize];
         c.begin(key, Origin::Active, next_hop, mac);
-        if !c.connect(ip, local_port, remote, iss, now) {
+        if !c.connect(&mut self.pools, ip, local_port, remote, iss, now) {
             c.key = None;
             self.free.push(slot);
             return Err(NetError::Unreachable);
@@ -381,10 +411,11 @@ impl<Q: Queue> Stack<Q> {
     pub fn recv(&mut self, id: ConnId, out: &mut Vec<u8>, max: usize) -> Result<usize, NetError> {
         let slot = self.live(id).ok_or(NetError::Unknown)?;
         let c = &mut self.conns[slot];
-        let total = c.recv(out, max);
+        let total = c.recv(&mut self.pools, out, max);
         if total > 0 {
             // The window opened: the TCP decides whether an update is worth sending.
             self.mark_dirty(slot as u32);
+            self.serve_waiters();
             return Ok(total);
         }
         if self.conns[slot].may_recv() {
@@ -405,11 +436,16 @@ impl<Q: Queue> Stack<Q> {
         if data.is_empty() {
             return Ok(0);
         }
-        let n = c.send(data).map_err(|_| NetError::Closed)?;
+        let n = c.send(&mut self.pools, data).map_err(|_| NetError::Closed)?;
         if n < data.len() {
             c.want_write = true;
         }
         if n == 0 {
+            if !c.tx_waiting && c.send_starved(&self.pools) {
+                // No buffer and the pool is dry: wait for one (`Writable` follows).
+                c.tx_waiting = true;
+                self.push_waiter(id, true);
+            }
             return Err(NetError::Full);
         }
         self.mark_dirty(slot as u32);
@@ -422,7 +458,7 @@ impl<Q: Queue> Stack<Q> {
             Some(slot) => {
                 let c = &self.conns[slot];
                 if c.may_send() {
-                    c.send_room()
+                    c.send_room(&self.pools)
                 } else {
                     0
                 }
@@ -473,6 +509,11 @@ impl<Q: Queue> Stack<Q> {
 
     pub fn stats(&self) -> &NetStats {
         &self.stats
+    }
+
+    /// Our own TCP's receive and send buffer pools (empty with smoltcp).
+    pub fn buffer_pools(&self) -> (PoolStats, PoolStats) {
+        (self.pools.rx.stats(), self.pools.tx.stats())
     }
 
     pub fn open_connections(&self) -> usize {
@@ -605,6 +646,7 @@ impl<Q: Queue> Stack<Q> {
         if c.state() != State::Closed {
             c.abort();
         }
+        c.free_buffers(&mut self.pools);
         self.table.remove(&key);
         self.free.push(slot);
         self.open -= 1;
@@ -612,6 +654,56 @@ impl<Q: Queue> Stack<Q> {
         self.stats.tcp_conns_closed += 1;
         if report {
             self.events.push(NetEvent::Closed(id));
+        }
+        self.serve_waiters();
+    }
+
+    /// Puts a connection on the send (`tx`) or receive wait list. Entries of connections that
+    /// closed while waiting stay until served or swept: past two per slot, the list drops them.
+    fn push_waiter(&mut self, id: ConnId, tx: bool) {
+        self.stats.tcp_buffer_waits += 1;
+        let q = if tx {
+            &mut self.tx_waiters
+        } else {
+            &mut self.rx_waiters
+        };
+        if q.len() >= 2 * self.conns.len() {
+            let conns = &self.conns;
+            q.retain(|w| {
+                conns
+                    .get(w.slot as usize)
+                    .is_some_and(|c| c.gen == w.gen && c.key.is_some())
+            });
+        }
+        q.push_back(id);
+    }
+
+    /// Hands buffers that came back to connections waiting for one, oldest first: a receive
+    /// buffer opens the waiter's window (an update goes out with the next `flush`), a send
+    /// buffer is reported as `Writable`. Waiters that closed meanwhile are skipped.
+    fn serve_waiters(&mut self) {
+        while self.pools.rx.available() > 0 {
+            let Some(id) = self.rx_waiters.pop_front() else {
+                break;
+            };
+            let Some(slot) = self.live(id) else { continue };
+            let c = &mut self.conns[slot];
+            c.rx_waiting = false;
+            if c.grant_rx(&mut self.pools) {
+                self.mark_dirty(id.slot);
+            }
+        }
+        while self.pools.tx.available() > 0 {
+            let Some(id) = self.tx_waiters.pop_front() else {
+                break;
+            };
+            let Some(slot) = self.live(id) else { continue };
+            let c = &mut self.conns[slot];
+            c.tx_waiting = false;
+            if c.may_send() && c.grant_tx(&mut self.pools) && c.want_write {
+                c.want_write = false;
+                self.events.push(NetEvent::Writable(id));
+            }
         }
     }
 

@@ -37,6 +37,7 @@
 
 use smoltcp::socket::tcp::State;
 
+use super::bufpool::{Pools, Ring};
 use super::wire::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 
 /// PSH flag (accepted by the fast path, set on what we send with data).
@@ -47,83 +48,6 @@ const RTO_MIN_US: u64 = 20_000;
 const RTO_MAX_US: u64 = 10_000_000;
 /// The MSS assumed when the peer's SYN names none (RFC 9293).
 const DEFAULT_MSS: u16 = 536;
-
-/// A byte ring of fixed capacity.
-pub struct Ring {
-    buf: Box<[u8]>,
-    head: usize,
-    len: usize,
-}
-
-impl Ring {
-    pub fn new(cap: usize) -> Ring {
-        Ring {
-            buf: vec![0u8; cap].into_boxed_slice(),
-            head: 0,
-            len: 0,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn cap(&self) -> usize {
-        self.buf.len()
-    }
-
-    pub fn room(&self) -> usize {
-        self.buf.len() - self.len
-    }
-
-    pub fn clear(&mut self) {
-        self.head = 0;
-        self.len = 0;
-    }
-
-    /// Appends as much of `data` as fits; returns how much.
-    pub fn push(&mut self, data: &[u8]) -> usize {
-        let n = data.len().min(self.room());
-        let cap = self.buf.len();
-        let tail = (self.head + self.len) % cap;
-        let first = n.min(cap - tail);
-        self.buf[tail..tail + first].copy_from_slice(&data[..first]);
-        self.buf[..n - first].copy_from_slice(&data[first..n]);
-        self.len += n;
-        n
-    }
-
-    /// Drops `n` bytes from the front (`n <= len`).
-    pub fn consume(&mut self, n: usize) {
-        let n = n.min(self.len);
-        self.head = (self.head + n) % self.buf.len();
-        self.len -= n;
-        if self.len == 0 {
-            self.head = 0;
-        }
-    }
-
-    /// Copies `out.len()` bytes starting `offset` bytes after the front (all must be present).
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
-        let cap = self.buf.len();
-        let start = (self.head + offset) % cap;
-        let first = out.len().min(cap - start);
-        out[..first].copy_from_slice(&self.buf[start..start + first]);
-        let rest = out.len() - first;
-        out[first..].copy_from_slice(&self.buf[..rest]);
-    }
-
-    /// Moves up to `max` bytes from the front to `out`; returns how many.
-    pub fn pop_into(&mut self, out: &mut Vec<u8>, max: usize) -> usize {
-        let n = max.min(self.len);
-        let cap = self.buf.len();
-        let first = n.min(cap - self.head);
-        out.extend_from_slice(&self.buf[self.head..self.head + first]);
-        out.extend_from_slice(&self.buf[..n - first]);
-        self.consume(n);
-        n
-    }
-}
 
 /// The fields of a received segment the state machine reads.
 #[derive(Clone, Copy, Debug)]
@@ -169,6 +93,9 @@ pub struct Tcb {
     pub tx: Ring,
     /// The fast path may be used (off only for the differential test).
     pub fast_path: bool,
+    /// Data arrived while the receive pool was dry and was not accepted: the stack puts the
+    /// connection on its wait list (and clears this).
+    pub rx_starved: bool,
     our_mss: u16,
     mss: usize,
     iss: u32,
@@ -218,6 +145,7 @@ impl Tcb {
             rx: Ring::new(rx_cap),
             tx: Ring::new(tx_cap),
             fast_path: true,
+            rx_starved: false,
             our_mss,
             mss: usize::from(DEFAULT_MSS),
             iss: 0,
@@ -253,11 +181,10 @@ impl Tcb {
     }
 
     /// Back to a fresh CLOSED connection (the slot is reused).
-    fn reset(&mut self, iss: u32, now: u64) {
+    fn reset(&mut self, p: &mut Pools, iss: u32, now: u64) {
         let fast = self.fast_path;
         let (our_mss, delay) = (self.our_mss, self.ack_delay_us);
-        self.rx.clear();
-        self.tx.clear();
+        self.free_buffers(p);
         let rx = std::mem::replace(&mut self.rx, Ring::new(0));
         let tx = std::mem::replace(&mut self.tx, Ring::new(0));
         *self = Tcb {
@@ -279,15 +206,21 @@ impl Tcb {
         self.rcv_shift = shift;
     }
 
+    /// Gives both rings' buffers back to the pools (the connection is gone).
+    pub fn free_buffers(&mut self, p: &mut Pools) {
+        self.rx.clear(&mut p.rx);
+        self.tx.clear(&mut p.tx);
+    }
+
     /// Waits for a SYN (the slot was armed by the accept path).
-    pub fn listen(&mut self, iss: u32, now: u64) {
-        self.reset(iss, now);
+    pub fn listen(&mut self, p: &mut Pools, iss: u32, now: u64) {
+        self.reset(p, iss, now);
         self.state = State::Listen;
     }
 
     /// Active open: a SYN goes out with the next dispatch.
-    pub fn connect(&mut self, iss: u32, now: u64) {
-        self.reset(iss, now);
+    pub fn connect(&mut self, p: &mut Pools, iss: u32, now: u64) {
+        self.reset(p, iss, now);
         self.wscale_ok = true;
         self.state = State::SynSent;
     }
@@ -307,21 +240,35 @@ impl Tcb {
         matches!(self.state, State::Established | State::CloseWait) && !self.fin_queued
     }
 
-    /// Takes bytes to send; returns how many fit.
-    pub fn send(&mut self, data: &[u8]) -> usize {
-        self.tx.push(data)
+    /// Takes bytes to send; returns how many fit (0 while the send pool is dry).
+    pub fn send(&mut self, p: &mut Pools, data: &[u8]) -> usize {
+        self.tx.push(&mut p.tx, data)
     }
 
-    /// Reads up to `max` received bytes into `out`.
-    pub fn recv(&mut self, out: &mut Vec<u8>, max: usize) -> usize {
-        let n = self.rx.pop_into(out, max);
+    /// Reads up to `max` received bytes into `out` (a drained ring gives its buffer back).
+    pub fn recv(&mut self, p: &mut Pools, out: &mut Vec<u8>, max: usize) -> usize {
+        let n = self.rx.pop_into(&mut p.rx, out, max);
         // Announce a window that opened by a useful amount (RFC 1122 receiver-side SWS rule).
-        let edge = self.rcv_nxt.wrapping_add(self.window());
+        let edge = self.rcv_nxt.wrapping_add(self.window(p));
         let grown = edge.wrapping_sub(self.rcv_adv) as i32;
         if n > 0 && grown >= (self.mss.min(self.rx.cap() / 2)) as i32 {
             self.ack_now = true;
         }
         n
+    }
+
+    /// A receive buffer for a connection that found the pool dry: taken now, and the window it
+    /// opens announced at once. False if the pool is dry.
+    pub fn grant_rx(&mut self, p: &mut Pools) -> bool {
+        let receiving = matches!(
+            self.state,
+            State::Established | State::FinWait1 | State::FinWait2
+        );
+        if !receiving || self.rx.held() || !self.rx.reserve(&mut p.rx) {
+            return false;
+        }
+        self.ack_now = true;
+        true
     }
 
     /// Our side is done: FIN after the queued data.
@@ -348,18 +295,20 @@ impl Tcb {
         self.state = State::Closed;
     }
 
-    fn window(&self) -> u32 {
-        let room = self.rx.room() as u32;
+    /// The receive window: the room in the held buffer, a whole buffer if the pool can give one,
+    /// zero while it is dry.
+    fn window(&self, p: &Pools) -> u32 {
+        let room = self.rx.room(&p.rx) as u32;
         let max = 65535u32 << self.rcv_shift;
         room.min(max)
     }
 
-    fn window_field(&self) -> u16 {
-        (self.window() >> self.rcv_shift).min(65535) as u16
+    fn window_field(&self, p: &Pools) -> u16 {
+        (self.window(p) >> self.rcv_shift).min(65535) as u16
     }
 
     /// Processes one segment; `payload` is its data. True if it took the fast path.
-    pub fn process(&mut self, now: u64, seg: &Seg, payload: &[u8]) -> bool {
+    pub fn process(&mut self, p: &mut Pools, now: u64, seg: &Seg, payload: &[u8]) -> bool {
         // Header prediction: the common case of request/response traffic.
         if self.fast_path
             && self.state == State::Established
@@ -372,30 +321,40 @@ impl Tcb {
             && self.snd_nxt == self.snd_max
             && self.dup_acks == 0
             && !payload.is_empty()
-            && payload.len() <= self.rx.room()
-            && payload.len() <= self.window() as usize
+            && payload.len() <= self.rx.room(&p.rx)
+            && payload.len() <= self.window(p) as usize
         {
             self.last_rx = now;
             if seg.ack != self.snd_una {
-                self.take_ack(now, seg.ack);
+                self.take_ack(p, now, seg.ack);
             }
             self.snd_wl1 = seg.seq;
             self.snd_wl2 = seg.ack;
-            self.rx.push(payload);
+            self.rx.push(&mut p.rx, payload);
             self.rcv_nxt = self.rcv_nxt.wrapping_add(payload.len() as u32);
             self.data_received(now, payload.len());
             return true;
         }
-        self.process_general(now, seg, payload);
+        self.process_general(p, now, seg, payload);
+        if !payload.is_empty()
+            && !self.rx.held()
+            && p.rx.available() == 0
+            && matches!(
+                self.state,
+                State::Established | State::FinWait1 | State::FinWait2
+            )
+        {
+            self.rx_starved = true;
+        }
         false
     }
 
     /// An ACK that advances `snd_una` (`snd_una < ack <= snd_max`).
-    fn take_ack(&mut self, now: u64, ack: u32) {
+    fn take_ack(&mut self, p: &mut Pools, now: u64, ack: u32) {
         if lt(self.data_base, ack) || ack == self.data_base {
             let acked = ack.wrapping_sub(self.data_base) as usize;
             let data = acked.min(self.tx.len());
-            self.tx.consume(data);
+            self.tx.consume(&mut p.tx, data);
             self.data_base = self.data_base.wrapping_add(data as u32);
         }
         self.snd_una = ack;
@@ -440,7 +399,7 @@ impl Tcb {
         }
     }
 
-    fn process_general(&mut self, now: u64, seg: &Seg, payload: &[u8]) {
+    fn process_general(&mut self, p: &mut Pools, now: u64, seg: &Seg, payload: &[u8]) {
         match self.state {
             State::Closed | State::TimeWait => return,
             State::Listen => {
@@ -473,7 +432,7 @@ impl Tcb {
                     self.take_syn(seg);
                     self.snd_wl1 = seg.seq;
                     self.snd_wl2 = seg.ack;
-                    self.take_ack(now, seg.ack);
+                    self.take_ack(p, now, seg.ack);
                     self.state = State::Established;
                     self.ack_now = true;
                 }
@@ -482,7 +441,7 @@ impl Tcb {
             _ => {}
         }
         // Synchronized states (and SYN-RECEIVED): is the segment acceptable?
-        let wnd = self.window();
+        let wnd = self.window(p);
         let len = payload.len() as u32 + u32::from(seg.flags & TCP_FIN != 0);
         let seq_ok = if len == 0 {
             if wnd == 0 {
@@ -542,7 +501,7 @@ impl Tcb {
         }
         let window = u32::from(seg.window) << self.snd_shift;
         if lt(self.snd_una, seg.ack) {
-            self.take_ack(now, seg.ack);
+            self.take_ack(p, now, seg.ack);
         } else if seg.ack == self.snd_una
             && payload.is_empty()
             && seg.flags & TCP_FIN == 0
@@ -585,12 +544,12 @@ impl Tcb {
                     return;
                 }
                 let fresh = &payload[skip.min(payload.len())..];
-                let take = fresh.len().min(self.rx.room());
+                let take = fresh.len().min(self.rx.room(&p.rx));
                 if take < fresh.len() {
                     fin_in_order = false;
                 }
                 if take > 0 {
-                    self.rx.push(&fresh[..take]);
+                    self.rx.push(&mut p.rx, &fresh[..take]);
                     self.rcv_nxt = self.rcv_nxt.wrapping_add(take as u32);
                     self.data_received(now, take);
                 }
@@ -726,7 +685,7 @@ impl Tcb {
     }
 
     /// Timers that fell due, then the one segment to send now, if any.
-    pub fn dispatch(&mut self, now: u64) -> Option<Out> {
+    pub fn dispatch(&mut self, p: &Pools, now: u64) -> Option<Out> {
         if self.rst_pending {
             self.rst_pending = false;
             return Some(Out {
@@ -749,7 +708,7 @@ impl Tcb {
         {
             // The peer went silent: give up.
             self.abort();
-            return self.dispatch(now);
+            return self.dispatch(p, now);
         }
         if self.rto_at.is_some_and(|t| t <= now) {
             self.go_back(now, true);
@@ -796,9 +755,9 @@ impl Tcb {
         }
         // SYN: window field never scaled.
         out.window = if out.flags & TCP_SYN != 0 {
-            self.window().min(65535) as u16
+            self.window(p).min(65535) as u16
         } else {
-            self.window_field()
+            self.window_field(p)
         };
         if used > 0 {
             out.retransmit = lt(out.seq, self.snd_max);
@@ -818,7 +777,7 @@ impl Tcb {
             self.ack_now = false;
             self.ack_at = None;
             self.unacked_rx = 0;
-            self.rcv_adv = self.rcv_nxt.wrapping_add(self.window());
+            self.rcv_adv = self.rcv_nxt.wrapping_add(self.window(p));
         }
         Some(out)
     }
@@ -873,24 +832,29 @@ mod differential {
         }
     }
 
-    fn payload_of(t: &Tcb, o: &Out) -> Vec<u8> {
+    fn payload_of(t: &Tcb, pools: &Pools, o: &Out) -> Vec<u8> {
         let mut p = vec![0u8; o.data_len];
-        t.tx.read_at(o.data_off, &mut p);
+        t.tx.read_at(&pools.tx, o.data_off, &mut p);
         p
     }
 
     /// Runs one server input, appending what it did to `out`.
-    fn apply(s: &mut Tcb, input: &Input, out: &mut Vec<Output>) -> Vec<(Out, Vec<u8>)> {
+    fn apply(
+        s: &mut Tcb,
+        sp: &mut Pools,
+        input: &Input,
+        out: &mut Vec<Output>,
+    ) -> Vec<(Out, Vec<u8>)> {
         let mut sent = Vec::new();
         match input {
             Input::Segment(now, seg, p) => {
-                s.process(*now, seg, p);
+                s.process(sp, *now, seg, p);
             }
             Input::Serve => {
                 let mut buf = Vec::new();
-                s.recv(&mut buf, usize::MAX);
+                s.recv(sp, &mut buf, usize::MAX);
                 if !buf.is_empty() {
-                    let n = s.send(&buf);
+                    let n = s.send(sp, &buf);
                     buf.truncate(n);
                     out.push(Output::Read(buf));
                 }
@@ -900,8 +864,8 @@ mod differential {
                     if s.poll_at(*now).is_none_or(|at| at > *now) {
                         break;
                     }
-                    let Some(o) = s.dispatch(*now) else { break };
-                    let p = payload_of(s, &o);
+                    let Some(o) = s.dispatch(sp, *now) else { break };
+                    let p = payload_of(s, sp, &o);
                     out.push(Output::Segment(o, p.clone()));
                     sent.push((o, p));
                 }
@@ -925,11 +889,13 @@ mod differential {
     ) -> (Vec<Input>, Vec<Output>, Vec<u8>, u64) {
         let mut rng = Lcg(seed);
         let mut c = Tcb::new(rx, rx, 1460, 10_000);
+        let mut cp = Pools::new(rx, rx, 1);
         c.fast_path = false;
         let mut s = Tcb::new(rx, rx, 1460, 10_000);
-        c.connect(0x1000_0000 + seed as u32, 0);
+        let mut sp = Pools::new(rx, rx, 1);
+        c.connect(&mut cp, 0x1000_0000 + seed as u32, 0);
         c.set_timeout(30_000_000);
-        s.listen(0xfff0_0000u32.wrapping_add(seed as u32 * 7), 0);
+        s.listen(&mut sp, 0xfff0_0000u32.wrapping_add(seed as u32 * 7), 0);
         s.set_timeout(30_000_000);
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
@@ -958,15 +924,15 @@ mod differential {
             now += 500;
             // Client side.
             for (seg, p) in std::mem::take(&mut to_client) {
-                c.process(now, &seg, &p);
+                c.process(&mut cp, now, &seg, &p);
             }
             let mut buf = Vec::new();
-            c.recv(&mut buf, usize::MAX);
+            c.recv(&mut cp, &mut buf, usize::MAX);
             got.extend_from_slice(&buf);
             if c.state == State::Established && got.len() == sent_reqs * req && sent_reqs < requests
             {
                 let data: Vec<u8> = (0..req).map(|i| (sent_reqs * 31 + i) as u8).collect();
-                if c.send(&data) == req {
+                if c.send(&mut cp, &data) == req {
                     sent_reqs += 1;
                 }
             }
@@ -975,27 +941,27 @@ mod differential {
                 closed = true;
             }
             while c.poll_at(now).is_some_and(|at| at <= now) {
-                let Some(o) = c.dispatch(now) else { break };
-                let p = payload_of(&c, &o);
+                let Some(o) = c.dispatch(&cp, now) else { break };
+                let p = payload_of(&c, &cp, &o);
                 link(&mut to_server, o, p, &mut rng);
             }
             // Server side, recorded.
             for (seg, p) in std::mem::take(&mut to_server) {
-                if s.process(now, &seg, &p) {
+                if s.process(&mut sp, now, &seg, &p) {
                     fast += 1;
                 }
                 outputs.push(Output::State(s.state));
                 inputs.push(Input::Segment(now, seg, p));
             }
             for input in [Input::Serve, Input::Dispatch(now)] {
-                for (o, p) in apply(&mut s, &input, &mut outputs) {
+                for (o, p) in apply(&mut s, &mut sp, &input, &mut outputs) {
                     link(&mut to_client, o, p, &mut rng);
                 }
                 inputs.push(input);
             }
             if s.state == State::CloseWait {
                 let input = Input::Close;
-                apply(&mut s, &input, &mut outputs);
+                apply(&mut s, &mut sp, &input, &mut outputs);
                 inputs.push(input);
             }
             if closed && s.state == State::Closed && matches!(c.state, State::TimeWait) {
@@ -1007,16 +973,17 @@ mod differential {
 
     fn replay(inputs: &[Input], fast_path: bool, seed: u64, rx: usize) -> Vec<Output> {
         let mut s = Tcb::new(rx, rx, 1460, 10_000);
+        let mut sp = Pools::new(rx, rx, 1);
         s.fast_path = fast_path;
-        s.listen(0xfff0_0000u32.wrapping_add(seed as u32 * 7), 0);
+        s.listen(&mut sp, 0xfff0_0000u32.wrapping_add(seed as u32 * 7), 0);
         s.set_timeout(30_000_000);
         let mut out = Vec::new();
         for input in inputs {
             if let Input::Segment(t, seg, p) = input {
-                s.process(*t, seg, p);
+                s.process(&mut sp, *t, seg, p);
                 out.push(Output::State(s.state));
             } else {
-                apply(&mut s, input, &mut out);
+                apply(&mut s, &mut sp, input, &mut out);
             }
         }
         out

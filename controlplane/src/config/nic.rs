@@ -79,6 +79,10 @@ pub struct NicConfig {
     pub rx_burst: usize,
     /// Our own TCP with its fast path instead of smoltcp's (userspace modes; issue 16).
     pub owned_tcp: bool,
+    /// With `owned_tcp`: receive buffers (`rx_buffer` each), and as many send buffers, per
+    /// core, taken by connections only while they move bytes; when they run out, connections
+    /// wait (zero window, `send` refused) rather than fail.
+    pub conn_buffers: usize,
     /// Extra EAL arguments (dpdk), e.g. `["--no-huge", "-m", "256"]`.
     pub eal_args: Vec<String>,
     /// Virtual devices (dpdk), e.g. `["net_af_packet0,iface=veth0"]`. A `net_af_packet` with
@@ -104,6 +108,7 @@ impl Default for NicConfig {
             tx_buffer: ByteSize(DEFAULT_TCP_BUFFER),
             rx_burst: DEFAULT_RX_BURST,
             owned_tcp: false,
+            conn_buffers: pgline_dataplane::net::DEFAULT_CONN_BUFFERS,
             eal_args: Vec::new(),
             vdevs: Vec::new(),
             port: String::new(),
@@ -142,6 +147,7 @@ impl NicConfig {
             max_connections: max_connections + REJECT_SLACK,
             rx_burst: self.rx_burst,
             owned_tcp: self.owned_tcp,
+            conn_buffers: self.conn_buffers,
             ..NetConfig::new(self.ipv4()?, self.prefix_len)
         })
     }
@@ -216,6 +222,11 @@ impl NicConfig {
             (1..=512).contains(&self.rx_burst),
             "nic.rx_burst",
             "must be 1..=512",
+        )?;
+        check(
+            (1..=1 << 20).contains(&self.conn_buffers),
+            "nic.conn_buffers",
+            "must be 1..=1048576",
         )?;
         self.validate_dpdk()
     }
@@ -326,6 +337,7 @@ mod tests {
         err_names(nic(|n| n.mss = 100), "nic.mss");
         err_names(nic(|n| n.rx_buffer = ByteSize(100)), "nic.rx_buffer");
         err_names(nic(|n| n.rx_burst = 0), "nic.rx_burst");
+        err_names(nic(|n| n.conn_buffers = 0), "nic.conn_buffers");
         err_names(
             nic(|n| n.eal_args = vec!["--no-pci".into()]),
             "nic.eal_args",

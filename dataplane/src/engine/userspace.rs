@@ -153,6 +153,9 @@ impl<S: StreamStack> UserCore<S> {
         stats
             .net_tcp_retransmits
             .store(c.tcp_retransmits, Ordering::Relaxed);
+        stats
+            .net_tcp_buffer_waits
+            .store(c.tcp_buffer_waits, Ordering::Relaxed);
     }
 
     fn process_events(&mut self) {

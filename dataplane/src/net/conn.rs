@@ -586,8 +586,7 @@ fn emit_own<Q: Queue>(t: &Tcb, seg: &Out, key: FlowKey, mac: Option<[u8; 6]>, ou
     wire::compose_ipv4(&mut buf[ETH_HDR..], &ip, 0, offload);
     let l4 = &mut buf[ETH_HDR + wire::IPV4_HDR..frame_len];
     if seg.data_len > 0 {
-        t.tx
-            .read_at(&out.pools.tx, seg.data_off, &mut l4[wire::TCP_HDR + opts..]);
+        t.tx.read_at(&out.pools.tx, seg.data_off, &mut l4[wire::TCP_HDR + opts..]);
     }
     let hdr = wire::TcpOut {
         src_port: key.local_port,

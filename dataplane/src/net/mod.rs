@@ -436,7 +436,9 @@ impl<Q: Queue> Stack<Q> {
         if data.is_empty() {
             return Ok(0);
         }
-        let n = c.send(&mut self.pools, data).map_err(|_| NetError::Closed)?;
+        let n = c
+            .send(&mut self.pools, data)
+            .map_err(|_| NetError::Closed)?;
         if n < data.len() {
             c.want_write = true;
         }
@@ -663,8 +665,10 @@ impl<Q: Queue> Stack<Q> {
     fn push_waiter(&mut self, id: ConnId, tx: bool) {
         self.stats.tcp_buffer_waits += 1;
         let q = if tx {
+            self.pools.tx.note_dry();
             &mut self.tx_waiters
         } else {
+            self.pools.rx.note_dry();
             &mut self.rx_waiters
         };
         if q.len() >= 2 * self.conns.len() {

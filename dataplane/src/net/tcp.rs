@@ -96,6 +96,12 @@ pub struct Tcb {
     /// Data arrived while the receive pool was dry and was not accepted: the stack puts the
     /// connection on its wait list (and clears this).
     pub rx_starved: bool,
+    /// Data was refused for want of a receive buffer: the peer holds it and, having no reason
+    /// to send it before its retransmission timer (seconds, backed off), needs a nudge.
+    refused: bool,
+    /// Duplicate ACKs still to send after a window update that follows refused data: three
+    /// make the peer retransmit at once (fast retransmit, RFC 5681) instead of on its timer.
+    nudge: u8,
     our_mss: u16,
     mss: usize,
     iss: u32,
@@ -146,6 +152,8 @@ impl Tcb {
             tx: Ring::new(tx_cap),
             fast_path: true,
             rx_starved: false,
+            refused: false,
+            nudge: 0,
             our_mss,
             mss: usize::from(DEFAULT_MSS),
             iss: 0,
@@ -257,18 +265,34 @@ impl Tcb {
         n
     }
 
-    /// A receive buffer for a connection that found the pool dry: taken now, and the window it
-    /// opens announced at once. False if the pool is dry.
+    /// A connection waited for a receive buffer and one came back. If it refused data, the
+    /// buffer is taken now (its peer holds that data and will send it) and the window update is
+    /// followed by three duplicate ACKs, so the peer retransmits at once. If it only announced a
+    /// zero window, it takes nothing: the update offers what the pool has, and a peer that then
+    /// finds the pool dry again is refused and waits with a claim. (Reserving for an announcer
+    /// would let connections whose peers have nothing to send hold every buffer.) False if it
+    /// can no longer receive, or holds a buffer already.
     pub fn grant_rx(&mut self, p: &mut Pools) -> bool {
-        let receiving = matches!(
-            self.state,
-            State::Established | State::FinWait1 | State::FinWait2
-        );
-        if !receiving || self.rx.held() || !self.rx.reserve(&mut p.rx) {
+        if !self.receiving() || self.rx.held() {
             return false;
+        }
+        if self.refused {
+            if !self.rx.reserve(&mut p.rx) {
+                return false;
+            }
+            self.refused = false;
+            self.nudge = 3;
         }
         self.ack_now = true;
         true
+    }
+
+    /// States in which the peer may still send us data.
+    fn receiving(&self) -> bool {
+        matches!(
+            self.state,
+            State::Established | State::FinWait1 | State::FinWait2
+        )
     }
 
     /// Our side is done: FIN after the queued data.
@@ -336,15 +360,9 @@ impl Tcb {
             return true;
         }
         self.process_general(p, now, seg, payload);
-        if !payload.is_empty()
-            && !self.rx.held()
-            && p.rx.available() == 0
-            && matches!(
-                self.state,
-                State::Established | State::FinWait1 | State::FinWait2
-            )
-        {
+        if !payload.is_empty() && !self.rx.held() && p.rx.available() == 0 && self.receiving() {
             self.rx_starved = true;
+            self.refused = true;
         }
         false
     }
@@ -664,6 +682,7 @@ impl Tcb {
     pub fn poll_at(&self, now: u64) -> Option<u64> {
         if self.rst_pending
             || self.ack_now
+            || self.nudge > 0
             || self.syn_due()
             || self.next_data().is_some()
             || self.fin_due()
@@ -713,7 +732,9 @@ impl Tcb {
         if self.rto_at.is_some_and(|t| t <= now) {
             self.go_back(now, true);
         }
-        let ack_due = self.ack_now || self.ack_at.is_some_and(|t| t <= now);
+        // A nudge (duplicate ACK) goes only after the window update itself (`ack_now`).
+        let dup_ack = !self.ack_now && self.nudge > 0;
+        let ack_due = self.ack_now || dup_ack || self.ack_at.is_some_and(|t| t <= now);
         let mut out = Out {
             seq: self.snd_nxt,
             ack: self.rcv_nxt,
@@ -760,6 +781,8 @@ impl Tcb {
             self.window_field(p)
         };
         if used > 0 {
+            // Data carries the ACK; duplicates would no longer be duplicates.
+            self.nudge = 0;
             out.retransmit = lt(out.seq, self.snd_max);
             let end = self.snd_nxt.wrapping_add(used);
             if self.rtt_probe.is_none() && !out.retransmit {
@@ -773,11 +796,19 @@ impl Tcb {
                 self.rto_at = Some(now + self.rto_us);
             }
         }
+        if dup_ack && used == 0 {
+            self.nudge -= 1;
+        }
         if out.flags & TCP_ACK != 0 {
             self.ack_now = false;
             self.ack_at = None;
             self.unacked_rx = 0;
             self.rcv_adv = self.rcv_nxt.wrapping_add(self.window(p));
+            if out.window == 0 && !self.rx.held() && self.receiving() {
+                // A zero window only because the receive pool is dry: the peer now waits for
+                // a window update, which comes when the stack grants this connection a buffer.
+                self.rx_starved = true;
+            }
         }
         Some(out)
     }

@@ -99,6 +99,7 @@ impl<Q: Queue> StreamStack for NetStream<Q> {
                 + s.rx_dropped_not_ours,
             tx_dropped: s.tx_dropped_nobuf + s.tx_dropped_no_arp + s.tx_dropped_ring,
             tcp_retransmits: s.tcp_retransmits,
+            tcp_buffer_waits: s.tcp_buffer_waits,
         }
     }
 }

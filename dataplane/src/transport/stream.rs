@@ -50,6 +50,8 @@ pub struct StreamCounters {
     pub rx_dropped: u64,
     pub tx_dropped: u64,
     pub tcp_retransmits: u64,
+    /// Times a connection waited for a pooled buffer (our own TCP).
+    pub tcp_buffer_waits: u64,
 }
 
 /// A TCP stack owned by one core.

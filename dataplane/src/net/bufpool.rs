@@ -197,7 +197,7 @@ impl Ring {
         let Some(i) = self.buf else { return 0 };
         let n = data.len().min(self.cap - self.len);
         let cap = self.cap;
-        let tail = (self.head + self.len) % cap;
+        let tail = wrap(self.head + self.len, cap);
         let first = n.min(cap - tail);
         let buf = pool.buf_mut(i);
         buf[tail..tail + first].copy_from_slice(&data[..first]);
@@ -217,7 +217,7 @@ impl Ring {
         if self.len == 0 {
             self.clear(pool);
         } else {
-            self.head = (self.head + n) % self.cap;
+            self.head = wrap(self.head + n, self.cap);
         }
     }
 
@@ -226,7 +226,7 @@ impl Ring {
         let Some(i) = self.buf else { return };
         let buf = pool.buf(i);
         let cap = self.cap;
-        let start = (self.head + offset) % cap;
+        let start = wrap(self.head + offset, cap);
         let first = out.len().min(cap - start);
         out[..first].copy_from_slice(&buf[start..start + first]);
         let rest = out.len() - first;
@@ -245,6 +245,17 @@ impl Ring {
         out.extend_from_slice(&buf[..n - first]);
         self.consume(pool, n);
         n
+    }
+}
+
+/// `i` modulo `cap` for `i < 2 * cap` (positions in a ring: a compare instead of a division
+/// on the per-segment path).
+#[inline]
+fn wrap(i: usize, cap: usize) -> usize {
+    if i >= cap {
+        i - cap
+    } else {
+        i
     }
 }
 

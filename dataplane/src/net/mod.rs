@@ -682,10 +682,20 @@ impl<Q: Queue> Stack<Q> {
         q.push_back(id);
     }
 
+    /// Hands buffers that came back to connections waiting for one (`serve_waiting_lists`);
+    /// the common case, nobody waiting, is one check on the per-request path.
+    #[inline]
+    fn serve_waiters(&mut self) {
+        if !self.rx_waiters.is_empty() || !self.tx_waiters.is_empty() {
+            self.serve_waiting_lists();
+        }
+    }
+
     /// Hands buffers that came back to connections waiting for one, oldest first: a receive
     /// buffer opens the waiter's window (an update goes out with the next `flush`), a send
     /// buffer is reported as `Writable`. Waiters that closed meanwhile are skipped.
-    fn serve_waiters(&mut self) {
+    #[cold]
+    fn serve_waiting_lists(&mut self) {
         while self.pools.rx.available() > 0 {
             let Some(id) = self.rx_waiters.pop_front() else {
                 break;

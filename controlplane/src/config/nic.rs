@@ -21,6 +21,8 @@ pub const DEFAULT_PREFIX_LEN: u8 = 24;
 pub const DEFAULT_MSS: u16 = 1460;
 pub const DEFAULT_TCP_BUFFER: u64 = 64 * 1024;
 pub const DEFAULT_RX_BURST: usize = 32;
+/// Address space one core's connection buffer pools may reserve (`nic.conn_buffers`).
+const MAX_CONN_POOLS: u64 = 16 << 30;
 /// Connections a core's stack accepts beyond `resp.max_connections` per core, to answer them
 /// "max number of clients reached" rather than reset them.
 const REJECT_SLACK: usize = 16;
@@ -228,6 +230,14 @@ impl NicConfig {
             "nic.conn_buffers",
             "must be 1..=1048576",
         )?;
+        // The pools are one allocation each, reserved at start (resident only where used): a
+        // product the machine cannot reserve would abort start-up instead of naming the key.
+        let pools = self.conn_buffers as u64 * (self.rx_buffer.0 + self.tx_buffer.0);
+        check(
+            !self.owned_tcp || pools <= MAX_CONN_POOLS,
+            "nic.conn_buffers",
+            "with owned_tcp, conn_buffers x (rx_buffer + tx_buffer) must be at most 16GiB per core",
+        )?;
         self.validate_dpdk()
     }
 
@@ -338,6 +348,15 @@ mod tests {
         err_names(nic(|n| n.rx_buffer = ByteSize(100)), "nic.rx_buffer");
         err_names(nic(|n| n.rx_burst = 0), "nic.rx_burst");
         err_names(nic(|n| n.conn_buffers = 0), "nic.conn_buffers");
+        err_names(
+            nic(|n| {
+                n.owned_tcp = true;
+                n.conn_buffers = 1 << 20;
+            }),
+            "nic.conn_buffers",
+        );
+        // The defaults (4,096 x 64 KiB x 2 = 512 MiB) are within it.
+        nic(|n| n.owned_tcp = true).expect("owned_tcp with default pools");
         err_names(
             nic(|n| n.eal_args = vec!["--no-pci".into()]),
             "nic.eal_args",

@@ -32,7 +32,8 @@
 //! - The session's fence is raised to the fill statement's WAL position, as for a writer fill.
 //!
 //! Bounds: per core, at most [`FILLS_PER_CORE`] statements in flight and `resp.miss_queue`
-//! misses queued or in flight (past it the miss is given back and the batch forwarded); each
+//! misses queued or in flight, the core's RESP misses waiting for the writer included (past it
+//! the miss is given back and the batch forwarded); each
 //! read ends within `origin.query_timeout_ms` of its first key's arrival. A fill connection
 //! that cannot be had marks the core's fills down for a backoff (50 ms, doubling to 2 s) during
 //! which misses are answered [`FillResult::Error`] at once (forwarded), so the core never
@@ -146,9 +147,10 @@ impl CoreFills {
         if req.keys.len() != 1 || req.bypass {
             return Err(req);
         }
-        let bound = self.plane.shared().queue_depths(core).capacity;
+        // One bound for the core's misses: its RESP misses waiting for the writer count too.
+        let depths = self.plane.shared().queue_depths(core);
         let mut st = lock(state);
-        if st.queued.len() + st.running_keys >= bound {
+        if depths.misses + st.queued.len() + st.running_keys >= depths.capacity {
             return Err(req);
         }
         let key = req.keys.into_iter().next().expect("one key, checked above");
@@ -205,7 +207,11 @@ impl CoreFills {
     ) {
         let timeout_ms = self.runtime.query_timeout_ms();
         let delay = Duration::from_millis(self.runtime.fill_delay_ms());
-        let first = group.iter().map(|p| p.since).min().unwrap_or_else(Instant::now);
+        let first = group
+            .iter()
+            .map(|p| p.since)
+            .min()
+            .unwrap_or_else(Instant::now);
         let left = Duration::from_millis(timeout_ms).saturating_sub(first.elapsed());
         let pks: Vec<Box<[u8]>> = group.iter().map(|p| p.pk.clone()).collect();
         let info = self.catalog.get(table);

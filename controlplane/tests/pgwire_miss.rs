@@ -403,6 +403,11 @@ async fn misses_racing_updates_never_serve_stale() {
     let n = counts(&p);
     eprintln!("{reads} reads against {rounds} update rounds: 0 stale; {n:?}");
     assert!(n.filled > 0, "{n:?}");
+    // What the last pass's reads installed (offered to the writer by the core) is not older
+    // than the origin once the WAL is applied.
+    lab::sync(&p, &admin).await;
+    let stale = lab::stale_entries(&p, &admin).await;
+    assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
 }
 

@@ -288,6 +288,42 @@ async fn a_core_read_not_known_current_is_forwarded() {
     p.shutdown().await;
 }
 
+/// A core runs at most two fill statements of its own; a miss that arrives while both are in
+/// flight goes to the writer, whose fills answer it just the same. Each read is held
+/// (`origin.fill_delay_ms`) so that four staggered sessions find the core's two busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_past_the_cores_two_reads_go_to_the_writer() {
+    let db = TestDb::create("pgw_miss_overflow").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &["origin.fill_delay_ms=600".to_string()]).await;
+    lab::sync(&p, &admin).await;
+    let before = (counts(&p), p.shared.total(|s| &s.pg_core_fills));
+    let mut sessions = Vec::new();
+    for id in [11i64, 12, 13, 14] {
+        let c = lab::pg_client(&p, &db).await;
+        sessions.push(tokio::spawn(async move {
+            let bal: i64 = c
+                .query_one("SELECT bal FROM acct WHERE id = $1", &[&id])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(bal, id * 10, "id {id}");
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for s in sessions {
+        s.await.expect("a session's lookup");
+    }
+    let after = (counts(&p), p.shared.total(|s| &s.pg_core_fills));
+    assert_eq!(
+        (after.0.filled - before.0.filled, after.1 - before.1),
+        (4, 2),
+        "four misses answered from fills, two read on the core: {before:?} -> {after:?}"
+    );
+    p.shutdown().await;
+}
+
 /// The race, forced: the fill reads the row, then (`origin.fill_delay_ms`) an UPDATE commits and
 /// is applied before the fill lands. Its lease is void: the session must get the new row from
 /// the origin, not the read (and the store must not keep it).

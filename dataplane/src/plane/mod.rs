@@ -65,8 +65,9 @@ pub trait PgHost: Send + Sync {
 
     /// Takes a PostgreSQL lookup's miss (`current_only`) of core `core` to read on the calling
     /// thread's runtime instead of the writer's; its [`MissReply`] arrives on the core's reply
-    /// lane as the writer's would. Gives the request back when the core's fills are at their
-    /// bound (the caller forwards the statement). Called only by a core that hosts the relay.
+    /// lane as the writer's would. Gives the request back when the core's fill statements are
+    /// all in flight or its misses are at their bound (the caller offers it to the writer).
+    /// Called only by a core that hosts the relay.
     fn fill(&self, core: usize, request: MissRequest) -> Result<(), MissRequest>;
 
     /// Whether [`PgHost::fill`] takes misses (else they go to the writer).

@@ -111,13 +111,19 @@ impl CorePort {
     }
 
     /// Sends a PostgreSQL lookup's miss: to the relay host's fills on this thread when the core
-    /// hosts the relay (`docs/decisions.md`, "PostgreSQL-front fills run on the core"), else
-    /// to the writer. Given back when the bound of either is reached.
+    /// hosts the relay and one of its fill statements is free (`docs/decisions.md`,
+    /// "PostgreSQL-front fills run on the core"), else to the writer. Given back when the
+    /// writer's lane is full too.
     #[inline]
     pub fn send_pg_miss(&self, request: MissRequest) -> Result<(), MissRequest> {
         if self.pg_hosted.get() {
             if let Some(host) = self.shared.pg_host.get().filter(|h| h.takes_fills()) {
-                return host.fill(self.id, request);
+                // Busy (both of the core's statements in flight) or at the bound: the writer
+                // takes it if its lane has room.
+                match host.fill(self.id, request) {
+                    Ok(()) => return Ok(()),
+                    Err(request) => return self.send_miss(request),
+                }
             }
         }
         self.send_miss(request)

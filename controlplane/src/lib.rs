@@ -12,6 +12,7 @@ pub mod api;
 pub mod catalog;
 pub mod clock;
 pub mod config;
+pub mod corefill;
 #[cfg(feature = "dpdk")]
 pub mod dpdk_port;
 pub mod fill;

@@ -266,6 +266,11 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         |s| &s.pg_lookup_fill_forwarded,
     ),
     (
+        "pgline_core_pg_core_fills",
+        "Keys of PostgreSQL point lookups' misses read by the core's own fill connection (kernel transport) rather than the store writer's.",
+        |s| &s.pg_core_fills,
+    ),
+    (
         "pgline_core_polls",
         "Turns of the core's poll loop.",
         |s| &s.polls,

@@ -28,6 +28,7 @@ pub use crate::admin::LogReload;
 use crate::admin::{Admin, AdminParts};
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
 use crate::config::{Config, ConfigError, FrontTls, NicMode, Runtime};
+use crate::corefill::{CoreFills, FILLS_PER_CORE};
 use crate::metrics::NicCounters;
 use crate::pgfront::{RelayConfig, RelayState};
 use crate::result_plane::ResultPlane;
@@ -87,6 +88,8 @@ pub struct Pgline {
     /// `nic.mode = "mem"`: the far end of each core's in-memory port.
     mem_ports: Mutex<Vec<MemQueue>>,
     api_addr: Option<SocketAddr>,
+    /// The cores' PostgreSQL-front fills, owned here (the relay host holds them weakly).
+    _core_fills: Option<Arc<CoreFills>>,
 }
 
 impl Deref for Pgline {
@@ -114,6 +117,8 @@ struct ControlPlane {
     runtime: Arc<Runtime>,
     entry_counts: Arc<EntryCounts>,
     pg_relay: Option<Arc<RelayState>>,
+    /// Owns the cores' fills (the relay host holds them weakly).
+    core_fills: Option<Arc<CoreFills>>,
 }
 
 /// The cores, started on their transport.
@@ -159,6 +164,7 @@ impl Pgline {
                 reason: e.to_string(),
             })?
             .map(Arc::new);
+        let core_fills = control.core_fills.clone();
         let cores = start_cores(&cfg, shared.clone(), tls.as_deref())?;
         let local_addr = cores.engine.local_addr();
         let tls_addr = cores.engine.tls_local_addr();
@@ -189,6 +195,7 @@ impl Pgline {
             tls_addr,
             mem_ports: Mutex::new(cores.mem_ports),
             api_addr: api_listener.as_ref().and_then(|l| l.local_addr().ok()),
+            _core_fills: core_fills,
         });
         if let Some(listener) = api_listener {
             tracing::info!(
@@ -332,6 +339,12 @@ fn start_control_plane(
         scope,
     } = origin;
     let repl = Arc::new(ReplicationState::default());
+    // One pool of fill connections per core for the PostgreSQL front's misses
+    // (`crate::corefill`), opened lazily on the core's own runtime.
+    let fill_pools: Vec<deadpool_postgres::Pool> = (0..cfg.resp.cores)
+        .filter_map(|_| fill_pool(cfg, &pg))
+        .collect();
+    let (core_reads_tx, core_reads_rx) = mpsc::channel(crate::writer::CORE_READS_QUEUED);
     let (wal_tx, wal_rx) = mpsc::channel(1024);
     let (admin_tx, admin_rx) = mpsc::channel(64);
     let wal_cfg = WalConfig {
@@ -371,14 +384,26 @@ fn start_control_plane(
             runtime: runtime.clone(),
             catalog_cell: catalog_cell.clone(),
             entry_counts: entry_counts.clone(),
+            core_reads: core_reads_rx,
         },
     );
+    let mut core_fills = None;
     let pg_relay = match cfg.pgwire.enabled.then(|| RelayConfig::from_config(cfg)) {
         Some(Ok(mut relay_cfg)) => {
             relay_cfg.origin.primary = primary;
             let relay = RelayState::new(shared.control_port(), leases, relay_cfg);
-            // Kernel-transport cores run it on their own threads; `run` serves the others.
-            relay.host_on_cores();
+            // Kernel-transport cores run it on their own threads, with their lookups' fills;
+            // `run` serves the others, whose misses go to the writer.
+            core_fills = (fill_pools.len() == cfg.resp.cores).then(|| {
+                CoreFills::new(
+                    shared.control_port(),
+                    catalog_cell.clone(),
+                    runtime.clone(),
+                    core_reads_tx,
+                    fill_pools,
+                )
+            });
+            relay.host_on_cores(core_fills.as_ref());
             tasks.push(tokio::spawn(crate::pgfront::run(
                 relay.clone(),
                 relay_wake,
@@ -411,7 +436,28 @@ fn start_control_plane(
         runtime,
         entry_counts,
         pg_relay,
+        core_fills,
     }
+}
+
+/// A core's pool of fill connections: the writer's origin settings, [`FILLS_PER_CORE`]
+/// connections at most, the same connect and wait bounds. None if it cannot be built (the
+/// core's misses then go to the writer).
+fn fill_pool(cfg: &Config, pg: &crate::origin::Settings) -> Option<deadpool_postgres::Pool> {
+    let mgr = deadpool_postgres::Manager::from_config(
+        pg.pg.clone(),
+        pg.pg_tls(),
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    deadpool_postgres::Pool::builder(mgr)
+        .max_size(FILLS_PER_CORE)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .create_timeout(Some(Duration::from_millis(cfg.origin.connect_timeout_ms)))
+        .wait_timeout(Some(Duration::from_millis(cfg.origin.query_timeout_ms)))
+        .build()
+        .ok()
 }
 
 /// Binds the HTTP API's listener (None with `api.enabled = false`).

@@ -54,6 +54,22 @@ type Key = (u32, Box<[u8]>);
 pub use admin::{AdminCmd, EntryCounts, KeyMeta, WarmDone};
 pub use results::ResultCounts;
 
+/// A PostgreSQL lookup's read made on a core (`crate::corefill`), offered for the store. The
+/// writer installs it only if it is current by the writer's own rule and its snapshot is not
+/// older than what pruning forgot ([`Writer::install_core_read`]).
+#[derive(Debug)]
+pub struct CoreRead {
+    pub table: u32,
+    pub pk: Box<[u8]>,
+    /// The row, or `None`: no such row.
+    pub row: Option<Arc<pgline_dataplane::plane::RowBytes>>,
+    /// The statement snapshot it was read under.
+    pub snapshot: Arc<Snapshot>,
+}
+
+/// Core reads waiting for the writer; past this they are dropped (a later miss reads again).
+pub const CORE_READS_QUEUED: usize = 4096;
+
 /// One cached entry, as the stale probe and the API see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpedEntry {
@@ -154,6 +170,8 @@ pub struct Writer {
     applying_xid: u32,
     /// The query-result cache's index and install checks (see [`results`]).
     results: results::Results,
+    /// Reads made on the cores, offered for the store (see [`CoreRead`]).
+    core_reads: mpsc::Receiver<CoreRead>,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -166,6 +184,7 @@ pub struct WriterParts {
     pub runtime: Arc<Runtime>,
     pub catalog_cell: Arc<CatalogCell>,
     pub entry_counts: Arc<EntryCounts>,
+    pub core_reads: mpsc::Receiver<CoreRead>,
 }
 
 impl Writer {
@@ -179,6 +198,7 @@ impl Writer {
             runtime,
             catalog_cell,
             entry_counts,
+            core_reads,
         } = parts;
         let (fill_tx, fill_rx) = mpsc::unbounded_channel();
         let all_tables = cfg.catalog.tables.is_empty();
@@ -201,6 +221,7 @@ impl Writer {
             seen: visibility::Applied::default(),
             applying_xid: 0,
             results: results::Results::default(),
+            core_reads,
             inflight: HashMap::new(),
             fills: HashMap::new(),
             queued: std::collections::VecDeque::new(),
@@ -233,6 +254,7 @@ impl Writer {
                 _ = shutdown.changed() => return,
                 Some(event) = wal.recv() => self.apply_wal(event).await,
                 Some(done) = self.fill_rx.recv() => self.complete_fill(done),
+                Some(read) = self.core_reads.recv() => self.install_core_read(read),
                 _ = wake.notified() => {
                     self.take_misses();
                     self.take_results();
@@ -523,6 +545,49 @@ impl Writer {
         }
     }
 
+    /// Installs a read a core made for a PostgreSQL lookup's miss, if the store lacks the key and
+    /// the read is current: its snapshot sees every change applied to the key
+    /// ([`visibility::Applied::read_is_current`]) and every change pruning forgot
+    /// ([`visibility::Applied::covers`]: the read registered no fill id, so pruning did not
+    /// wait for it). A change applied later than this overwrites or voids the entry as for any
+    /// installed row. Disabled, removed and uncached tables install nothing. Its snapshot's
+    /// xmin becomes a pruning horizon, as a landed fill's does.
+    fn install_core_read(&mut self, read: CoreRead) {
+        self.seen.horizon(read.snapshot.xmin, self.next_id);
+        if self.disabled.contains(&read.table) || self.catalog.get(read.table).is_none() {
+            return;
+        }
+        if self.lookup(read.table, &read.pk).is_some() {
+            return;
+        }
+        let key = (read.table, read.pk);
+        if !self.seen.covers(read.snapshot.xmin)
+            || !self.seen.read_is_current(&key, Some(&read.snapshot))
+        {
+            return;
+        }
+        let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
+        match &read.row {
+            Some(row) => {
+                let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
+                let entry = EntryData {
+                    sections: &sections,
+                    negative: false,
+                    lsn,
+                };
+                self.install(key.0, &key.1, &entry);
+            }
+            None => {
+                let entry = EntryData {
+                    sections: &[],
+                    negative: true,
+                    lsn,
+                };
+                self.install(key.0, &key.1, &entry);
+            }
+        }
+    }
+
     /// Inserts into the store and records the install time; false if the store refused it.
     fn install(&mut self, table: u32, pk: &[u8], entry: &EntryData<'_>) -> bool {
         let ok = self.store.insert(table, pk, entry).is_ok();
@@ -632,6 +697,14 @@ impl Writer {
 
     async fn apply_txn(&mut self, txn: WalTxn) {
         self.applying_xid = txn.xid;
+        // Before any change of it reaches the store: a core that read the store (or any state
+        // after it) then loads this xid or a later one (`crate::corefill`).
+        if txn.xid != 0 {
+            let published = self.plane.shared().applied_xid();
+            if published == 0 || fill::xid_precedes(published, txn.xid) {
+                self.plane.publish_applied_xid(txn.xid);
+            }
+        }
         for change in txn.changes {
             let table = self.catalog.get(results::change_rel(&change)).cloned();
             self.results.row_changed(

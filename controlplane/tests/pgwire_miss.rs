@@ -1,5 +1,5 @@
 //! A point lookup's store miss on the PostgreSQL front, against a live pgline and the real
-//! origin: one origin read (the writer's fill) answers the client, byte for byte as the origin
+//! origin: one origin read (the core's own fill read, installed by the writer) answers the client, byte for byte as the origin
 //! would, and fills the store; nothing is forwarded for it. A fill that is not known current
 //! (it raced a write) is never served: the statement goes to the origin. A session answered from
 //! a fill is fenced at the fill's WAL position, so it never reads older afterwards.
@@ -112,6 +112,8 @@ async fn a_cold_lookup_is_one_origin_read_answered_byte_for_byte() {
         "every cold lookup answered from its fill: {before:?} -> {after:?}"
     );
     assert_eq!(after.misses - before.misses, lookups);
+    // Read on the core's own fill connection (kernel transport), not by the writer.
+    assert_eq!(p.shared.total(|s| &s.pg_core_fills), lookups);
     // One origin statement per miss, the fill's: the relay forwarded none of them.
     let forwarded = forwarded_mentioning(&base, "acct").await;
     assert!(forwarded.is_empty(), "forwarded lookups: {forwarded:#?}");
@@ -207,6 +209,118 @@ async fn a_row_updated_right_before_the_miss_reads_new() {
     let n = counts(&p);
     eprintln!("100 updated-then-missed lookups: {n:?}");
     assert!(n.filled > 0, "no lookup was answered from its fill: {n:?}");
+    p.shutdown().await;
+}
+
+/// A core's own fill read is answered only when its snapshot sees every transaction the writer
+/// applied (`crate::corefill`). An open transaction holds the snapshot's xmin back below a
+/// write already applied, so the read cannot show it is current: the lookup is forwarded and
+/// answered by the origin. Once that transaction ends, misses are answered from the core's
+/// reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_read_not_known_current_is_forwarded() {
+    let db = TestDb::create("pgw_miss_xmin").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    admin
+        .batch_execute("CREATE TABLE side (id int8 PRIMARY KEY)")
+        .await
+        .unwrap();
+    let p = start(&db, &[]).await;
+    let c = lab::pg_client(&p, &db).await;
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    let core_fills = |p: &Pgline| p.shared.total(|s| &s.pg_core_fills);
+
+    // Current: nothing is open, so a cold lookup is answered from the core's read.
+    lab::sync(&p, &admin).await;
+    let before = (counts(&p), core_fills(&p));
+    let bal: i64 = c.query_one(&select, &[&1i64]).await.unwrap().get(0);
+    assert_eq!(bal, 10);
+    let after = (counts(&p), core_fills(&p));
+    assert_eq!(
+        after.0.filled - before.0.filled,
+        1,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(
+        after.1 - before.1,
+        1,
+        "read on the core: {before:?} -> {after:?}"
+    );
+
+    // An open transaction with an xid, then a later write, committed and applied.
+    let open = db.client().await;
+    open.batch_execute("BEGIN; INSERT INTO side VALUES (1)")
+        .await
+        .unwrap();
+    admin
+        .execute("UPDATE acct SET bal = -150 WHERE id = 150", &[])
+        .await
+        .unwrap();
+    lab::sync(&p, &admin).await;
+    let before = counts(&p);
+    for id in [150i64, 151, 152] {
+        let want = if id == 150 { -150 } else { id * 10 };
+        let bal: i64 = c.query_one(&select, &[&id]).await.unwrap().get(0);
+        assert_eq!(bal, want, "id {id}");
+    }
+    let after = counts(&p);
+    assert_eq!(
+        (
+            after.filled - before.filled,
+            after.forwarded - before.forwarded
+        ),
+        (0, 3),
+        "reads whose xmin is held back are forwarded: {before:?} -> {after:?}"
+    );
+
+    // The transaction ends: reads are current again.
+    open.batch_execute("COMMIT").await.unwrap();
+    lab::sync(&p, &admin).await;
+    let before = counts(&p);
+    let bal: i64 = c.query_one(&select, &[&160i64]).await.unwrap().get(0);
+    assert_eq!(bal, 1600);
+    let after = counts(&p);
+    assert_eq!(after.filled - before.filled, 1, "{before:?} -> {after:?}");
+    p.shutdown().await;
+}
+
+/// A core runs at most two fill statements of its own; a miss that arrives while both are in
+/// flight goes to the writer, whose fills answer it just the same. Each read is held
+/// (`origin.fill_delay_ms`) so that four staggered sessions find the core's two busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_past_the_cores_two_reads_go_to_the_writer() {
+    let db = TestDb::create("pgw_miss_overflow").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &["origin.fill_delay_ms=600".to_string()]).await;
+    lab::sync(&p, &admin).await;
+    let before = (counts(&p), p.shared.total(|s| &s.pg_core_fills));
+    let mut sessions = Vec::new();
+    for id in [11i64, 12, 13, 14] {
+        let c = lab::pg_client(&p, &db).await;
+        sessions.push(tokio::spawn(async move {
+            let bal: i64 = c
+                .query_one("SELECT bal FROM acct WHERE id = $1", &[&id])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(bal, id * 10, "id {id}");
+        }));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for s in sessions {
+        s.await.expect("a session's lookup");
+    }
+    let after = (counts(&p), p.shared.total(|s| &s.pg_core_fills));
+    assert_eq!(
+        (after.0.filled - before.0.filled, after.1 - before.1),
+        (4, 2),
+        "four misses answered from fills, two read on the core: {before:?} -> {after:?}"
+    );
     p.shutdown().await;
 }
 
@@ -325,6 +439,11 @@ async fn misses_racing_updates_never_serve_stale() {
     let n = counts(&p);
     eprintln!("{reads} reads against {rounds} update rounds: 0 stale; {n:?}");
     assert!(n.filled > 0, "{n:?}");
+    // What the last pass's reads installed (offered to the writer by the core) is not older
+    // than the origin once the WAL is applied.
+    lab::sync(&p, &admin).await;
+    let stale = lab::stale_entries(&p, &admin).await;
+    assert!(stale.is_empty(), "stale entries: {stale:?}");
     p.shutdown().await;
 }
 

@@ -70,8 +70,11 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pgline_dataplane::plane::{ControlPort, PgHost, PgReply, PgRequest, PgRequestKind};
+use pgline_dataplane::plane::{
+    ControlPort, MissRequest, PgHost, PgReply, PgRequest, PgRequestKind,
+};
 
+use crate::corefill::CoreFills;
 use crate::result_plane::ResultPlane;
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -496,23 +499,44 @@ impl RelayState {
         }
     }
 
-    /// Offers the relay to the cores, to run on their own threads ([`CoreRelay`]); call before
-    /// the cores start. Cores that do not take it are served by [`run`].
-    pub fn host_on_cores(self: &Arc<Self>) {
-        self.plane
-            .set_pg_host(Arc::new(CoreRelay(Arc::downgrade(self))));
+    /// Offers the relay to the cores, to run on their own threads ([`CoreRelay`]), with the
+    /// PostgreSQL lookups' fills when given (`crate::corefill`); call before the cores start.
+    /// Cores that do not take it are served by [`run`] (and their misses by the writer).
+    pub fn host_on_cores(self: &Arc<Self>, fills: Option<&Arc<CoreFills>>) {
+        self.plane.set_pg_host(Arc::new(CoreRelay {
+            relay: Arc::downgrade(self),
+            fills: fills.map(Arc::downgrade),
+        }));
     }
 }
 
-/// The relay as a core runs it on its own thread (see the module doc). Weak: the plane holds
-/// the host and the relay holds the plane, so a strong reference would keep both, and every
-/// pooled origin connection, alive after pgline is dropped.
-pub struct CoreRelay(std::sync::Weak<RelayState>);
+/// The relay as a core runs it on its own thread (see the module doc), with the core's fills.
+/// Weak: the plane holds the host and the relay (and the fills) hold the plane, so a strong
+/// reference would keep both, and every pooled origin connection, alive after pgline is
+/// dropped.
+pub struct CoreRelay {
+    relay: std::sync::Weak<RelayState>,
+    fills: Option<std::sync::Weak<CoreFills>>,
+}
 
 impl PgHost for CoreRelay {
     fn drain(&self, core: usize) {
-        if let Some(relay) = self.0.upgrade() {
+        if let Some(relay) = self.relay.upgrade() {
             relay.drain_core(core);
+        }
+        if let Some(fills) = self.fills.as_ref().and_then(std::sync::Weak::upgrade) {
+            fills.start(core);
+        }
+    }
+
+    fn takes_fills(&self) -> bool {
+        self.fills.is_some()
+    }
+
+    fn fill(&self, core: usize, request: MissRequest) -> Result<(), MissRequest> {
+        match self.fills.as_ref().and_then(std::sync::Weak::upgrade) {
+            Some(fills) => fills.take(core, request),
+            None => Err(request),
         }
     }
 }

@@ -18,6 +18,12 @@
 //! after the landing (id >= the writer's next id at that moment) take their snapshots later;
 //! once every fill created before it has landed too, xids below M are dropped.
 //!
+//! A read made on a core (`crate::corefill`) registered no fill id, so pruning does not wait
+//! for it: an xid it missed may already be forgotten when its install arrives. Pruning keeps
+//! the greatest xmin it pruned below ([`Applied::pruned_below`]); a read whose snapshot xmin is
+//! not below it sees every pruned xid (each committed below that xmin), so
+//! [`Applied::covers`] plus [`Applied::read_is_current`] is the full check for such a read.
+//!
 //! Thread model: owned by the writer task. Limitation: pruning needs landed fills, so with no
 //! misses at all the map grows with the keys written; past [`MAX_TRACKED`] every read counts as
 //! not current (nothing installs; never unsound) until landed fills let it shrink.
@@ -38,6 +44,8 @@ pub struct Applied {
     tables: HashMap<u32, u32>,
     /// `(xmin, next fill id)` of landed fills, oldest first.
     horizons: VecDeque<(u32, u64)>,
+    /// The greatest xmin xids were pruned below (none pruned yet: `None`).
+    pruned_below: Option<u32>,
 }
 
 impl Applied {
@@ -84,7 +92,16 @@ impl Applied {
         if let Some(m) = floor {
             self.keys.retain(|_, x| !xid_precedes(*x, m));
             self.tables.retain(|_, x| !xid_precedes(*x, m));
+            if self.pruned_below.is_none_or(|p| xid_precedes(p, m)) {
+                self.pruned_below = Some(m);
+            }
         }
+    }
+
+    /// Whether a snapshot of this `xmin` sees every xid pruning has forgotten (see the module
+    /// doc): needed besides [`Applied::read_is_current`] for a read no fill id stood for.
+    pub fn covers(&self, xmin: u32) -> bool {
+        self.pruned_below.is_none_or(|m| !xid_precedes(xmin, m))
     }
 
     /// Tracked keys.
@@ -139,6 +156,26 @@ mod tests {
         assert_eq!(a.tracked(), 1);
         assert!(a.read_is_current(&key("1"), Some(&snap(10, 12, &[]))));
         assert!(!a.read_is_current(&key("2"), Some(&snap(30, 40, &[]))));
+    }
+
+    #[test]
+    fn a_read_older_than_the_pruned_horizon_is_not_covered() {
+        let mut a = Applied::default();
+        assert!(a.covers(5), "nothing pruned yet");
+        a.key_changed(key("1"), 15);
+        a.horizon(20, 1);
+        a.prune(1);
+        // xid 15 is forgotten: a snapshot that had it in progress reads as current by the key
+        // alone, so only the horizon refuses it.
+        let old = snap(14, 16, &[15]);
+        assert!(a.read_is_current(&key("1"), Some(&old)));
+        assert!(!a.covers(old.xmin));
+        assert!(a.covers(20));
+        assert!(a.covers(25));
+        // An older horizon landing later never lowers the mark.
+        a.horizon(10, 2);
+        a.prune(2);
+        assert!(!a.covers(19));
     }
 
     #[test]

@@ -33,7 +33,7 @@ mod message;
 mod port;
 mod stats;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -62,6 +62,16 @@ pub trait PgHost: Send + Sync {
     /// Takes core `core`'s PostgreSQL requests and starts their work on the calling thread's
     /// tokio runtime (the core's own); called by that core after each of its turns.
     fn drain(&self, core: usize);
+
+    /// Takes a PostgreSQL lookup's miss (`current_only`) of core `core` to read on the calling
+    /// thread's runtime instead of the writer's; its [`MissReply`] arrives on the core's reply
+    /// lane as the writer's would. Gives the request back when the core's fill statements are
+    /// all in flight or its misses are at their bound (the caller offers it to the writer).
+    /// Called only by a core that hosts the relay.
+    fn fill(&self, core: usize, request: MissRequest) -> Result<(), MissRequest>;
+
+    /// Whether [`PgHost::fill`] takes misses (else they go to the writer).
+    fn takes_fills(&self) -> bool;
 }
 
 /// The control plane's two consumers of core traffic, each with its own waker.
@@ -123,6 +133,10 @@ pub struct Shared {
     /// to the origin (bypass) so no hit can be older than the bound.
     serve_hits: AtomicBool,
     replication: ReplicationGauge,
+    /// The greatest transaction id (32 bits, modulo-2^32 order) whose changes the writer has
+    /// applied or is applying, 0 before the first: published before the changes reach the
+    /// store, so anything a core read from the store is covered by what it loads after.
+    applied_xid: AtomicU32,
     lanes: Vec<CoreLanes>,
     stats: Vec<CoreStats>,
     control_wakers: ControlWakers,
@@ -152,6 +166,7 @@ impl Shared {
             keyspace,
             serve_hits: AtomicBool::new(false),
             replication: ReplicationGauge::default(),
+            applied_xid: AtomicU32::new(0),
             lanes: (0..cores).map(|_| CoreLanes::new(queue_capacity)).collect(),
             stats: (0..cores).map(|_| CoreStats::default()).collect(),
             control_wakers,
@@ -201,6 +216,11 @@ impl Shared {
     /// What the control plane last published about replication.
     pub fn replication(&self) -> &ReplicationGauge {
         &self.replication
+    }
+
+    /// The greatest xid the writer has applied (see the field; 0: none yet).
+    pub fn applied_xid(&self) -> u32 {
+        self.applied_xid.load(Ordering::Acquire)
     }
 
     /// Core `core`'s counters.

@@ -110,6 +110,25 @@ impl CorePort {
         Ok(())
     }
 
+    /// Sends a PostgreSQL lookup's miss: to the relay host's fills on this thread when the core
+    /// hosts the relay and one of its fill statements is free (`docs/decisions.md`,
+    /// "PostgreSQL-front fills run on the core"), else to the writer. Given back when the
+    /// writer's lane is full too.
+    #[inline]
+    pub fn send_pg_miss(&self, request: MissRequest) -> Result<(), MissRequest> {
+        if self.pg_hosted.get() {
+            if let Some(host) = self.shared.pg_host.get().filter(|h| h.takes_fills()) {
+                // Busy (both of the core's statements in flight) or at the bound: the writer
+                // takes it if its lane has room.
+                match host.fill(self.id, request) {
+                    Ok(()) => return Ok(()),
+                    Err(request) => return self.send_miss(request),
+                }
+            }
+        }
+        self.send_miss(request)
+    }
+
     /// Sends a PostgreSQL request; a full queue gives it back (the step waits for a later
     /// turn).
     #[inline]
@@ -219,6 +238,12 @@ impl ControlPort {
     /// Allows or stops hits (the replication bound).
     pub fn set_serve_hits(&self, serve: bool) {
         self.shared.serve_hits.store(serve, Ordering::Release);
+    }
+
+    /// Publishes the greatest xid the writer applies: call before that transaction's changes
+    /// reach the store. Only the writer calls it, so a plain store keeps the greatest.
+    pub fn publish_applied_xid(&self, xid: u32) {
+        self.shared.applied_xid.store(xid, Ordering::Release);
     }
 
     /// Publishes the replication gauge the cores and `INFO` read.

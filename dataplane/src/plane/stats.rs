@@ -32,6 +32,9 @@ pub struct CoreStats {
     /// PostgreSQL point lookups that missed the store and whose fill could not answer them
     /// (origin error, a read not known current, a timeout, not servable now): forwarded.
     pub pg_lookup_fill_forwarded: AtomicU64,
+    /// Keys of PostgreSQL lookups' misses read by the core's own fill connection (the relay
+    /// hosted on the core) instead of the writer's.
+    pub pg_core_fills: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub polls: AtomicU64,

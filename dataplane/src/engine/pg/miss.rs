@@ -92,7 +92,7 @@ pub(super) fn request(port: &CorePort, conn: &mut Conn, token: ConnToken, table:
         current_only: true,
     };
     CoreStats::add(&port.stats().keys_miss, 1);
-    if port.send_miss(request).is_err() {
+    if port.send_pg_miss(request).is_err() {
         CoreStats::add(&port.stats().pg_queue_full, 1);
         return false;
     }

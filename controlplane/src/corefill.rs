@@ -1,0 +1,335 @@
+//! PostgreSQL lookups' misses read on the core's own thread (kernel transport).
+//!
+//! ```text
+//!  core turn: miss::request ── CorePort::send_pg_miss ──▶ CoreFills::take (queued, per core)
+//!  after the turn: PgHost::drain ──▶ CoreFills::start: one statement per table (`= ANY` of the
+//!      queued keys of all sessions of this core), at most FILLS_PER_CORE in flight, on the
+//!      core's current-thread runtime over the core's own fill connections
+//!  read lands (same thread) ──▶ current? (every xid the writer applied precedes the
+//!      snapshot's xmin) ── yes: MissReply with the row ──▶ the core's reply lane (apply_reply),
+//!                      │        and a CoreRead to the writer (fire and forget)
+//!                      └─ no, or an error: MissReply with FillResult::Error: the core forwards
+//! ```
+//!
+//! Purpose: a PostgreSQL-front miss went core → writer (control runtime) → the writer's fill
+//! connection task → writer → core: about six thread wakes per miss, most of the miss's cost
+//! at low concurrency. Here the read runs on the thread that owns the session, as the relay
+//! does (`docs/decisions.md`, "PostgreSQL-front fills run on the core (issue 15)").
+//!
+//! Place on the path: a miss of a PostgreSQL point lookup on a core that hosts the relay,
+//! while one of the core's [`FILLS_PER_CORE`] statements is free; past that, misses go to the
+//! writer, whose fills run on the control plane's threads beside the core (measured: at 32
+//! clients the core alone was 10% slower than the writer). RESP misses, userspace (DPDK)
+//! cores and warming keep the writer's fills.
+//!
+//! Invariants:
+//! - An answer is given only when known current: the read's snapshot sees every change the
+//!   writer had applied when the read landed. The writer publishes the greatest xid it applies
+//!   before the transaction's changes reach the store (`Shared::applied_xid`), and the core loads
+//!   it after the read returned, so after anything the session observed (a hit, a fence); if
+//!   that xid precedes the snapshot's xmin, every applied xid does and the snapshot sees them
+//!   all. Otherwise the answer is [`FillResult::Error`] and the core forwards the batch.
+//! - The store is written only by the writer: a current read is offered to it as a
+//!   [`CoreRead`] (dropped when the writer's queue is full: a dropped install costs a later
+//!   miss), and the writer installs it only under its own rules (`Writer::install_core_read`).
+//! - The session's fence is raised to the fill statement's WAL position, as for a writer fill.
+//!
+//! Bounds: per core, at most [`FILLS_PER_CORE`] statements in flight and `resp.miss_queue`
+//! misses queued or in flight, the core's RESP misses waiting for the writer included (past it
+//! the miss is given back and the batch forwarded); each
+//! read ends within `origin.query_timeout_ms` of its first key's arrival. A fill connection
+//! that cannot be had marks the core's fills down for a backoff (50 ms, doubling to 2 s) during
+//! which misses are answered [`FillResult::Error`] at once (forwarded), so the core never
+//! waits on a dead origin.
+//!
+//! Thread model: one [`CoreState`] per core, locked only by that core's thread (uncontended);
+//! the reads and their connections are tasks of that core's runtime.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pgline_dataplane::plane::{
+    ConnToken, ControlPort, CoreStats, FillResult, MissReply, MissRequest,
+};
+use tokio::sync::mpsc;
+
+use crate::catalog::CatalogCell;
+use crate::config::Runtime;
+use crate::fill::{self, Fetched, FetchedBatch, FillError};
+use crate::writer::CoreRead;
+
+/// Fill statements in flight per core, as the writer's bound for all of its misses.
+pub const FILLS_PER_CORE: usize = 2;
+
+/// The first pause after a fill connection could not be had; doubles to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// What a miss is told when the read is not known current: the core forwards the statement.
+const NOT_CURRENT: &str = "the core's fill read is not known current: ask the origin";
+
+/// One core's misses and fill connections.
+struct CoreState {
+    /// At most [`FILLS_PER_CORE`] connections, opened on the core's runtime when first used.
+    pool: deadpool_postgres::Pool,
+    queued: VecDeque<Pending>,
+    /// Statements in flight, and the keys they carry.
+    running: usize,
+    running_keys: usize,
+    /// No fill connection until then: misses are forwarded at once.
+    down_until: Option<Instant>,
+    backoff: Duration,
+}
+
+/// A miss waiting for its read.
+struct Pending {
+    conn: ConnToken,
+    seq: u64,
+    table: u32,
+    pk: Box<[u8]>,
+    since: Instant,
+}
+
+/// The per-core fills of the PostgreSQL front (see the module doc).
+pub struct CoreFills {
+    plane: ControlPort,
+    catalog: Arc<CatalogCell>,
+    runtime: Arc<Runtime>,
+    installs: mpsc::Sender<CoreRead>,
+    cores: Vec<Mutex<CoreState>>,
+}
+
+fn lock(m: &Mutex<CoreState>) -> std::sync::MutexGuard<'_, CoreState> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether a snapshot of this `xmin` sees every transaction up to `applied` (0: none applied).
+pub fn sees_applied(applied: u32, xmin: u32) -> bool {
+    applied == 0 || fill::xid_precedes(applied, xmin)
+}
+
+impl CoreFills {
+    /// `pools` holds one fill pool per core (pgline's origin credentials, at most
+    /// [`FILLS_PER_CORE`] connections each).
+    pub fn new(
+        plane: ControlPort,
+        catalog: Arc<CatalogCell>,
+        runtime: Arc<Runtime>,
+        installs: mpsc::Sender<CoreRead>,
+        pools: Vec<deadpool_postgres::Pool>,
+    ) -> Arc<CoreFills> {
+        let cores = pools
+            .into_iter()
+            .map(|pool| {
+                Mutex::new(CoreState {
+                    pool,
+                    queued: VecDeque::new(),
+                    running: 0,
+                    running_keys: 0,
+                    down_until: None,
+                    backoff: FIRST_BACKOFF,
+                })
+            })
+            .collect();
+        Arc::new(CoreFills {
+            plane,
+            catalog,
+            runtime,
+            installs,
+            cores,
+        })
+    }
+
+    /// Queues a PostgreSQL lookup's miss of core `core` (one key); it starts after the core's
+    /// turn ([`CoreFills::start`]). Given back (the core then offers it to the writer) while
+    /// both of the core's statements are in flight, or past the core's bound.
+    pub fn take(&self, core: usize, req: MissRequest) -> Result<(), MissRequest> {
+        let Some(state) = self.cores.get(core) else {
+            return Err(req);
+        };
+        if req.keys.len() != 1 || req.bypass {
+            return Err(req);
+        }
+        // One bound for the core's misses: its RESP misses waiting for the writer count too.
+        let depths = self.plane.shared().queue_depths(core);
+        let mut st = lock(state);
+        if st.running >= FILLS_PER_CORE
+            || depths.misses + st.queued.len() + st.running_keys >= depths.capacity
+        {
+            return Err(req);
+        }
+        let key = req.keys.into_iter().next().expect("one key, checked above");
+        st.queued.push_back(Pending {
+            conn: req.conn,
+            seq: req.seq,
+            table: key.table,
+            pk: key.pk,
+            since: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Starts queued reads of core `core` while fewer than [`FILLS_PER_CORE`] run: each takes
+    /// the queued keys of the oldest miss's table, up to `origin.fill_batch`. Call on the
+    /// core's own thread, inside its runtime.
+    pub fn start(self: &Arc<Self>, core: usize) {
+        let Some(state) = self.cores.get(core) else {
+            return;
+        };
+        let mut st = lock(state);
+        while st.running < FILLS_PER_CORE {
+            let Some(first) = st.queued.front() else {
+                return;
+            };
+            let table = first.table;
+            let most = self.runtime.fill_batch().max(1);
+            let mut group = Vec::new();
+            let mut rest = VecDeque::with_capacity(st.queued.len());
+            for p in st.queued.drain(..) {
+                if p.table == table && group.len() < most {
+                    group.push(p);
+                } else {
+                    rest.push_back(p);
+                }
+            }
+            st.queued = rest;
+            st.running += 1;
+            st.running_keys += group.len();
+            let down = st.down_until.is_some_and(|t| Instant::now() < t);
+            let pool = st.pool.clone();
+            tokio::spawn(self.clone().read(core, table, group, pool, down));
+        }
+    }
+
+    /// Reads one group's keys and answers each miss.
+    async fn read(
+        self: Arc<Self>,
+        core: usize,
+        table: u32,
+        group: Vec<Pending>,
+        pool: deadpool_postgres::Pool,
+        down: bool,
+    ) {
+        let timeout_ms = self.runtime.query_timeout_ms();
+        let delay = Duration::from_millis(self.runtime.fill_delay_ms());
+        let first = group
+            .iter()
+            .map(|p| p.since)
+            .min()
+            .unwrap_or_else(Instant::now);
+        let left = Duration::from_millis(timeout_ms).saturating_sub(first.elapsed());
+        let pks: Vec<Box<[u8]>> = group.iter().map(|p| p.pk.clone()).collect();
+        let info = self.catalog.get(table);
+        let result = match (&info, down) {
+            (_, true) => Err(FillError::Unavailable("fill connection down".into())),
+            (None, _) => Err(FillError::TableChanged(table.to_string())),
+            (Some(info), false) => {
+                let work = async {
+                    let result = match pool.get().await {
+                        Ok(client) => fill::fetch(&client, info, &pks, timeout_ms).await,
+                        Err(e) => Err(FillError::Unavailable(e.to_string())),
+                    };
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    result
+                };
+                tokio::time::timeout(left, work)
+                    .await
+                    .unwrap_or(Err(FillError::Timeout(timeout_ms)))
+            }
+        };
+        self.land(core, table, group, result, down);
+        self.start(core);
+    }
+
+    /// Answers the misses of a landed read (see the module doc's invariants).
+    fn land(
+        &self,
+        core: usize,
+        table: u32,
+        group: Vec<Pending>,
+        result: Result<FetchedBatch, FillError>,
+        down: bool,
+    ) {
+        if let Some(state) = self.cores.get(core) {
+            let mut st = lock(state);
+            st.running -= 1;
+            st.running_keys -= group.len();
+            match &result {
+                Err(FillError::Unavailable(_)) if !down => {
+                    st.down_until = Some(Instant::now() + st.backoff);
+                    st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
+                }
+                Ok(_) => {
+                    st.down_until = None;
+                    st.backoff = FIRST_BACKOFF;
+                }
+                Err(_) => {}
+            }
+        }
+        // After the read returned: every change the session observed was published before.
+        let applied = self.plane.shared().applied_xid();
+        let stats = self.plane.shared().stats(core);
+        CoreStats::add(&stats.pg_core_fills, group.len() as u64);
+        for (i, p) in group.into_iter().enumerate() {
+            let (answer, lsn) = match &result {
+                Err(e) => (FillResult::Error(Arc::from(e.to_string())), 0),
+                Ok(batch) => {
+                    let lsn = batch.lsns.get(i).copied().unwrap_or(0);
+                    let snap = batch.snapshots.get(i).cloned().flatten();
+                    match (batch.rows.get(i), snap) {
+                        (Some(fetched), Some(snap)) if sees_applied(applied, snap.xmin) => {
+                            let (answer, row) = match fetched {
+                                Fetched::Row(row) => (FillResult::Row(row.clone()), Some(row)),
+                                Fetched::Absent { cacheable: true } => (FillResult::Absent, None),
+                                // A key text the origin's type rejects: the statement gets
+                                // the origin's error.
+                                Fetched::Absent { cacheable: false } => {
+                                    (FillResult::Error(Arc::from(NOT_CURRENT)), None)
+                                }
+                            };
+                            if !matches!(answer, FillResult::Error(_)) {
+                                // Dropped when the writer is behind: a later miss reads again.
+                                let _ = self.installs.try_send(CoreRead {
+                                    table,
+                                    pk: p.pk.clone(),
+                                    row: row.cloned(),
+                                    snapshot: snap,
+                                });
+                            }
+                            (answer, lsn)
+                        }
+                        _ => (FillResult::Error(Arc::from(NOT_CURRENT)), 0),
+                    }
+                }
+            };
+            self.plane.send_reply(
+                core,
+                MissReply {
+                    conn: p.conn,
+                    seq: p.seq,
+                    results: vec![answer],
+                    lsn,
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn applied_xids_below_the_xmin_are_seen() {
+        assert!(sees_applied(0, 5), "nothing applied");
+        assert!(sees_applied(9, 10));
+        assert!(!sees_applied(10, 10), "xmin itself may be in progress");
+        assert!(!sees_applied(11, 10));
+        // Modulo 2^32.
+        assert!(sees_applied(u32::MAX - 2, 3));
+        assert!(!sees_applied(4, u32::MAX - 2));
+    }
+}

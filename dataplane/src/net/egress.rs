@@ -17,7 +17,7 @@ use smoltcp::socket::tcp::State;
 use smoltcp::time::Instant as SInstant;
 
 use super::conn::{Origin, TxOut};
-use super::{arp, wire, ConnId, Stack, MAX_SEGMENTS_PER_FLUSH, MAX_TX_BACKLOG};
+use super::{arp, wire, Stack, MAX_SEGMENTS_PER_FLUSH, MAX_TX_BACKLOG};
 
 impl<Q: Queue> Stack<Q> {
     /// Runs egress for every dirty connection.
@@ -48,16 +48,10 @@ impl<Q: Queue> Stack<Q> {
             }
         }
         let at = self.egress_conn(slot, now, t);
-        let c = &mut self.conns[slot as usize];
-        if c.take_rx_starved() && !c.rx_waiting {
-            // It announced a zero window for want of a receive buffer.
-            c.rx_waiting = true;
-            let id = ConnId { slot, gen: c.gen };
-            self.push_waiter(id, false);
-            if self.pools.rx.available() > 0 {
-                // A buffer came back in this same flush.
-                self.serve_waiters();
-            }
+        // It announced a zero window for want of a receive buffer.
+        if self.wait_if_rx_starved(slot) && self.pools.rx.available() > 0 {
+            // A buffer came back in this same flush.
+            self.serve_waiters();
         }
         let c = &mut self.conns[slot as usize];
         let state = c.state();

@@ -256,10 +256,7 @@ impl<Q: Queue> Stack<Q> {
                 }
             }
         }
-        if c.take_rx_starved() && !c.rx_waiting {
-            c.rx_waiting = true;
-            self.push_waiter(id, false);
-        }
+        self.wait_if_rx_starved(slot);
         let c = &mut self.conns[slot as usize];
         if c.announced {
             let eof = !c.may_recv();

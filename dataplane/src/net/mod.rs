@@ -660,6 +660,19 @@ impl<Q: Queue> Stack<Q> {
         self.serve_waiters();
     }
 
+    /// Puts the connection in `slot` on the receive wait list if it went without a receive
+    /// buffer since the last check and is not waiting yet; true if it was put there.
+    fn wait_if_rx_starved(&mut self, slot: u32) -> bool {
+        let c = &mut self.conns[slot as usize];
+        if !c.take_rx_starved() || c.rx_waiting {
+            return false;
+        }
+        c.rx_waiting = true;
+        let id = ConnId { slot, gen: c.gen };
+        self.push_waiter(id, false);
+        true
+    }
+
     /// Puts a connection on the send (`tx`) or receive wait list. Entries of connections that
     /// closed while waiting stay until served or swept: past two per slot, the list drops them.
     fn push_waiter(&mut self, id: ConnId, tx: bool) {

@@ -727,7 +727,9 @@ impl<Q: Queue> Stack<Q> {
             let Some(slot) = self.live(id) else { continue };
             let c = &mut self.conns[slot];
             c.tx_waiting = false;
-            if c.may_send() && c.grant_tx(&mut self.pools) && c.want_write {
+            // Only to an owner that still wants to write: a buffer handed to one that does
+            // not would sit empty until the connection closes.
+            if c.want_write && c.may_send() && c.grant_tx(&mut self.pools) {
                 c.want_write = false;
                 self.events.push(NetEvent::Writable(id));
             }

@@ -894,3 +894,304 @@ fn a_dry_send_pool_makes_writers_wait_for_writable_and_every_byte_arrives() {
         assert!(server.stats().tcp_buffer_waits > 0);
     }
 }
+
+/// Our own TCP on the server (`net_stack_owned`): the pool bounds below exist only there.
+fn owned() -> bool {
+    env!("CARGO_CRATE_NAME") == "net_stack_owned"
+}
+
+/// A server and a client stack on simulated time, stepped by hand.
+struct Pair {
+    server: Stack<MemQueue>,
+    client: Stack<MemQueue>,
+    now: Instant,
+    sev: Vec<NetEvent>,
+    cev: Vec<NetEvent>,
+}
+
+impl Pair {
+    fn new(scfg: NetConfig) -> Pair {
+        let (a, b) = mem::pair(MemConfig::default());
+        let mut server = Stack::new(a, scfg).expect("server");
+        server.listen(PORT);
+        Pair {
+            server,
+            client: Stack::new(b, cfg(CLIENT_IP, 64)).expect("client"),
+            now: Instant::now(),
+            sev: Vec::new(),
+            cev: Vec::new(),
+        }
+    }
+
+    fn connect(&mut self) -> ConnId {
+        self.client
+            .connect(SocketAddrV4::new(SERVER_IP, PORT), 0)
+            .expect("connect")
+    }
+
+    /// One turn of the server alone: its client is not polled (a peer that went quiet).
+    fn step_server(&mut self) {
+        self.now += STEP;
+        self.sev.clear();
+        self.server.poll(self.now, &mut self.sev);
+        self.server.flush(self.now);
+    }
+
+    /// One turn of both; the events are in `sev` and `cev`.
+    fn step(&mut self) {
+        self.step_server();
+        self.cev.clear();
+        self.client.poll(self.now, &mut self.cev);
+        self.client.flush(self.now);
+    }
+
+    /// The ids of the connections the server accepted in this turn.
+    fn accepted(&self) -> Vec<ConnId> {
+        self.sev
+            .iter()
+            .filter_map(|e| match *e {
+                NetEvent::Accepted { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_client_that_stops_reading_is_reset_and_its_send_buffer_serves_the_next() {
+    if !owned() {
+        // smoltcp's sockets own their send buffers: a slow reader holds only its own.
+        return;
+    }
+    // One pooled send buffer. Client A never reads what it asked for; client B reads slowly
+    // (2,000 bytes every 1.5 s, less than the stall limit apart) and must get all of it.
+    const LEN: usize = 20_000;
+    let stall = Duration::from_secs(2);
+    let scfg = NetConfig {
+        conn_buffers: 1,
+        send_stall_timeout: stall,
+        ..cfg(SERVER_IP, 16)
+    };
+    let mut p = Pair::new(scfg);
+    let a = p.connect();
+    let mut sa = None;
+    for _ in 0..1000 {
+        p.step();
+        if let Some(id) = p.accepted().first() {
+            sa = Some(*id);
+            break;
+        }
+    }
+    let sa = sa.expect("A accepted");
+    let reply_a = payload(7, LEN);
+    let mut sent_a = p.server.send(sa, &reply_a).expect("A's reply queued");
+    assert!(sent_a > 0);
+    // A now holds the only send buffer; B connects after that.
+    assert_eq!(p.server.buffer_pools().1.in_use, 1);
+    let b = p.connect();
+    let reply_b = payload(8, LEN);
+    let (mut sb, mut sent_b, mut got_b) = (None, 0, Vec::new());
+    let (mut a_reset, mut b_writable) = (false, 0);
+    let mut buf = Vec::new();
+    let read_every = (Duration::from_millis(1500).as_micros() / STEP.as_micros()) as usize;
+    for i in 0..200_000 {
+        p.step();
+        for e in p.sev.clone() {
+            match e {
+                NetEvent::Accepted { id, .. } => sb = Some(id),
+                NetEvent::Writable(id) if Some(id) == sb => b_writable += 1,
+                _ => {}
+            }
+        }
+        if p.cev.contains(&NetEvent::Closed(a)) {
+            a_reset = true;
+        }
+        if !a_reset && sent_a < LEN {
+            sent_a += p.server.send(sa, &reply_a[sent_a..]).unwrap_or(0);
+        }
+        if let Some(sb) = sb {
+            while sent_b < LEN {
+                match p.server.send(sb, &reply_b[sent_b..]) {
+                    Ok(n) => sent_b += n,
+                    Err(NetError::Full) => break,
+                    // B's client gave up waiting (smoltcp's own timeout): the checks below say
+                    // why.
+                    Err(_) => break,
+                }
+            }
+        }
+        if i % read_every == 0 {
+            buf.clear();
+            if let Ok(n) = p.client.recv(b, &mut buf, 2000) {
+                got_b.extend_from_slice(&buf[..n]);
+            }
+        }
+        if got_b.len() == LEN {
+            break;
+        }
+    }
+    assert!(a_reset, "the client that stopped reading was reset");
+    assert!(b_writable > 0, "B waited for the buffer A held");
+    assert_eq!(got_b.len(), LEN, "B got its whole reply");
+    assert!(got_b == reply_b, "B's reply in order");
+    let st = *p.server.stats();
+    assert_eq!(st.tcp_send_stall_aborts, 1, "only A was reset: {st:?}");
+    // B's reads are 1.5 s apart, each acknowledged data: progress, so B was never stalled.
+    assert!(p.server.peer(sb.expect("B")).is_some(), "B still open");
+}
+
+#[test]
+fn a_receive_buffer_granted_to_a_peer_that_went_quiet_goes_back_to_the_pool() {
+    if !owned() {
+        return;
+    }
+    // One pooled receive buffer. A's data takes it; B's data is refused and B waits. The
+    // client then goes quiet (it is not polled), the server reads A's data, and the buffer is
+    // granted to B, whose peer does not resend. It must come back to the pool; when the
+    // client wakes, B's bytes still all arrive.
+    const LEN: usize = 3000;
+    let scfg = NetConfig {
+        conn_buffers: 1,
+        ..cfg(SERVER_IP, 16)
+    };
+    let mut p = Pair::new(scfg);
+    let a = p.connect();
+    let b = p.connect();
+    let (data_a, data_b) = (payload(1, LEN), payload(2, LEN));
+    let (mut sent, mut ids) = ([0usize; 2], Vec::new());
+    for _ in 0..20_000 {
+        p.step();
+        ids.extend(p.accepted());
+        for (i, (c, d)) in [(a, &data_a), (b, &data_b)].into_iter().enumerate() {
+            if sent[i] < LEN {
+                sent[i] += p.client.send(c, &d[sent[i]..]).unwrap_or(0);
+            }
+        }
+        if ids.len() == 2 && p.server.stats().tcp_buffer_waits > 0 {
+            break;
+        }
+    }
+    assert_eq!(ids.len(), 2, "both accepted");
+    assert!(
+        p.server.stats().tcp_buffer_waits > 0,
+        "one waited for the buffer"
+    );
+    assert_eq!(p.server.buffer_pools().0.in_use, 1);
+    // The client goes quiet. Drain whichever connection holds the buffer.
+    let mut got: HashMap<ConnId, Vec<u8>> = ids.iter().map(|&id| (id, Vec::new())).collect();
+    let mut buf = Vec::new();
+    for _ in 0..10 {
+        for (id, g) in got.iter_mut() {
+            buf.clear();
+            if let Ok(n) = p.server.recv(*id, &mut buf, 1 << 20) {
+                g.extend_from_slice(&buf[..n]);
+            }
+        }
+        p.step_server();
+    }
+    let granted = p.server.buffer_pools().0.in_use;
+    assert_eq!(granted, 1, "the buffer went to the waiter");
+    let quiet = (Duration::from_millis(1500).as_micros() / STEP.as_micros()) as usize;
+    for _ in 0..quiet {
+        p.step_server();
+    }
+    assert_eq!(
+        p.server.buffer_pools().0.in_use,
+        0,
+        "a grant nobody used went back to the pool"
+    );
+    assert_eq!(p.server.stats().tcp_rx_grants_returned, 1);
+    // The client wakes: every byte of both still arrives.
+    for _ in 0..200_000 {
+        p.step();
+        for (id, g) in got.iter_mut() {
+            buf.clear();
+            if let Ok(n) = p.server.recv(*id, &mut buf, 1 << 20) {
+                g.extend_from_slice(&buf[..n]);
+            }
+        }
+        if got.values().all(|g| g.len() == LEN) {
+            break;
+        }
+    }
+    let mut bodies: Vec<&Vec<u8>> = got.values().collect();
+    bodies.sort_by_key(|g| g.first().copied());
+    let mut want = [&data_a, &data_b];
+    want.sort_by_key(|d| d.first().copied());
+    assert!(
+        bodies[0] == want[0] && bodies[1] == want[1],
+        "both in order"
+    );
+}
+
+#[test]
+fn wait_list_entries_of_closed_connections_are_swept() {
+    if !owned() {
+        return;
+    }
+    // One pooled send buffer, held for good by a connection whose client never reads. Round
+    // after round, the server writes to three more connections, which wait for the buffer;
+    // their clients then reset. Their wait-list entries stay behind (no buffer comes back to
+    // serve them) until the sweep at two entries per slot drops them.
+    const SLOTS: usize = 4;
+    let scfg = NetConfig {
+        conn_buffers: 1,
+        ..cfg(SERVER_IP, SLOTS)
+    };
+    let mut p = Pair::new(scfg);
+    p.connect();
+    let mut holder = None;
+    for _ in 0..2000 {
+        p.step();
+        holder = holder.or(p.accepted().first().copied());
+        if let Some(h) = holder {
+            let _ = p.server.send(h, &payload(3, 60_000));
+            break;
+        }
+    }
+    assert_eq!(
+        p.server.buffer_pools().1.in_use,
+        1,
+        "the holder took the buffer"
+    );
+    let mut peak = 0;
+    for round in 0..10 {
+        let waits = p.server.stats().tcp_buffer_waits;
+        let ids: Vec<ConnId> = (0..SLOTS - 1).map(|_| p.connect()).collect();
+        let mut accepted = Vec::new();
+        for _ in 0..2000 {
+            p.step();
+            accepted.extend(p.accepted());
+            if accepted.len() == ids.len() {
+                break;
+            }
+        }
+        assert_eq!(accepted.len(), ids.len(), "round {round}: accepted");
+        for &id in &accepted {
+            assert_eq!(p.server.send(id, b"reply"), Err(NetError::Full));
+        }
+        assert_eq!(
+            p.server.stats().tcp_buffer_waits,
+            waits + accepted.len() as u64,
+            "round {round}: each newcomer waits"
+        );
+        for &c in &ids {
+            p.client.abort(c);
+        }
+        for _ in 0..1000 {
+            p.step();
+            if p.server.open_connections() == 1 {
+                break;
+            }
+        }
+        assert_eq!(p.server.open_connections(), 1, "round {round}: resets seen");
+        peak = peak.max(p.server.buffer_waiters().1);
+    }
+    // 30 entries were pushed for connections that are gone; at most two per slot remain.
+    assert!(peak <= 2 * SLOTS, "wait list bounded: peak {peak}");
+    assert!(
+        peak >= SLOTS,
+        "entries of closed connections stayed until swept: {peak}"
+    );
+    assert_eq!(p.server.buffer_pools().1.in_use, 1);
+}

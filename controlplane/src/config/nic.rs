@@ -85,6 +85,9 @@ pub struct NicConfig {
     /// core, taken by connections only while they move bytes; when they run out, connections
     /// wait (zero window, `send` refused) rather than fail.
     pub conn_buffers: usize,
+    /// With `owned_tcp`: a connection whose client acknowledges none of its reply for this long
+    /// (a client that stopped reading) is reset, so that it gives its pooled send buffer back.
+    pub send_stall_timeout_ms: u64,
     /// Extra EAL arguments (dpdk), e.g. `["--no-huge", "-m", "256"]`.
     pub eal_args: Vec<String>,
     /// Virtual devices (dpdk), e.g. `["net_af_packet0,iface=veth0"]`. A `net_af_packet` with
@@ -111,6 +114,8 @@ impl Default for NicConfig {
             rx_burst: DEFAULT_RX_BURST,
             owned_tcp: false,
             conn_buffers: pgline_dataplane::net::DEFAULT_CONN_BUFFERS,
+            send_stall_timeout_ms: pgline_dataplane::net::DEFAULT_SEND_STALL_TIMEOUT.as_millis()
+                as u64,
             eal_args: Vec::new(),
             vdevs: Vec::new(),
             port: String::new(),
@@ -150,6 +155,7 @@ impl NicConfig {
             rx_burst: self.rx_burst,
             owned_tcp: self.owned_tcp,
             conn_buffers: self.conn_buffers,
+            send_stall_timeout: std::time::Duration::from_millis(self.send_stall_timeout_ms),
             ..NetConfig::new(self.ipv4()?, self.prefix_len)
         })
     }
@@ -229,6 +235,11 @@ impl NicConfig {
             (1..=1 << 20).contains(&self.conn_buffers),
             "nic.conn_buffers",
             "must be 1..=1048576",
+        )?;
+        check(
+            (1000..=3_600_000).contains(&self.send_stall_timeout_ms),
+            "nic.send_stall_timeout_ms",
+            "must be 1000..=3600000 (1 s to 1 h)",
         )?;
         // The pools are one allocation each, reserved at start (resident only where used): a
         // product the machine cannot reserve would abort start-up instead of naming the key.
@@ -348,6 +359,10 @@ mod tests {
         err_names(nic(|n| n.rx_buffer = ByteSize(100)), "nic.rx_buffer");
         err_names(nic(|n| n.rx_burst = 0), "nic.rx_burst");
         err_names(nic(|n| n.conn_buffers = 0), "nic.conn_buffers");
+        err_names(
+            nic(|n| n.send_stall_timeout_ms = 0),
+            "nic.send_stall_timeout_ms",
+        );
         err_names(
             nic(|n| {
                 n.owned_tcp = true;

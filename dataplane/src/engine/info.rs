@@ -165,12 +165,13 @@ fn write_nic_section(t: &mut Vec<u8>, shared: &Shared) {
     let total = |f: fn(&crate::plane::CoreStats) -> &std::sync::atomic::AtomicU64| shared.total(f);
     let _ = write!(
         t,
-        "# Nic\r\nnet_rx_frames:{}\r\nnet_tx_frames:{}\r\nnet_rx_dropped:{}\r\nnet_tx_dropped:{}\r\nnet_tcp_retransmits:{}\r\nnet_tcp_buffer_waits:{}\r\n\r\n",
+        "# Nic\r\nnet_rx_frames:{}\r\nnet_tx_frames:{}\r\nnet_rx_dropped:{}\r\nnet_tx_dropped:{}\r\nnet_tcp_retransmits:{}\r\nnet_tcp_buffer_waits:{}\r\nnet_tcp_send_stall_aborts:{}\r\n\r\n",
         total(|s| &s.net_rx_frames),
         total(|s| &s.net_tx_frames),
         total(|s| &s.net_rx_dropped),
         total(|s| &s.net_tx_dropped),
         total(|s| &s.net_tcp_retransmits),
         total(|s| &s.net_tcp_buffer_waits),
+        total(|s| &s.net_tcp_send_stall_aborts),
     );
 }

@@ -156,6 +156,9 @@ impl<S: StreamStack> UserCore<S> {
         stats
             .net_tcp_buffer_waits
             .store(c.tcp_buffer_waits, Ordering::Relaxed);
+        stats
+            .net_tcp_send_stall_aborts
+            .store(c.tcp_send_stall_aborts, Ordering::Relaxed);
     }
 
     fn process_events(&mut self) {

@@ -185,10 +185,17 @@ impl Conn {
     }
 
     /// A new, free slot with our own TCP.
-    pub fn new_owned(rx_buffer: usize, tx_buffer: usize, mss: u16, fast_path: bool) -> Conn {
+    pub fn new_owned(
+        rx_buffer: usize,
+        tx_buffer: usize,
+        mss: u16,
+        fast_path: bool,
+        stall_timeout: Duration,
+    ) -> Conn {
         let ack_delay = super::ACK_DELAY.as_micros() as u64;
         let mut t = Tcb::new(rx_buffer, tx_buffer, mss, ack_delay);
         t.fast_path = fast_path;
+        t.set_stall_timeout(u64::try_from(stall_timeout.as_micros()).unwrap_or(u64::MAX));
         Conn::with_engine(Engine::Own(Box::new(t)))
     }
 
@@ -366,9 +373,9 @@ impl Conn {
 
     /// Hands the connection a receive buffer (it waited for one) and has it announce the
     /// window; false if the pool is dry again or the connection holds one already.
-    pub fn grant_rx(&mut self, p: &mut Pools) -> bool {
+    pub fn grant_rx(&mut self, p: &mut Pools, now: u64) -> bool {
         match &mut self.engine {
-            Engine::Own(t) => t.grant_rx(p),
+            Engine::Own(t) => t.grant_rx(p, now),
             Engine::Smol { .. } => false,
         }
     }
@@ -525,7 +532,15 @@ impl Conn {
                 let Some(key) = self.key else {
                     return false;
                 };
-                let Some(seg) = t.dispatch(out.pools, micros(now)) else {
+                let t_us = micros(now);
+                if t.return_unused_grant(out.pools, t_us) {
+                    out.stats.tcp_rx_grants_returned += 1;
+                }
+                let seg = t.dispatch(out.pools, t_us);
+                if std::mem::take(&mut t.stalled) {
+                    out.stats.tcp_send_stall_aborts += 1;
+                }
+                let Some(seg) = seg else {
                     return false;
                 };
                 emit_own(t, &seg, key, self.mac, out);

@@ -47,9 +47,14 @@ impl<Q: Queue> Stack<Q> {
                 return;
             }
         }
+        let returned = self.stats.tcp_rx_grants_returned;
         let at = self.egress_conn(slot, now, t);
-        // It announced a zero window for want of a receive buffer.
-        if self.wait_if_rx_starved(slot) && self.pools.rx.available() > 0 {
+        // It announced a zero window for want of a receive buffer, or gave back a buffer it was
+        // granted and did not use.
+        let starved = self.wait_if_rx_starved(slot);
+        if (starved || self.stats.tcp_rx_grants_returned != returned)
+            && self.pools.rx.available() > 0
+        {
             // A buffer came back in this same flush.
             self.serve_waiters();
         }

@@ -73,6 +73,8 @@ pub const MAX_SEGMENTS_PER_FLUSH: usize = 64;
 pub const MAX_TX_BACKLOG: usize = 4096;
 /// Default `NetConfig::conn_buffers`: receive and send buffers per core's pools.
 pub const DEFAULT_CONN_BUFFERS: usize = 4096;
+/// Default `NetConfig::send_stall_timeout`.
+pub const DEFAULT_SEND_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Settings of one core's stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +104,11 @@ pub struct NetConfig {
     /// With `owned_tcp`: take in-order data segments of established connections on the header
     /// prediction fast path (off only to compare against the general path).
     pub tcp_fast_path: bool,
+    /// With `owned_tcp`: a connection whose peer acknowledges none of its queued data for this
+    /// long is reset, whether the peer is silent or keeps a zero window open by answering
+    /// probes. It bounds how long a reader that stopped reading holds a pooled send buffer
+    /// (like Linux's `TCP_USER_TIMEOUT`, which also covers zero-window probing).
+    pub send_stall_timeout: Duration,
 }
 
 impl NetConfig {
@@ -120,6 +127,7 @@ impl NetConfig {
             rx_burst: 32,
             owned_tcp: false,
             tcp_fast_path: true,
+            send_stall_timeout: DEFAULT_SEND_STALL_TIMEOUT,
         }
     }
 
@@ -132,6 +140,7 @@ impl NetConfig {
             && self.conn_buffers > 0
             && self.max_connections < u32::MAX as usize
             && self.rx_burst > 0
+            && !self.send_stall_timeout.is_zero()
             && !self.ip.is_unspecified();
         if ok {
             Ok(())
@@ -235,6 +244,12 @@ pub struct NetStats {
     /// Times a connection of our own TCP found a buffer pool dry and waited (receive: data
     /// refused under a zero window; send: `send` took nothing).
     pub tcp_buffer_waits: u64,
+    /// Receive buffers granted to a waiter whose peer then sent nothing, given back after
+    /// `tcp::RX_GRANT_UNUSED_US`.
+    pub tcp_rx_grants_returned: u64,
+    /// Connections reset because their peer acknowledged none of their data for
+    /// `NetConfig::send_stall_timeout`.
+    pub tcp_send_stall_aborts: u64,
 }
 
 /// One core's network stack over one queue.
@@ -518,6 +533,12 @@ impl<Q: Queue> Stack<Q> {
         (self.pools.rx.stats(), self.pools.tx.stats())
     }
 
+    /// Entries on the receive and send wait lists for a pooled buffer. Entries of connections
+    /// that closed while waiting count until they are served or swept.
+    pub fn buffer_waiters(&self) -> (usize, usize) {
+        (self.rx_waiters.len(), self.tx_waiters.len())
+    }
+
     pub fn open_connections(&self) -> usize {
         self.open
     }
@@ -619,6 +640,7 @@ impl<Q: Queue> Stack<Q> {
                     .mss
                     .min(self.caps.max_transmission_unit as u16 - 40),
                 self.cfg.tcp_fast_path,
+                self.cfg.send_stall_timeout,
             )
         } else {
             Conn::new(
@@ -716,7 +738,7 @@ impl<Q: Queue> Stack<Q> {
             let Some(slot) = self.live(id) else { continue };
             let c = &mut self.conns[slot];
             c.rx_waiting = false;
-            if c.grant_rx(&mut self.pools) {
+            if c.grant_rx(&mut self.pools, self.last_t) {
                 self.mark_dirty(id.slot);
             }
         }

@@ -48,6 +48,10 @@ const RTO_MIN_US: u64 = 20_000;
 const RTO_MAX_US: u64 = 10_000_000;
 /// The MSS assumed when the peer's SYN names none (RFC 9293).
 const DEFAULT_MSS: u16 = 536;
+/// A receive buffer granted to a connection whose peer then sends nothing into it goes back to
+/// the pool after this long (the peer may have died; it is refused and waits again if it comes
+/// back while the pool is dry).
+pub const RX_GRANT_UNUSED_US: u64 = 1_000_000;
 
 /// The fields of a received segment the state machine reads.
 #[derive(Clone, Copy, Debug)]
@@ -102,6 +106,16 @@ pub struct Tcb {
     /// Duplicate ACKs still to send after a window update that follows refused data: three
     /// make the peer retransmit at once (fast retransmit, RFC 5681) instead of on its timer.
     nudge: u8,
+    /// The receive buffer granted for refused data goes back unused at this deadline.
+    grant_until: Option<u64>,
+    /// Aborted because the peer acknowledged none of our data for `stall_timeout_us` (the
+    /// stack counts it and clears this).
+    pub stalled: bool,
+    /// Since when the send ring has held data with no byte of it acknowledged.
+    stall_since: Option<u64>,
+    /// Limit on `stall_since`: a slow or stopped reader holds a pooled send buffer at most
+    /// this long (`u64::MAX`: none).
+    stall_timeout_us: u64,
     our_mss: u16,
     mss: usize,
     iss: u32,
@@ -154,6 +168,10 @@ impl Tcb {
             rx_starved: false,
             refused: false,
             nudge: 0,
+            grant_until: None,
+            stalled: false,
+            stall_since: None,
+            stall_timeout_us: u64::MAX,
             our_mss,
             mss: usize::from(DEFAULT_MSS),
             iss: 0,
@@ -190,7 +208,7 @@ impl Tcb {
 
     /// Back to a fresh CLOSED connection (the slot is reused).
     fn reset(&mut self, p: &mut Pools, iss: u32, now: u64) {
-        let fast = self.fast_path;
+        let (fast, stall) = (self.fast_path, self.stall_timeout_us);
         let (our_mss, delay) = (self.our_mss, self.ack_delay_us);
         self.free_buffers(p);
         let rx = std::mem::replace(&mut self.rx, Ring::new(0));
@@ -201,6 +219,7 @@ impl Tcb {
             ..Tcb::new(0, 0, our_mss, delay)
         };
         self.fast_path = fast;
+        self.stall_timeout_us = stall;
         self.iss = iss;
         self.snd_una = iss;
         self.snd_nxt = iss;
@@ -235,6 +254,12 @@ impl Tcb {
 
     pub fn set_timeout(&mut self, us: u64) {
         self.timeout_us = us;
+    }
+
+    /// Aborts the connection when the peer acknowledges none of our queued data for `us`
+    /// (zero window or silence): the bound on how long a slow reader holds a send buffer.
+    pub fn set_stall_timeout(&mut self, us: u64) {
+        self.stall_timeout_us = us;
     }
 
     pub fn may_recv(&self) -> bool {
@@ -272,7 +297,7 @@ impl Tcb {
     /// finds the pool dry again is refused and waits with a claim. (Reserving for an announcer
     /// would let connections whose peers have nothing to send hold every buffer.) False if it
     /// can no longer receive, or holds a buffer already.
-    pub fn grant_rx(&mut self, p: &mut Pools) -> bool {
+    pub fn grant_rx(&mut self, p: &mut Pools, now: u64) -> bool {
         if !self.receiving() || self.rx.held() {
             return false;
         }
@@ -282,8 +307,23 @@ impl Tcb {
             }
             self.refused = false;
             self.nudge = 3;
+            self.grant_until = Some(now.saturating_add(RX_GRANT_UNUSED_US));
         }
         self.ack_now = true;
+        true
+    }
+
+    /// Gives back a granted receive buffer the peer sent nothing into by its deadline; true if
+    /// one went back to the pool.
+    pub fn return_unused_grant(&mut self, p: &mut Pools, now: u64) -> bool {
+        if self.grant_until.is_none_or(|t| now < t) {
+            return false;
+        }
+        self.grant_until = None;
+        if !self.rx.held() || self.rx.len() > 0 {
+            return false;
+        }
+        self.rx.clear(&mut p.rx);
         true
     }
 
@@ -374,6 +414,9 @@ impl Tcb {
             let data = acked.min(self.tx.len());
             self.tx.consume(&mut p.tx, data);
             self.data_base = self.data_base.wrapping_add(data as u32);
+            if data > 0 {
+                self.stall_since = None;
+            }
         }
         self.snd_una = ack;
         if lt(self.snd_nxt, ack) {
@@ -700,6 +743,12 @@ impl Tcb {
         if (self.outstanding() || self.syn_state()) && self.timeout_us != u64::MAX {
             min(self.last_rx.saturating_add(self.timeout_us));
         }
+        if let Some(t) = self.grant_until {
+            min(t);
+        }
+        if let Some(t) = self.stall_since {
+            min(t.saturating_add(self.stall_timeout_us));
+        }
         at
     }
 
@@ -728,6 +777,16 @@ impl Tcb {
             // The peer went silent: give up.
             self.abort();
             return self.dispatch(p, now);
+        }
+        if self.tx.len() > 0 && self.stall_timeout_us != u64::MAX {
+            let since = *self.stall_since.get_or_insert(now);
+            if now >= since.saturating_add(self.stall_timeout_us) {
+                // The peer takes none of our data (a reader that stopped, or a zero window
+                // held open by answering probes): its send buffer goes back to the pool.
+                self.stalled = true;
+                self.abort();
+                return self.dispatch(p, now);
+            }
         }
         if self.rto_at.is_some_and(|t| t <= now) {
             self.go_back(now, true);

@@ -47,6 +47,7 @@ pub struct CoreStats {
     pub net_tx_dropped: AtomicU64,
     pub net_tcp_retransmits: AtomicU64,
     pub net_tcp_buffer_waits: AtomicU64,
+    pub net_tcp_send_stall_aborts: AtomicU64,
     /// Connection bounds (`engine::limits`): PostgreSQL-port connections open (gauge; the
     /// RESP ones are `connections_open` minus these).
     pub connections_open_pg: AtomicU64,

@@ -100,6 +100,7 @@ impl<Q: Queue> StreamStack for NetStream<Q> {
             tx_dropped: s.tx_dropped_nobuf + s.tx_dropped_no_arp + s.tx_dropped_ring,
             tcp_retransmits: s.tcp_retransmits,
             tcp_buffer_waits: s.tcp_buffer_waits,
+            tcp_send_stall_aborts: s.tcp_send_stall_aborts,
         }
     }
 }

@@ -52,6 +52,8 @@ pub struct StreamCounters {
     pub tcp_retransmits: u64,
     /// Times a connection waited for a pooled buffer (our own TCP).
     pub tcp_buffer_waits: u64,
+    /// Connections reset because their peer took none of their data in time (our own TCP).
+    pub tcp_send_stall_aborts: u64,
 }
 
 /// A TCP stack owned by one core.

@@ -12,10 +12,13 @@
 //! the deferred ones complete. That is the whole ordering rule for pipelines that mix hits and
 //! misses.
 //!
-//! Memory: a connection starts with [`BASE_BUFFER`] bytes of input and of output buffer. What
-//! its buffers hold beyond that ([`Conn::footprint`]) is charged to its core's reply memory
-//! (see [`super::limits`]); buffers that grew past [`SHRINK_ABOVE`] are given back once drained
-//! ([`Conn::shrink_drained`]), so a burst does not stay resident for the connection's life.
+//! Memory: a connection holds no buffer while it is idle. Its core lends it a [`BASE_BUFFER`]
+//! input and output buffer from a small per-core cache ([`BufferCache`]) when it is visited with
+//! work, and takes them back at the next sweep once nothing is unparsed, unwritten or pending
+//! (`Slots::poll_limits`). What its buffers hold beyond the base ([`Conn::footprint`]) is
+//! charged to its core's reply memory (see [`super::limits`]); buffers that grew past
+//! [`SHRINK_ABOVE`] are given back once drained ([`Conn::shrink_drained`]), so a burst does not
+//! stay resident for the connection's life.
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -87,6 +90,8 @@ pub(crate) struct Conn {
 pub(crate) const BASE_BUFFER: usize = 16 * 1024;
 /// A drained buffer larger than this is replaced by a [`BASE_BUFFER`] one.
 pub(crate) const SHRINK_ABOVE: usize = 64 * 1024;
+/// Base buffers a core keeps for lending ([`BufferCache`]); more are freed when returned.
+pub(crate) const CACHED_BUFFERS: usize = 256;
 /// Unparsed complete input beyond which a connection is not read (its requests wait in the
 /// socket, not in pgline's memory); an incomplete request may be read up to the size limit.
 pub(crate) const READ_AHEAD: usize = 64 * 1024;
@@ -104,9 +109,9 @@ impl Conn {
                 lib_ver: None,
             },
             generation,
-            rbuf: Vec::with_capacity(BASE_BUFFER),
+            rbuf: Vec::new(),
             rpos: 0,
-            wbuf: Vec::with_capacity(BASE_BUFFER),
+            wbuf: Vec::new(),
             wpos: 0,
             pending: VecDeque::new(),
             next_seq: 0,
@@ -123,8 +128,8 @@ impl Conn {
         }
     }
 
-    /// Buffer capacity beyond the two initial buffers: input, output and replies held behind
-    /// a deferred one. What the connection costs its core's reply memory.
+    /// Buffer capacity beyond the two base buffers it may be lent: input, output and replies
+    /// held behind a deferred one. What the connection costs its core's reply memory.
     pub fn footprint(&self) -> usize {
         let held: usize = self
             .pending
@@ -134,20 +139,22 @@ impl Conn {
                 Pending::Waiting { .. } => 0,
             })
             .sum();
-        (self.rbuf.capacity() + self.wbuf.capacity() + held).saturating_sub(2 * BASE_BUFFER)
+        self.rbuf.capacity().saturating_sub(BASE_BUFFER)
+            + self.wbuf.capacity().saturating_sub(BASE_BUFFER)
+            + held
     }
 
-    /// Replaces buffers that grew past [`SHRINK_ABOVE`] and are now empty with base-sized ones
-    /// (the old ones are freed). Returns whether anything was given back.
+    /// Frees buffers that grew past [`SHRINK_ABOVE`] and are now empty (a base-sized one is
+    /// lent again at the next visit). Returns whether anything was given back.
     pub fn shrink_drained(&mut self) -> bool {
         let mut shrunk = false;
         if self.wpos == self.wbuf.len() && self.wbuf.capacity() > SHRINK_ABOVE {
-            self.wbuf = Vec::with_capacity(BASE_BUFFER);
+            self.wbuf = Vec::new();
             self.wpos = 0;
             shrunk = true;
         }
         if self.rpos == self.rbuf.len() && self.rbuf.capacity() > SHRINK_ABOVE {
-            self.rbuf = Vec::with_capacity(BASE_BUFFER);
+            self.rbuf = Vec::new();
             self.rpos = 0;
             shrunk = true;
         }
@@ -161,6 +168,11 @@ impl Conn {
             Some(pg) => pg.phase == super::pg::Phase::Ready,
             None => self.session.authenticated,
         }
+    }
+
+    /// Nothing unparsed, unwritten, in flight or pending: its buffers may go back to the core.
+    pub fn drained(&self) -> bool {
+        self.rpos == self.rbuf.len() && !self.incomplete && self.quiet()
     }
 
     /// Nothing is in flight or unwritten: the connection only waits for its client.
@@ -242,6 +254,63 @@ impl Conn {
     }
 }
 
+/// A core's base-sized buffers for lending to connections while they have work: an idle
+/// connection holds none, so memory per idle connection is the `Conn` itself (issue 16).
+///
+/// Lending costs two capacity checks per visit; a connection keeps what it was lent until the
+/// sweep finds it drained, so a busy connection does not take and return buffers per request.
+/// At most [`CACHED_BUFFERS`] wait here; buffers of another size are freed, not kept.
+#[derive(Default)]
+pub(crate) struct BufferCache {
+    free: Vec<Vec<u8>>,
+}
+
+impl BufferCache {
+    /// Gives `conn` an input and an output buffer if it has none.
+    #[inline]
+    pub fn lend(&mut self, conn: &mut Conn) {
+        if conn.rbuf.capacity() == 0 {
+            conn.rbuf = self.take();
+            conn.rpos = 0;
+        }
+        if conn.wbuf.capacity() == 0 {
+            conn.wbuf = self.take();
+            conn.wpos = 0;
+        }
+    }
+
+    /// Takes back the buffers of a drained connection; true if it held any.
+    pub fn reclaim(&mut self, conn: &mut Conn) -> bool {
+        if !conn.drained() || conn.rbuf.capacity() + conn.wbuf.capacity() == 0 {
+            return false;
+        }
+        self.give(std::mem::take(&mut conn.rbuf));
+        self.give(std::mem::take(&mut conn.wbuf));
+        conn.rpos = 0;
+        conn.wpos = 0;
+        true
+    }
+
+    /// Keeps a buffer for the next loan if it is base-sized and the cache has room.
+    pub fn give(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() == BASE_BUFFER && self.free.len() < CACHED_BUFFERS {
+            buf.clear();
+            self.free.push(buf);
+        }
+    }
+
+    fn take(&mut self) -> Vec<u8> {
+        self.free
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(BASE_BUFFER))
+    }
+
+    #[cfg(test)]
+    pub fn cached(&self) -> usize {
+        self.free.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,6 +337,61 @@ mod tests {
         assert_eq!(c.input().len(), 100 * 1024);
         c.rpos = c.rbuf.len();
         assert!(c.shrink_drained());
-        assert_eq!(c.rbuf.capacity(), BASE_BUFFER);
+        assert_eq!(
+            c.rbuf.capacity(),
+            0,
+            "freed; a base buffer is lent at the next visit"
+        );
+    }
+
+    #[test]
+    fn an_idle_connection_holds_no_buffer_and_a_busy_one_keeps_what_it_was_lent() {
+        let mut cache = BufferCache::default();
+        let mut c = Conn::new(1, 0, true, Instant::now());
+        assert_eq!(
+            (c.rbuf.capacity(), c.wbuf.capacity()),
+            (0, 0),
+            "none at accept"
+        );
+        cache.lend(&mut c);
+        assert_eq!(
+            (c.rbuf.capacity(), c.wbuf.capacity()),
+            (BASE_BUFFER, BASE_BUFFER)
+        );
+        // Unparsed input, an incomplete request, unwritten output or a pending reply: kept.
+        c.input_buffer().extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+        assert!(!cache.reclaim(&mut c), "unparsed input");
+        c.rpos = c.rbuf.len();
+        c.incomplete = true;
+        assert!(!cache.reclaim(&mut c), "incomplete request");
+        c.incomplete = false;
+        c.wbuf.extend_from_slice(b"+PONG\r\n");
+        assert!(!cache.reclaim(&mut c), "unwritten output");
+        c.advance_output(7);
+        c.pending.push_back(Pending::Ready(Vec::new()));
+        assert!(
+            !cache.reclaim(&mut c),
+            "a reply waiting behind a deferred one"
+        );
+        c.pending.clear();
+        assert!(cache.reclaim(&mut c), "drained: both go back");
+        assert_eq!((c.rbuf.capacity(), c.wbuf.capacity()), (0, 0));
+        assert_eq!(cache.cached(), 2);
+        assert!(!cache.reclaim(&mut c), "nothing left to take");
+        // The next loan reuses them; a buffer that grew is freed rather than cached.
+        cache.lend(&mut c);
+        assert_eq!(cache.cached(), 0);
+        c.wbuf.reserve(4 * BASE_BUFFER);
+        assert!(cache.reclaim(&mut c));
+        assert_eq!(
+            cache.cached(),
+            1,
+            "only the base-sized input buffer is kept"
+        );
+        // The cache is bounded.
+        for _ in 0..2 * CACHED_BUFFERS {
+            cache.give(Vec::with_capacity(BASE_BUFFER));
+        }
+        assert_eq!(cache.cached(), CACHED_BUFFERS);
     }
 }

@@ -226,8 +226,10 @@ impl Worker {
     /// `conn` is closing: its charge and its per-source count are released.
     pub(crate) fn release_conn(&mut self, conn: &mut Conn) {
         let charged = std::mem::take(&mut conn.charged);
-        // Its base buffers go too.
-        self.limits.released += charged + 2 * super::conn::BASE_BUFFER;
+        // Its base buffers go too (if it holds any: an idle connection holds none).
+        let base = conn.rbuf.capacity().min(super::conn::BASE_BUFFER)
+            + conn.wbuf.capacity().min(super::conn::BASE_BUFFER);
+        self.limits.released += charged + base;
         self.limits.reply_memory = self.limits.reply_memory.saturating_sub(charged);
         self.stats().reply_memory_bytes.store(
             self.limits.reply_memory as u64,

@@ -31,7 +31,7 @@ use crate::keyspace::KeySpace;
 use crate::plane::{ConnToken, CorePort, CoreStats, MissReply, MissRequest};
 use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError};
 
-use super::conn::{Conn, Pending, READ_AHEAD};
+use super::conn::{BufferCache, Conn, Pending, READ_AHEAD};
 use super::execute::{Exec, Outcome};
 use super::limits::{CoreLimits, Sources};
 use super::pg::{PgEngine, PgSession};
@@ -70,6 +70,8 @@ pub(crate) struct Worker {
     pub(crate) now: Instant,
     /// TLS on the fronts (kernel transport only; `None`: not served).
     pub(crate) tls: Option<TlsFront>,
+    /// Input and output buffers lent to connections while they have work.
+    pub(crate) buffers: BufferCache,
 }
 
 impl Worker {
@@ -94,6 +96,7 @@ impl Worker {
             pg_limits,
             scratch: Vec::with_capacity(64 * 1024),
             tls: None,
+            buffers: BufferCache::default(),
         }
     }
 

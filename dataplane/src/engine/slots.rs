@@ -171,6 +171,8 @@ impl<T> Slots<T> {
         self.free.push(slot);
         self.open -= 1;
         worker.release_conn(&mut entry.conn);
+        worker.buffers.give(std::mem::take(&mut entry.conn.rbuf));
+        worker.buffers.give(std::mem::take(&mut entry.conn.wbuf));
         let stats = worker.stats();
         CoreStats::add(&stats.connections_closed, 1);
         stats
@@ -217,6 +219,8 @@ impl<T> Slots<T> {
                     if entry.conn.shrink_drained() {
                         worker.recharge(&mut entry.conn);
                     }
+                    // Idle since the last sweep at most: its base buffers go back to the core.
+                    worker.buffers.reclaim(&mut entry.conn);
                 }
                 Some(Expiry::Graceful(timeout)) => {
                     worker.expire(&mut entry.conn, timeout);
@@ -345,6 +349,7 @@ impl<T> Slots<T> {
                 continue;
             };
             let token = ConnToken::new(slot, entry.conn.generation);
+            worker.buffers.lend(&mut entry.conn);
             let next = transport.process(entry, token, worker);
             if worker.limits.full() {
                 // At the cap: what this connection has drained goes back now.

@@ -263,6 +263,8 @@ impl Conn {
 #[derive(Default)]
 pub(crate) struct BufferCache {
     free: Vec<Vec<u8>>,
+    /// Bytes of buffers freed rather than kept, since [`BufferCache::take_freed`].
+    freed: usize,
 }
 
 impl BufferCache {
@@ -291,12 +293,20 @@ impl BufferCache {
         true
     }
 
-    /// Keeps a buffer for the next loan if it is base-sized and the cache has room.
+    /// Keeps a buffer for the next loan if it is base-sized and the cache has room; frees it
+    /// otherwise.
     pub fn give(&mut self, mut buf: Vec<u8>) {
         if buf.capacity() == BASE_BUFFER && self.free.len() < CACHED_BUFFERS {
             buf.clear();
             self.free.push(buf);
+        } else {
+            self.freed += buf.capacity();
         }
+    }
+
+    /// Bytes freed since the last call (the limits sweep counts them toward a heap trim).
+    pub fn take_freed(&mut self) -> usize {
+        std::mem::take(&mut self.freed)
     }
 
     fn take(&mut self) -> Vec<u8> {
@@ -382,16 +392,20 @@ mod tests {
         cache.lend(&mut c);
         assert_eq!(cache.cached(), 0);
         c.wbuf.reserve(4 * BASE_BUFFER);
+        let grown = c.wbuf.capacity();
         assert!(cache.reclaim(&mut c));
         assert_eq!(
             cache.cached(),
             1,
             "only the base-sized input buffer is kept"
         );
-        // The cache is bounded.
+        assert_eq!(cache.take_freed(), grown, "the grown one was freed");
+        // The cache is bounded; what does not fit is freed.
         for _ in 0..2 * CACHED_BUFFERS {
             cache.give(Vec::with_capacity(BASE_BUFFER));
         }
         assert_eq!(cache.cached(), CACHED_BUFFERS);
+        // It held one: 255 of the 512 fit.
+        assert_eq!(cache.take_freed(), (CACHED_BUFFERS + 1) * BASE_BUFFER);
     }
 }

@@ -189,6 +189,11 @@ impl CoreLimits {
         true
     }
 
+    /// Counts bytes freed outside a connection's charge (base buffers the cache did not keep).
+    pub fn note_released(&mut self, bytes: usize) {
+        self.released += bytes;
+    }
+
     /// Gives freed heap back to the kernel when enough was released and the last trim is old
     /// enough.
     pub fn maybe_trim(&mut self, now: Instant) {
@@ -226,10 +231,9 @@ impl Worker {
     /// `conn` is closing: its charge and its per-source count are released.
     pub(crate) fn release_conn(&mut self, conn: &mut Conn) {
         let charged = std::mem::take(&mut conn.charged);
-        // Its base buffers go too (if it holds any: an idle connection holds none).
-        let base = conn.rbuf.capacity().min(super::conn::BASE_BUFFER)
-            + conn.wbuf.capacity().min(super::conn::BASE_BUFFER);
-        self.limits.released += charged + base;
+        // Its base buffers go back to the core's cache (what the cache frees is counted by the
+        // sweep).
+        self.limits.released += charged;
         self.limits.reply_memory = self.limits.reply_memory.saturating_sub(charged);
         self.stats().reply_memory_bytes.store(
             self.limits.reply_memory as u64,

@@ -229,6 +229,8 @@ impl<T> Slots<T> {
                 Some(Expiry::Now) => self.close(slot, transport, worker),
             }
         }
+        let freed = worker.buffers.take_freed();
+        worker.limits.note_released(freed);
         worker.limits.maybe_trim(now);
     }
 

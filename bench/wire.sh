@@ -12,7 +12,8 @@
 # Everything runs in one process (bench/wire, crate pgline-wire-bench): no NIC, no PostgreSQL;
 # see docs/decisions.md for what the figures mean. RSS is the whole process's (the client stacks
 # and the in-memory port's frame pool as well as the server core): `rss base` is before the first
-# connection, `RSS/conn` what the open connections added, both ends together. Results: one JSON
+# connection, `RSS/conn` what the open connections added, both ends together (at the end of the
+# window; `idle RSS/conn` after half a second without requests). Results: one JSON
 # line per cell appended to bench/results/wire.jsonl and a Markdown table on stdout. A cell that
 # fails (a wrong reply, a stall, connections not established) says why and fails the run.
 set -euo pipefail
@@ -52,9 +53,9 @@ for mget in $OPS; do
 done
 
 echo
-echo "| op | conns | depth | req/s | keys/s | server ns/req | server cycles/req | server capacity (M req/s) | server busy | req/busy turn | client ns/req | client busy | server CPU share | RSS (MiB) | RSS base (MiB) | RSS/conn (KiB) | client retransmits |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-jq -r '"| \(if .mget == 0 then "GET" else "MGET \(.mget)" end) | \(.conns) | \(.depth) | \(.rps) | \(.keys_per_s) | \(.server_ns_per_req) | \(.server_cycles_per_req) | \(.server_capacity_rps / 1e6 * 100 | round / 100) | \(.server_busy * 100 | round)% | \(.reqs_per_busy_turn) | \(.client_ns_per_req) | \(.client_busy * 100 | round)% | \(.server_cpu_share * 100 | round)% | \(.rss_mib) | \(.rss_base_mib) | \(.rss_per_conn_kib) | \(.client_retransmits) |"' "$ROWS"
+echo "| op | conns | depth | req/s | keys/s | server ns/req | server cycles/req | server capacity (M req/s) | server busy | req/busy turn | client ns/req | client busy | server CPU share | RSS (MiB) | RSS base (MiB) | RSS/conn (KiB) | idle RSS/conn (KiB) | client retransmits |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+jq -r '"| \(if .mget == 0 then "GET" else "MGET \(.mget)" end) | \(.conns) | \(.depth) | \(.rps) | \(.keys_per_s) | \(.server_ns_per_req) | \(.server_cycles_per_req) | \(.server_capacity_rps / 1e6 * 100 | round / 100) | \(.server_busy * 100 | round)% | \(.reqs_per_busy_turn) | \(.client_ns_per_req) | \(.client_busy * 100 | round)% | \(.server_cpu_share * 100 | round)% | \(.rss_mib) | \(.rss_base_mib) | \(.rss_per_conn_kib) | \(.rss_idle_per_conn_kib) | \(.client_retransmits) |"' "$ROWS"
 echo
 jq -r 'select(.conns) | "env: \(.env.cpu_model), \(.env.cores) cores, kernel \(.env.kernel); cycles = CPU time x \(.mhz) MHz (\(.mhz_source))"' "$ROWS" | head -1
 

@@ -36,6 +36,9 @@ const COMPACT_AT: usize = 32 * 1024;
 const HANDSHAKES_IN_FLIGHT: usize = 2_048;
 /// No reply at all for this long: the run is stuck.
 const STALL: Duration = Duration::from_secs(10);
+/// After the window: no new requests for this long (the replies in flight arrive, the server's
+/// 100 ms sweep takes idle sessions' buffers back), then the idle resident set is read.
+const IDLE_SETTLE: Duration = Duration::from_millis(500);
 
 /// What the server thread publishes each turn (single writer, relaxed).
 #[derive(Default)]
@@ -91,6 +94,8 @@ pub struct Outcome {
     /// sized at start) and with every connection open at the end of the window.
     pub rss_base: Option<u64>,
     pub rss_open: Option<u64>,
+    /// The same, [`IDLE_SETTLE`] after the last request: every connection open and idle.
+    pub rss_idle: Option<u64>,
 }
 
 struct Conn {
@@ -132,6 +137,8 @@ pub struct Client<'a> {
     total_ns: u64,
     /// Connections wait for every handshake before their first request (see [`Client::run`]).
     hold: bool,
+    /// The window is over: replies issue no new requests.
+    idle: bool,
 }
 
 impl<'a> Client<'a> {
@@ -171,6 +178,7 @@ impl<'a> Client<'a> {
             busy_ns: 0,
             total_ns: 0,
             hold: false,
+            idle: false,
         })
     }
 
@@ -209,6 +217,10 @@ impl<'a> Client<'a> {
             if now >= end || self.error.is_some() {
                 out.end = self.snapshot(now, server_clock, probe);
                 out.rss_open = crate::cpu::rss_bytes();
+                if self.error.is_none() {
+                    self.settle(now + IDLE_SETTLE);
+                    out.rss_idle = crate::cpu::rss_bytes();
+                }
                 break;
             }
             let worked = self.turn(now);
@@ -229,6 +241,16 @@ impl<'a> Client<'a> {
         out.error = self.error.take();
         out.client_retransmits = self.stacks.iter().map(|s| s.stats().tcp_retransmits).sum();
         out
+    }
+
+    /// Lets the requests in flight finish without issuing new ones, until `until`.
+    fn settle(&mut self, until: Instant) {
+        self.idle = true;
+        while Instant::now() < until && self.error.is_none() {
+            if !self.turn(Instant::now()) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// The state of the first connections and of the stack, for a stall report.
@@ -519,8 +541,10 @@ impl<'a> Client<'a> {
             self.conns[c].parsed += need;
             self.requests += 1;
             self.keys_done += n.max(1) as u64;
-            self.push_request(c);
-            issued = true;
+            if !self.idle {
+                self.push_request(c);
+                issued = true;
+            }
         }
         let conn = &mut self.conns[c];
         if conn.parsed == conn.input.len() {

@@ -165,6 +165,8 @@ pub struct Report {
     /// and the server core), and before the first one.
     pub rss_bytes: Option<u64>,
     pub rss_base_bytes: Option<u64>,
+    /// The resident set once every connection has been idle for half a second.
+    pub rss_idle_bytes: Option<u64>,
     pub env: Env,
 }
 
@@ -205,6 +207,7 @@ impl Report {
             "rss_mib": self.rss_bytes.map(|b| round(b as f64 / MIB, 1)),
             "rss_base_mib": self.rss_base_bytes.map(|b| round(b as f64 / MIB, 1)),
             "rss_per_conn_kib": self.rss_per_conn().map(|b| round(b / 1024.0, 2)),
+            "rss_idle_per_conn_kib": self.rss_idle_per_conn().map(|b| round(b / 1024.0, 2)),
             "env": {
                 "cpu_model": self.env.cpu_model,
                 "cores": self.env.cores,
@@ -219,6 +222,12 @@ impl Report {
     pub fn rss_per_conn(&self) -> Option<f64> {
         let (open, base) = (self.rss_bytes?, self.rss_base_bytes?);
         Some(open.saturating_sub(base) as f64 / self.cfg.conns as f64)
+    }
+
+    /// The same once every connection has been idle for half a second (both ends).
+    pub fn rss_idle_per_conn(&self) -> Option<f64> {
+        let (idle, base) = (self.rss_idle_bytes?, self.rss_base_bytes?);
+        Some(idle.saturating_sub(base) as f64 / self.cfg.conns as f64)
     }
 }
 
@@ -470,6 +479,7 @@ fn report(cfg: &WireConfig, o: &Outcome, pinned: Option<(usize, usize)>) -> Repo
         client_retransmits: o.client_retransmits,
         rss_bytes: o.rss_open,
         rss_base_bytes: o.rss_base,
+        rss_idle_bytes: o.rss_idle,
         env: Env::probe(),
     }
 }

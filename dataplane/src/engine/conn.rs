@@ -14,8 +14,8 @@
 //!
 //! Memory: a connection holds no buffer while it is idle. Its core lends it a [`BASE_BUFFER`]
 //! input and output buffer from a small per-core cache ([`BufferCache`]) when it is visited with
-//! work, and takes them back at the next sweep once nothing is unparsed, unwritten or pending
-//! (`Slots::poll_limits`). What its buffers hold beyond the base ([`Conn::footprint`]) is
+//! work, and takes them back at a sweep once it has received nothing for [`RECLAIM_IDLE`] and
+//! nothing is unparsed, unwritten or pending (`Slots::poll_limits`). What its buffers hold beyond the base ([`Conn::footprint`]) is
 //! charged to its core's reply memory (see [`super::limits`]); buffers that grew past
 //! [`SHRINK_ABOVE`] are given back once drained ([`Conn::shrink_drained`]), so a burst does not
 //! stay resident for the connection's life.
@@ -92,6 +92,10 @@ pub(crate) const BASE_BUFFER: usize = 16 * 1024;
 pub(crate) const SHRINK_ABOVE: usize = 64 * 1024;
 /// Base buffers a core keeps for lending ([`BufferCache`]); more are freed when returned.
 pub(crate) const CACHED_BUFFERS: usize = 256;
+/// A drained connection that received nothing for this long gives its base buffers back at the
+/// next sweep. (Taking them back from every drained connection at each sweep made a core with
+/// thousands of busy connections allocate and free them over and over.)
+pub(crate) const RECLAIM_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Unparsed complete input beyond which a connection is not read (its requests wait in the
 /// socket, not in pgline's memory); an incomplete request may be read up to the size limit.
 pub(crate) const READ_AHEAD: usize = 64 * 1024;
@@ -257,8 +261,9 @@ impl Conn {
 /// A core's base-sized buffers for lending to connections while they have work: an idle
 /// connection holds none, so memory per idle connection is the `Conn` itself (issue 16).
 ///
-/// Lending costs two capacity checks per visit; a connection keeps what it was lent until the
-/// sweep finds it drained, so a busy connection does not take and return buffers per request.
+/// Lending costs two capacity checks per visit; a connection keeps what it was lent until a
+/// sweep finds it drained and idle for [`RECLAIM_IDLE`], so a busy connection does not take and
+/// return buffers per request.
 /// At most [`CACHED_BUFFERS`] wait here; buffers of another size are freed, not kept.
 #[derive(Default)]
 pub(crate) struct BufferCache {

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use crate::plane::{ConnToken, CoreStats};
 
-use super::conn::Conn;
+use super::conn::{Conn, RECLAIM_IDLE};
 use super::limits::Expiry;
 use super::pg;
 use super::session::{Next, Worker};
@@ -219,8 +219,10 @@ impl<T> Slots<T> {
                     if entry.conn.shrink_drained() {
                         worker.recharge(&mut entry.conn);
                     }
-                    // Idle since the last sweep at most: its base buffers go back to the core.
-                    worker.buffers.reclaim(&mut entry.conn);
+                    // Idle for a while: its base buffers go back to the core.
+                    if now.saturating_duration_since(entry.conn.last_input) >= RECLAIM_IDLE {
+                        worker.buffers.reclaim(&mut entry.conn);
+                    }
                 }
                 Some(Expiry::Graceful(timeout)) => {
                     worker.expire(&mut entry.conn, timeout);

@@ -13,7 +13,8 @@
 # see docs/decisions.md for what the figures mean. RSS is the whole process's (the client stacks
 # and the in-memory port's frame pool as well as the server core): `rss base` is before the first
 # connection, `RSS/conn` what the open connections added, both ends together (at the end of the
-# window; `idle RSS/conn` after half a second without requests). Results: one JSON
+# window; `idle RSS/conn`, in the 10,000 and 100,000 connection cells, after IDLE_SECS=2.5
+# seconds without requests: the server gives an idle session's buffers back after 1 s). Results: one JSON
 # line per cell appended to bench/results/wire.jsonl and a Markdown table on stdout. A cell that
 # fails (a wrong reply, a stall, connections not established) says why and fails the run.
 set -euo pipefail
@@ -40,8 +41,11 @@ fail=0
 for mget in $OPS; do
     for depth in $DEPTHS; do
         for conns in $CONNS; do
+            # The idle resident set only where it means something (and costs the wait once).
+            idle=0
+            [ "$conns" -ge 10000 ] && idle=${IDLE_SECS:-2.5}
             if row=$("$BIN" --conns "$conns" --depth "$depth" --mget "$mget" \
-                    --secs "$SECS" --warmup "$WARMUP" --json); then
+                    --secs "$SECS" --warmup "$WARMUP" --idle-secs "$idle" --json); then
                 echo "$row" >>"$ROWS"
                 echo "$row" >>"$OUT"
             else

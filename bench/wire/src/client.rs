@@ -36,9 +36,6 @@ const COMPACT_AT: usize = 32 * 1024;
 const HANDSHAKES_IN_FLIGHT: usize = 2_048;
 /// No reply at all for this long: the run is stuck.
 const STALL: Duration = Duration::from_secs(10);
-/// After the window: no new requests for this long (the replies in flight arrive, the server's
-/// 100 ms sweep takes idle sessions' buffers back), then the idle resident set is read.
-const IDLE_SETTLE: Duration = Duration::from_millis(500);
 
 /// What the server thread publishes each turn (single writer, relaxed).
 #[derive(Default)]
@@ -64,6 +61,9 @@ pub struct Load {
     pub seed: u64,
     /// Connections per client stack (address); more connections use more stacks.
     pub conns_per_stack: usize,
+    /// After the window: this long without new requests, then the idle resident set is read
+    /// (zero: not read).
+    pub idle: Duration,
 }
 
 /// Counters at one instant.
@@ -94,7 +94,7 @@ pub struct Outcome {
     /// sized at start) and with every connection open at the end of the window.
     pub rss_base: Option<u64>,
     pub rss_open: Option<u64>,
-    /// The same, [`IDLE_SETTLE`] after the last request: every connection open and idle.
+    /// The same, [`Load::idle`] after the last request: every connection open and idle.
     pub rss_idle: Option<u64>,
 }
 
@@ -217,8 +217,8 @@ impl<'a> Client<'a> {
             if now >= end || self.error.is_some() {
                 out.end = self.snapshot(now, server_clock, probe);
                 out.rss_open = crate::cpu::rss_bytes();
-                if self.error.is_none() {
-                    self.settle(now + IDLE_SETTLE);
+                if self.error.is_none() && !self.load.idle.is_zero() {
+                    self.settle(now + self.load.idle);
                     out.rss_idle = crate::cpu::rss_bytes();
                 }
                 break;

@@ -89,6 +89,9 @@ pub struct WireConfig {
     pub conns_per_stack: usize,
     /// The server's TCP: our own (`true`), smoltcp's (`false`), or the stack's default.
     pub server_owned_tcp: Option<bool>,
+    /// After the window: seconds without new requests before the idle resident set is read
+    /// (0: not read).
+    pub idle_secs: f64,
 }
 
 impl Default for WireConfig {
@@ -107,6 +110,7 @@ impl Default for WireConfig {
             sw_checksum: false,
             conns_per_stack: split::CONNS_PER_STACK,
             server_owned_tcp: None,
+            idle_secs: 0.0,
         }
     }
 }
@@ -165,7 +169,7 @@ pub struct Report {
     /// and the server core), and before the first one.
     pub rss_bytes: Option<u64>,
     pub rss_base_bytes: Option<u64>,
-    /// The resident set once every connection has been idle for half a second.
+    /// The resident set once every connection has been idle for `WireConfig::idle_secs`.
     pub rss_idle_bytes: Option<u64>,
     pub env: Env,
 }
@@ -224,7 +228,7 @@ impl Report {
         Some(open.saturating_sub(base) as f64 / self.cfg.conns as f64)
     }
 
-    /// The same once every connection has been idle for half a second (both ends).
+    /// The same once every connection has been idle for `WireConfig::idle_secs` (both ends).
     pub fn rss_idle_per_conn(&self) -> Option<f64> {
         let (idle, base) = (self.rss_idle_bytes?, self.rss_base_bytes?);
         Some(idle.saturating_sub(base) as f64 / self.cfg.conns as f64)
@@ -264,6 +268,7 @@ pub fn run_rows(cfg: &WireConfig, served: &Rows, expected: &Rows) -> Result<Repo
         sample_every: cfg.sample_every,
         seed: 0x9e37_79b9_7f4a_7c15 ^ cfg.conns as u64,
         conns_per_stack: cfg.conns_per_stack,
+        idle: Duration::from_secs_f64(cfg.idle_secs),
     };
     let stop = AtomicBool::new(false);
     let probe = &ServerProbe::default();

@@ -61,6 +61,7 @@ pub fn run_lockstep(cfg: &WireConfig, requests: u64) -> Result<LockstepReport, S
         sample_every: cfg.sample_every,
         seed: 0x9e37_79b9_7f4a_7c15 ^ cfg.conns as u64,
         conns_per_stack: cfg.conns_per_stack,
+        idle: Duration::ZERO,
     };
     let mut client = Client::new(client_q, CLIENT_IP, &rows, load)?;
     client.connect_all(SocketAddrV4::new(SERVER_IP, PORT))?;

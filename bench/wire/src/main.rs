@@ -43,6 +43,10 @@ struct Args {
     /// The server's TCP: `owned` (ours) or `smoltcp` (default: the stack's).
     #[arg(long, value_parser = ["owned", "smoltcp"])]
     server_tcp: Option<String>,
+    /// After the window, seconds without requests before the idle resident set is read (the
+    /// server gives an idle session's buffers back after 1 s; 0: not read).
+    #[arg(long, default_value_t = 0.0)]
+    idle_secs: f64,
     /// Do not pin the server and client threads.
     #[arg(long)]
     no_pin: bool,
@@ -70,6 +74,7 @@ fn main() {
         server_rx_burst: a.server_rx_burst,
         sw_checksum: a.sw_checksum,
         server_owned_tcp: a.server_tcp.as_deref().map(|t| t == "owned"),
+        idle_secs: a.idle_secs,
         ..WireConfig::default()
     };
     if let Some(n) = a.lockstep {

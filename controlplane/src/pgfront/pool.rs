@@ -79,6 +79,10 @@ struct Inner {
     /// Sessions of the pool that may hold a reservation (between [`Pool::enter`] and
     /// [`Pool::leave`]).
     live: HashSet<u64>,
+    /// Owners whose reserved connection another session took to read its state
+    /// ([`Taken::Steal`]): until it is settled ([`Pool::reserve`] or [`Pool::check_done`]),
+    /// the owner waits for it rather than run on another connection without its state.
+    checking: HashSet<u64>,
     total: usize,
     /// When a connection was last taken or returned (eviction picks the least recent).
     last_used: Instant,
@@ -86,6 +90,9 @@ struct Inner {
     /// accepted a Parse of: at most [`KNOWN_STATEMENTS`], the first ones learnt.
     known: HashSet<String>,
 }
+
+/// How often a session whose reserved connection is out for a state read looks for it again.
+const SETTLE_POLL: Duration = Duration::from_millis(1);
 
 /// Bound on [`Pool::learn`]'s statement names per pool.
 pub const KNOWN_STATEMENTS: usize = 4096;
@@ -118,6 +125,7 @@ impl Pool {
                 idle: Vec::new(),
                 reserved: Vec::new(),
                 live: HashSet::new(),
+                checking: HashSet::new(),
                 total: 0,
                 last_used: Instant::now(),
                 known: HashSet::new(),
@@ -196,6 +204,8 @@ impl Pool {
     #[must_use]
     pub fn reserve(&self, owner: u64, b: Backend, dirty: bool) -> Option<Backend> {
         let mut inner = self.lock();
+        // Its owner, if it waits for it, finds it at its next poll (see `take_for`).
+        inner.checking.remove(&owner);
         if !inner.live.contains(&owner) {
             return Some(b);
         }
@@ -223,6 +233,7 @@ impl Pool {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let opener = self.opener();
+            let mut settling = false;
             let open = {
                 let mut inner = self.lock();
                 if let Some(i) = inner.reserved.iter().position(|r| r.owner == owner) {
@@ -233,22 +244,35 @@ impl Pool {
                     }
                     self.dead(&mut inner);
                 }
-                while let Some((mut b, _)) = inner.idle.pop() {
+                settling = inner.checking.contains(&owner);
+                while !settling {
+                    let Some((mut b, _)) = inner.idle.pop() else {
+                        break;
+                    };
                     if !b.unusable() {
                         inner.last_used = Instant::now();
                         return Ok((b, Taken::Clean));
                     }
                     self.dead(&mut inner);
                 }
-                while let Some(i) = inner.reserved.iter().position(|r| !r.dirty) {
+                while let Some(i) = inner
+                    .reserved
+                    .iter()
+                    .position(|r| !r.dirty)
+                    .filter(|_| !settling)
+                {
                     let mut r = inner.reserved.remove(i);
                     if !r.b.unusable() {
                         inner.last_used = Instant::now();
+                        inner.checking.insert(r.owner);
                         return Ok((r.b, Taken::Steal { owner: r.owner }));
                     }
                     self.dead(&mut inner);
                 }
-                if opener.is_some() && inner.total < self.size {
+                if settling {
+                    // Its own connection is out for a state read: wait for it to come back.
+                    false
+                } else if opener.is_some() && inner.total < self.size {
                     inner.total += 1;
                     true
                 } else if inner.total == 0 {
@@ -257,6 +281,17 @@ impl Pool {
                     false
                 }
             };
+            if settling {
+                // Polled rather than notified: a wake-up meant for another waiter must not be
+                // spent on this one (dropping `notified` hands on one it received). The check
+                // takes one round trip to the origin.
+                drop(notified);
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(PoolError::Timeout);
+                }
+                tokio::time::sleep(SETTLE_POLL.min(deadline - tokio::time::Instant::now())).await;
+                continue;
+            }
             if !open {
                 if tokio::time::timeout_at(deadline, notified).await.is_err() {
                     return Err(PoolError::Timeout);
@@ -274,6 +309,12 @@ impl Pool {
                 }
             };
         }
+    }
+
+    /// A stolen connection was found in the login state (the stealer keeps it) or broken: its
+    /// owner no longer waits for it.
+    pub fn check_done(&self, owner: u64) {
+        self.lock().checking.remove(&owner);
     }
 
     /// An idle (or reserved, state unknown) connection was found closed by the origin.

@@ -554,6 +554,9 @@ impl Session {
     /// owner, pinned (or, if the owner has ended meanwhile, is reset as a pinned one is at a
     /// session's end, and used if that brings the login state back).
     async fn check_stolen(&self, pool: &Arc<Pool>, owner: u64, mut b: Backend) -> Option<Backend> {
+        // However this ends (kept, handed back, broken, or this task dropped mid-read), the
+        // owner stops waiting for its connection.
+        let _settled = CheckDone { pool, owner };
         match state::ask_state(&mut b).await {
             Ok(Some(s)) if s.fingerprint() == self.login_state => return Some(b),
             Ok(_) => {}
@@ -967,6 +970,18 @@ impl Session {
             self.discard();
             tokio::spawn(b.terminate());
         }
+    }
+}
+
+/// Ends a stolen connection's state check for its owner ([`Pool::check_done`]) when dropped.
+struct CheckDone<'a> {
+    pool: &'a Pool,
+    owner: u64,
+}
+
+impl Drop for CheckDone<'_> {
+    fn drop(&mut self) {
+        self.pool.check_done(self.owner);
     }
 }
 

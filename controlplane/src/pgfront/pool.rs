@@ -233,7 +233,7 @@ impl Pool {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let opener = self.opener();
-            let mut settling = false;
+            let settling;
             let open = {
                 let mut inner = self.lock();
                 if let Some(i) = inner.reserved.iter().position(|r| r.owner == owner) {
@@ -283,9 +283,8 @@ impl Pool {
             };
             if settling {
                 // Polled rather than notified: a wake-up meant for another waiter must not be
-                // spent on this one (dropping `notified` hands on one it received). The check
-                // takes one round trip to the origin.
-                drop(notified);
+                // spent on this one (`notified` is dropped at the end of this turn of the loop,
+                // which hands on a wake-up it received). The check takes one round trip.
                 if tokio::time::Instant::now() >= deadline {
                     return Err(PoolError::Timeout);
                 }

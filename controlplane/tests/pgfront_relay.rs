@@ -931,6 +931,72 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
     teardown(db, d, &role).await;
 }
 
+/// A session whose reserved backend another session is reading the state of must not run its
+/// next batch on some other backend: that one lacks its state. The state read is held by a
+/// lock on `pg_class` (the read looks for temporary objects when the backend has a temporary
+/// schema), and a backend becomes idle meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_waits_for_its_backend_while_another_reads_its_state() {
+    let (db, d, role) = setup_with("pgf_steal_race", |cfg| cfg.pgwire.pool_size = 2).await;
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION shift_path_temp() RETURNS text LANGUAGE plpgsql AS $$ BEGIN \
+               CREATE TEMP TABLE IF NOT EXISTS scratch (x int); \
+               RETURN pg_catalog.set_config('search_path', 'elsewhere, public', false); \
+             END $$; \
+             GRANT EXECUTE ON FUNCTION shift_path_temp() TO {role};"
+        ))
+        .await
+        .unwrap();
+    for s in 1..=3 {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (2, 2));
+    let path = |r: &Reply| first_values(&r.bytes)[0].clone();
+    // Session 2 holds one backend; session 1 leaves unread state on the other.
+    assert_eq!(d.query(2, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));
+    let r = d.query_unfenced(1, "SELECT shift_path_temp()").await;
+    assert_eq!((r.end, r.fence), (PgReplyEnd::Ready(b'I'), 0));
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (0, 2));
+    // The state read of session 1's backend will wait for this lock.
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE pg_catalog.pg_class IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    // Session 3 finds no idle backend and takes session 1's to read its state.
+    let third = d.push_fenced(
+        3,
+        PgRequestKind::Batch,
+        msgs(|b| frontend::query("SELECT 1", b).unwrap()),
+        false,
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Session 2's backend becomes free (unfenced: the lock would hold a state read), and
+    // session 1 sends its next batch.
+    let r = d.query_unfenced(2, "COMMIT").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let first = d.push_fenced(
+        1,
+        PgRequestKind::Batch,
+        msgs(|b| frontend::query("SHOW search_path", b).unwrap()),
+        false,
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.rollback().await.unwrap();
+    let r = d.reply(1, first).await;
+    assert_eq!(
+        path(&r),
+        "elsewhere, public",
+        "session 1 ran on a backend without its state"
+    );
+    let r = d.reply(3, third).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    teardown(db, d, &role).await;
+}
+
 /// Two kernel cores, each running the relay on its own thread: sessions on both cores are
 /// served, each core keeps its own pool, and a cancel that arrives on either core (the kernel
 /// spreads connections over the cores' `SO_REUSEPORT` listeners) reaches its query.

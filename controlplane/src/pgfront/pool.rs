@@ -245,10 +245,9 @@ impl Pool {
                     self.dead(&mut inner);
                 }
                 settling = inner.checking.contains(&owner);
-                while !settling {
-                    let Some((mut b, _)) = inner.idle.pop() else {
-                        break;
-                    };
+                // While its own connection is out for a state read, a session takes no other:
+                // that one would lack its state.
+                while let Some((mut b, _)) = (!settling).then(|| inner.idle.pop()).flatten() {
                     if !b.unusable() {
                         inner.last_used = Instant::now();
                         return Ok((b, Taken::Clean));

@@ -37,7 +37,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -78,7 +78,35 @@ pub struct Ports {
 /// Bytes read from one socket per turn before other connections get their turn.
 const READ_PER_TURN: usize = 256 * 1024;
 
-struct MioWaker(mio::Waker);
+/// The core's waker: an eventfd write, made only while the core sleeps or is about to.
+///
+/// A reply sent while the core is awake is taken by its next turn anyway; with the relay on the
+/// core's own thread every reply was sent while awake, and the write (a syscall per forwarded
+/// batch, and an epoll event to consume) bought nothing. No wake is lost: the core announces its
+/// sleep ([`Asleep::enter`]) and then looks at its reply lanes, the sender queues its reply and
+/// then looks at the announcement, each with a SeqCst fence between, so at least one of the two
+/// sees the other.
+struct MioWaker {
+    waker: mio::Waker,
+    asleep: Arc<Asleep>,
+}
+
+/// Whether the core sleeps in epoll, or is about to (shared with its [`MioWaker`]).
+#[derive(Default)]
+struct Asleep(AtomicBool);
+
+impl Asleep {
+    /// Announces a sleep; the caller then checks its reply lanes (`replies_waiting`) and does
+    /// not sleep if one holds something.
+    fn enter(&self) {
+        self.0.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    fn leave(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
 
 /// The core's mio epoll fd as tokio sees it (borrowed: the `Poll` owns and closes it).
 struct EpollFd(std::os::fd::RawFd);
@@ -91,7 +119,11 @@ impl std::os::fd::AsRawFd for EpollFd {
 
 impl Wake for MioWaker {
     fn wake(&self) {
-        let _ = self.0.wake();
+        // Pairs with the fence in `Asleep::enter` (see the type's doc).
+        fence(Ordering::SeqCst);
+        if self.asleep.0.load(Ordering::Relaxed) {
+            let _ = self.waker.wake();
+        }
     }
 }
 
@@ -134,6 +166,8 @@ pub struct Core {
     slots: Slots<Socket>,
     sockets: Sockets,
     worker: Worker,
+    /// Shared with the waker: set while the core sleeps.
+    asleep: Arc<Asleep>,
 }
 
 impl Core {
@@ -163,7 +197,11 @@ impl Core {
         let tls_listener = bind(tls.as_ref().and_then(|t| t.resp_listen), TLS_LISTENER)?;
         let waker = mio::Waker::new(poll.registry(), WAKER)?;
         let port = shared.core_port(id);
-        port.set_waker(Arc::new(MioWaker(waker)));
+        let asleep = Arc::new(Asleep::default());
+        port.set_waker(Arc::new(MioWaker {
+            waker,
+            asleep: asleep.clone(),
+        }));
         let registry = poll.registry().try_clone()?;
         let mut worker = Worker::new(port, cfg);
         worker.sources = sources;
@@ -180,6 +218,7 @@ impl Core {
                 read_buf: vec![0u8; 64 * 1024].into_boxed_slice(),
             },
             worker,
+            asleep,
         })
     }
 
@@ -278,6 +317,11 @@ impl Core {
                 tokio::task::yield_now().await;
                 continue;
             }
+            self.asleep.enter();
+            if self.worker.port.replies_waiting() {
+                self.asleep.leave();
+                continue;
+            }
             self.slots.may_sleep();
             match &epoll {
                 Ok(fd) => {
@@ -289,6 +333,7 @@ impl Core {
                 // Not registrable: sleep a little at a time, so that the relay still runs.
                 Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
             }
+            self.asleep.leave();
         }
     }
 
@@ -312,12 +357,23 @@ impl Core {
     }
 
     fn poll_readiness(&mut self, timeout: Duration) -> bool {
-        let timeout = if self.slots.has_active() {
+        let mut timeout = if self.slots.has_active() {
             Duration::ZERO
         } else {
             timeout
         };
-        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
+        let sleeps = !timeout.is_zero();
+        if sleeps {
+            self.asleep.enter();
+            if self.worker.port.replies_waiting() {
+                timeout = Duration::ZERO;
+            }
+        }
+        let polled = self.poll.poll(&mut self.events, Some(timeout));
+        if sleeps {
+            self.asleep.leave();
+        }
+        if let Err(e) = polled {
             if e.kind() != io::ErrorKind::Interrupted {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -642,6 +698,33 @@ fn dispatch_egress_tls(entry: &mut Entry<Socket>, stats: &CoreStats) -> io::Resu
 mod tests {
     use super::*;
     use crate::pgwire::{compose_error_response, ErrorFields};
+
+    /// The waker writes its eventfd only while the core announced a sleep.
+    #[test]
+    fn the_waker_wakes_only_a_sleeping_core() {
+        let mut poll = Poll::new().unwrap();
+        let asleep = Arc::new(Asleep::default());
+        let waker = MioWaker {
+            waker: mio::Waker::new(poll.registry(), WAKER).unwrap(),
+            asleep: asleep.clone(),
+        };
+        let mut events = Events::with_capacity(8);
+        let mut woken = |poll: &mut Poll| {
+            poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+            events.iter().any(|e| e.token() == WAKER)
+        };
+        waker.wake();
+        assert!(!woken(&mut poll), "an awake core was woken");
+        asleep.enter();
+        waker.wake();
+        assert!(woken(&mut poll), "a sleeping core was not woken");
+        asleep.leave();
+        waker.wake();
+        assert!(
+            !woken(&mut poll),
+            "a core woken once was woken again after it left its sleep"
+        );
+    }
 
     #[test]
     fn refusals_are_well_formed_error_responses() {

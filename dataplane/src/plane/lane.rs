@@ -90,6 +90,12 @@ impl<T> Lane<T> {
         self.queue.len() + waiting
     }
 
+    /// Nothing waits (queue and overflow); without taking the overflow's lock.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty() && !self.overflowing.load(Ordering::Acquire)
+    }
+
     /// The queue's bound (the overflow has none).
     pub fn capacity(&self) -> usize {
         self.queue.capacity()

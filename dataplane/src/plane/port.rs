@@ -157,6 +157,14 @@ impl CorePort {
         self.shared.lanes[self.id].pg_replies.pop()
     }
 
+    /// Whether a fill reply or a PostgreSQL reply waits for this core: what a core that is
+    /// about to sleep checks after announcing it (see `engine::kernel`'s waker).
+    #[inline]
+    pub fn replies_waiting(&self) -> bool {
+        let lanes = &self.shared.lanes[self.id];
+        !lanes.replies.is_empty() || !lanes.pg_replies.is_empty()
+    }
+
     /// How many replies of one kind a turn takes at most (the queue's bound).
     #[inline]
     pub fn replies_per_turn(&self) -> usize {

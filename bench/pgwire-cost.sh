@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# What pgline's process spends per forwarded transaction: CPU time and system calls, counted by
+# `perf stat` over a pgbench run through the PostgreSQL front (issue 15: the per-core cost of
+# pass-through). Throughput on a shared 2-vCPU machine swings 2x between runs; CPU time and
+# system calls per transaction move much less, so two builds compare better on them.
+#
+#   bench/pgwire-cost.sh                                  # select1, 8 and 32 clients, 3 rounds
+#   BINS="/tmp/old/pgline target/release/pgline" bench/pgwire-cost.sh   # builds side by side
+#
+# Environment: BINS (pgline binaries, default target/release/pgline; each round runs every one
+# in turn), CLIENTS ("8 32"), ROUNDS (3), DURATION (seconds counted, 5), SCRIPT (pgbench script,
+# bench/pgwire-select1.pgbench), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442).
+# One line per run: tps, pgline CPU µs per transaction, system calls per transaction (all, and
+# without sched_yield, which a spinning core makes when idle), eventfd/epoll calls per
+# transaction, and context switches per transaction. Needs `perf` (linux-perf) and root or
+# perf_event_paranoid <= 1; against the lab origin (deploy/lab/pg.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BINS=${BINS:-target/release/pgline}
+CLIENTS=${CLIENTS:-8 32}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+SCRIPT=${SCRIPT:-bench/pgwire-select1.pgbench}
+PGWIRE_PORT=${PGWIRE_PORT:-6443}
+PGLINE_PORT=${PGLINE_PORT:-6441}
+API_PORT=${API_PORT:-6442}
+DB=pgline_cost
+command -v perf >/dev/null || { echo "pgwire-cost.sh: needs perf (apt-get install linux-perf)" >&2; exit 1; }
+eval "$(deploy/lab/pg.sh env)"
+export PGHOST PGPORT PGUSER PGPASSWORD
+psql -qtA -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1 \
+    || psql -q -d postgres -c "CREATE DATABASE $DB"
+ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
+TMPD=$(mktemp -d)
+PID=""
+cleanup() {
+    [ -z "$PID" ] || kill "$PID" 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$TMPD"
+}
+trap cleanup EXIT
+
+run() { # binary clients
+    local bin=$1 c=$2
+    "$bin" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" --memory 64MiB \
+        --set api.listen="\"127.0.0.1:$API_PORT\"" --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
+        --set replication.slot="\"$DB\"" --set replication.publication="\"$DB\"" \
+        --set log.level='"warn"' >"$TMPD/pgline.log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 100); do
+        pg_isready -q -h 127.0.0.1 -p "$PGWIRE_PORT" && break
+        kill -0 "$PID" 2>/dev/null || { cat "$TMPD/pgline.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    sleep 1
+    # pgbench runs a second longer than the count, which starts half a second in.
+    pgbench -n -f "$SCRIPT" -h 127.0.0.1 -p "$PGWIRE_PORT" -c "$c" -j 2 -T $((DURATION + 1)) \
+        "$DB" >"$TMPD/pgbench.out" 2>&1 &
+    local bench=$!
+    sleep 0.5
+    perf stat -x, -e task-clock,raw_syscalls:sys_enter,context-switches \
+        -e syscalls:sys_enter_write,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield \
+        -p "$PID" -- sleep "$DURATION" 2>"$TMPD/perf.csv"
+    wait "$bench" || { cat "$TMPD/pgbench.out" >&2; exit 1; }
+    kill "$PID"
+    wait "$PID" 2>/dev/null || true
+    PID=""
+    local tps
+    tps=$(awk '/^tps/ {print $3}' "$TMPD/pgbench.out")
+    awk -F, -v tps="$tps" -v bin="$bin" -v c="$c" -v d="$DURATION" '
+        { v[$3] = $1 }
+        END {
+            n = tps * d
+            printf "%-28s clients=%-3s tps=%7.0f cpu_us/txn=%6.1f syscalls/txn=%5.2f (%5.2f without sched_yield) write/txn=%4.2f epoll_wait/txn=%4.2f cs/txn=%4.2f\n",
+                bin, c, tps, v["task-clock"] * 1000 / n, v["raw_syscalls:sys_enter"] / n,
+                (v["raw_syscalls:sys_enter"] - v["syscalls:sys_enter_sched_yield"]) / n,
+                v["syscalls:sys_enter_write"] / n, v["syscalls:sys_enter_epoll_wait"] / n,
+                v["context-switches"] / n
+        }' "$TMPD/perf.csv"
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+    for c in $CLIENTS; do
+        for bin in $BINS; do
+            run "$bin" "$c"
+        done
+    done
+done

@@ -1137,3 +1137,98 @@ async fn a_known_prepare_does_not_wait_for_a_busy_pool() {
     assert_eq!(first_values(&r.bytes), ["v2!"]);
     teardown(db, d, &role).await;
 }
+
+/// A TCP proxy to the origin at `origin` (`host:port`) that holds every CancelRequest `delay`
+/// before passing it on: a slow path to the origin for cancels only. Returns its port.
+async fn cancel_delaying_proxy(origin: String, delay: Duration) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let origin = origin.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(&origin).await else {
+                    return;
+                };
+                let mut head = [0u8; 8];
+                loop {
+                    if client.read_exact(&mut head).await.is_err() {
+                        return;
+                    }
+                    // An SSLRequest (sslmode=prefer) goes first; the origin's one-byte answer
+                    // comes back before the request that follows it.
+                    if head[4..8] != 80_877_103i32.to_be_bytes() {
+                        break;
+                    }
+                    let mut answer = [0u8; 1];
+                    if server.write_all(&head).await.is_err()
+                        || server.read_exact(&mut answer).await.is_err()
+                        || client.write_all(&answer).await.is_err()
+                    {
+                        return;
+                    }
+                    if answer[0] == b'S' {
+                        // TLS from here on: passed on as it is.
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        return;
+                    }
+                }
+                if head[4..8] == 80_877_102i32.to_be_bytes() {
+                    tokio::time::sleep(delay).await;
+                }
+                if server.write_all(&head).await.is_ok() {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A cancel that reaches the origin after its statement finished must not cancel the
+/// session's next statement. The origin signals the backend before it closes the cancel's
+/// connection; the session's next batch waits for that close, so the signal finds the backend
+/// idle (and is dropped, as PostgreSQL drops a cancel for an idle backend). Here cancels reach
+/// the origin through a proxy that holds them 600 ms. Before the wait, the next statement went
+/// to the session's own backend at once, and the late signal cancelled it (57014).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_cancel_does_not_cancel_the_next_statement() {
+    let origin = origin::origin_addr();
+    let port = origin.port();
+    let proxy = cancel_delaying_proxy(origin.to_string(), Duration::from_millis(600)).await;
+    let (db, d, role) = setup_with("pgf_late_cancel", |cfg| {
+        cfg.origin.url = cfg
+            .origin
+            .url
+            .replace(&format!("port={port}"), &format!("port={proxy}"));
+    })
+    .await;
+    let addr = d.p.pg_addr().unwrap();
+    let (c, connection) = tokio_postgres::connect(
+        &format!(
+            "host={} port={} user={role} password={PASSWORD} dbname={}",
+            addr.ip(),
+            addr.port(),
+            db.name
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connects through pgline");
+    tokio::spawn(connection);
+    let token = c.cancel_token();
+    let first = c.simple_query("SELECT pg_sleep(0.3)");
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    };
+    let (r, ()) = tokio::join!(first, cancel);
+    r.expect("the first statement ends before its cancel reaches the origin");
+    // The cancel reaches the origin about 400 ms from now, while this would run.
+    c.simple_query("SELECT pg_sleep(1)")
+        .await
+        .expect("the next statement is not cancelled by the late cancel");
+    drop(c);
+    teardown(db, d, &role).await;
+}

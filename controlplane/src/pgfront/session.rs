@@ -505,7 +505,25 @@ impl Session {
     /// one, or another session's reserved one whose state reads as the login state (see
     /// `pool`). Busy (no connection free by `deadline`) is [`Retry::Later`]: the client may
     /// try again.
+    ///
+    /// A cancel sent at that backend must have landed first. The origin signals the backend
+    /// (PostgreSQL signals its process and then its process group, so possibly twice) before it
+    /// closes the cancel's connection; a batch sent before that close may be the statement the
+    /// signal cancels. The pool's idle connections wait in `Pool::put`; the session's own
+    /// (pinned or reserved) and a stolen one wait here. A cancel whose fate is unknown is not
+    /// waited for past its own bound (`pgwire.connect_timeout_ms`).
     async fn backend(&mut self, deadline: tokio::time::Instant) -> Result<Backend, RelayError> {
+        let b = self.take_backend(deadline).await?;
+        if !b.cancels.clear() {
+            b.cancels.settled().await;
+        }
+        Ok(b)
+    }
+
+    async fn take_backend(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Backend, RelayError> {
         if let Some(b) = self.pinned.take() {
             return Ok(b);
         }

@@ -511,7 +511,7 @@ impl Session {
     /// closes the cancel's connection; a batch sent before that close may be the statement the
     /// signal cancels. The pool's idle connections wait in `Pool::put`; the session's own
     /// (pinned or reserved) and a stolen one wait here. A cancel whose fate is unknown is not
-    /// waited for past its own bound (`pgwire.connect_timeout_ms`).
+    /// waited for past its own bounds (connect, then answer, each `pgwire.connect_timeout_ms`).
     async fn backend(&mut self, deadline: tokio::time::Instant) -> Result<Backend, RelayError> {
         let b = self.take_backend(deadline).await?;
         if !b.cancels.clear() {

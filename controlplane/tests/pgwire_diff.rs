@@ -7,10 +7,10 @@
 //! the corpus itself is deterministic), then against a database whose data differs in one row
 //! (differences expected exactly there, so the comparison can fail).
 //!
-//! Run: `cargo test -p pgline-controlplane --test pgwire_diff -- --nocapture` (the lab origin up:
+//! Run: `cargo test -p pgline-controlplane --test suite -- --nocapture pgwire_diff::` (the lab origin up:
 //! `deploy/lab/pg.sh start`; psycopg is installed on first use into `target/pgwire-venv`).
 
-mod pgwire_corpus;
+use crate::pgwire_corpus;
 
 use pgline_testkit::{lab, origin};
 use pgwire_corpus::{Diff, Endpoint, Stmt};

@@ -16,8 +16,8 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CORPUS="$ROOT/controlplane/tests/pgwire_corpus"
 if [ $# -eq 0 ]; then
     cd "$ROOT"
-    exec cargo test -p pgline-controlplane --test pgwire_diff --test pgwire_diff_catalog \
-        -- --nocapture
+    exec cargo test -p pgline-controlplane --test suite -- --nocapture pgwire_diff:: \
+        pgwire_diff_catalog::
 fi
 ORIGIN="" PGLINE="" LOAD=0
 while [ $# -gt 0 ]; do

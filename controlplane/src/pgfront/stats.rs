@@ -11,14 +11,26 @@
 //! shows never holds a literal (`ALTER ROLE bob PASSWORD $$secret$$`).
 //! At most [`MAX_ENTRIES`] texts are kept; later new texts count under [`OTHER`].
 //!
-//! Thread model: one mutex, taken once per batch by the session task that ran it (off the hit
-//! path). Not exposed in the HTTP API yet.
+//! A statement text seen before is not tokenized again: its normalized text is kept under a
+//! keyed hash of the text as sent (the text itself, literals included, is not kept), for at
+//! most [`TEXT_CACHE`] texts. A full cache starts over, so texts that differ in every batch
+//! (literals in the text) cannot keep the repeated ones out for good. The tokenizer allocates a
+//! string per token, and it ran on every forwarded batch: about 1 % of the core's samples, and
+//! part of its `malloc` share, under pgbench `select 1` (`docs/decisions.md`).
+//!
+//! Thread model: two mutexes, the text cache's taken once per statement and the figures' once
+//! per batch, by the session task that ran it (off the hit path). Shown by the HTTP API
+//! (`api/system.rs`).
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub const MAX_ENTRIES: usize = 10_000;
+/// Statement texts whose normalized form is remembered (at most 1 KiB each: 4 MiB).
+pub const TEXT_CACHE: usize = 4_096;
 pub const OTHER: &str = "<other>";
 const MAX_KEY: usize = 1024;
 const BUCKETS: usize = 40;
@@ -68,9 +80,31 @@ impl StatementStats {
 #[derive(Default)]
 pub struct Stats {
     map: Mutex<HashMap<String, StatementStats>>,
+    /// Normalized texts by the keyed hash of the text as sent (see the module doc).
+    texts: Mutex<HashMap<u64, Arc<str>>>,
+    /// The hash's random keys (a text cannot be chosen to collide with another's).
+    hasher: RandomState,
 }
 
 impl Stats {
+    /// `sql` normalized, from the text cache when it was seen before.
+    fn normalized(&self, sql: &str) -> Arc<str> {
+        let h = self.hasher.hash_one(sql);
+        let texts = || self.texts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = texts().get(&h) {
+            return n.clone();
+        }
+        let mut n = normalize(sql);
+        n.truncate(floor_char_boundary(&n, MAX_KEY));
+        let n: Arc<str> = n.into();
+        let mut texts = texts();
+        if texts.len() >= TEXT_CACHE {
+            texts.clear();
+        }
+        texts.insert(h, n.clone());
+        n
+    }
+
     /// Records one batch of statements `sql` that took `origin` and sent `bytes` back.
     pub fn record(&self, sql: &[String], origin: Duration, bytes: usize, error: bool) {
         if sql.is_empty() {
@@ -78,8 +112,8 @@ impl Stats {
         }
         let mut key = String::new();
         for s in sql {
-            let n = normalize(s);
-            if !key.split("; ").any(|k| k == n) {
+            let n = self.normalized(s);
+            if !key.split("; ").any(|k| k == &*n) {
                 if !key.is_empty() {
                     key.push_str("; ");
                 }
@@ -238,6 +272,37 @@ mod tests {
             let got = normalize(sql);
             assert_eq!(got, format!("<unparsable: {} bytes>", sql.len()), "{sql}");
         }
+    }
+
+    /// A text seen again is normalized from the cache, to the same key; a full cache starts
+    /// over and still normalizes every text.
+    #[test]
+    fn repeated_texts_are_normalized_once() {
+        let s = Stats::default();
+        let q = vec!["select 1 /* a */".to_string(), "select 'x'".to_string()];
+        s.record(&q, Duration::from_micros(10), 1, false);
+        assert_eq!(s.texts.lock().unwrap().len(), 2);
+        s.record(&q, Duration::from_micros(10), 1, false);
+        assert_eq!(s.texts.lock().unwrap().len(), 2);
+        let snap = s.snapshot();
+        assert_eq!(snap.len(), 1);
+        assert_eq!(snap[0].0, "select $1");
+        assert_eq!(snap[0].1.calls, 2);
+        // The cache holds no literal.
+        assert!(s.texts.lock().unwrap().values().all(|n| !n.contains('x')));
+
+        let full = Stats::default();
+        for i in 0..TEXT_CACHE + 10 {
+            let q = vec![format!("select {i} from t{i}")];
+            full.record(&q, Duration::from_micros(10), 1, false);
+        }
+        assert_eq!(full.texts.lock().unwrap().len(), 10);
+        let q = vec!["select 'y' from t1".to_string()];
+        full.record(&q, Duration::from_micros(10), 1, false);
+        assert!(full
+            .snapshot()
+            .iter()
+            .any(|(k, v)| k == "select $1 from t1" && v.calls == 2));
     }
 
     #[test]

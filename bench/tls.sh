@@ -21,9 +21,12 @@ CLIENTS=${CLIENTS:-50}
 if [ $SMOKE = 1 ]; then ROWS=2000; REQUESTS=20000; ROUNDS=1; fi
 SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
-PLAIN_PORT=${PLAIN_PORT:-54350}
-TLS_PORT=${TLS_PORT:-54351}
-VALKEY_PORT=${VALKEY_PORT:-54352}
+# Below the kernel's ephemeral range (32768-60999 by default): a port there can be taken by any
+# outgoing connection of the moment (CI once failed to listen on 54350 right after the pgbench
+# smoke).
+PLAIN_PORT=${PLAIN_PORT:-6450}
+TLS_PORT=${TLS_PORT:-6451}
+VALKEY_PORT=${VALKEY_PORT:-6452}
 OUT=bench/results/tls.jsonl
 CACHE=bench/.cache
 PKI=$CACHE/tls-pki

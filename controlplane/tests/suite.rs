@@ -1,7 +1,7 @@
 //! The control plane's integration tests, one binary: each module was a test binary of its own
-//! (`tests/<module>.rs`, the same files). One binary compiles once instead of 33 times (the
-//! 33 took about 12.5 of `.ci/run`'s 47 minutes, each monomorphizing tokio, tokio-postgres
-//! and the test kit again; `docs/decisions.md`).
+//! (`tests/<module>.rs`, the same files). One binary compiles once instead of 33 times: the 33
+//! took about 950 s of CPU, each monomorphizing tokio, tokio-postgres and the test kit again;
+//! this one takes 136 s (`docs/decisions.md`).
 //!
 //! `deploy/lab/suite.sh` runs it the way the separate binaries ran: one module at a time, each in
 //! a process of its own, so a module's tests share the origin and the CPUs only with each other

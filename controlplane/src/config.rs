@@ -177,7 +177,7 @@ pub struct RespConfig {
     pub cores: usize,
     /// RESP connections open at once (the PostgreSQL port has `pgwire.max_sessions`).
     pub max_connections: usize,
-    /// RESP connections from one source address (0: no limit; kernel transport only).
+    /// RESP connections from one source address (0: no limit; both transports).
     pub max_connections_per_source: usize,
     /// Empty: no AUTH needed.
     pub password: String,

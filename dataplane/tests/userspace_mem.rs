@@ -134,3 +134,65 @@ fn pipelines_over_a_lossy_wire_and_a_clean_one_then_close_and_reset() {
     );
     engine.stop();
 }
+
+/// `max_per_source` on the userspace transport: one source's connections are counted across the
+/// engine's cores, the one over the limit gets the RESP refusal and is closed, and a closed
+/// connection frees its place. (The stack did not report peer addresses before, and this
+/// transport accepted every connection.)
+#[test]
+fn the_per_source_limit_counts_a_source_across_cores() {
+    let shared = rig::shared(2);
+    let _control = ControlPlane::start(shared.clone(), Duration::ZERO);
+    let (server0, client0) = mem::pair(MemConfig::default());
+    let (server1, client1) = mem::pair(MemConfig::default());
+    let mut cfg = rig::engine_config(2, 64, &format!("{SERVER_IP}:{PORT}"));
+    cfg.conn_limits.max_per_source = 3;
+    let mut net = NetConfig::new(SERVER_IP, 24);
+    net.max_connections = 32;
+    let engine =
+        Engine::start_userspace(cfg, shared.clone(), vec![server0, server1], net).expect("engine");
+    let (mut a, mut b) = (Wire::new(client0, 8), Wire::new(client1, 8));
+    let limit = Duration::from_secs(30);
+    let row = |k: u32| resp_row(k).len();
+    // Two on core 0, one on core 1: all served.
+    a.open(2);
+    for (i, f) in a.flows.iter_mut().enumerate() {
+        f.out = get(&format!("kv:{i}"));
+    }
+    a.run_until_received(limit, |i| row(i as u32));
+    b.open(1);
+    b.flows[0].out = get("kv:7");
+    b.run_until_received(limit, |_| row(7));
+    assert_eq!(b.flows[0].got, resp_row(7));
+    // The fourth from this address, on core 1: refused and closed.
+    b.open(1);
+    b.flows[1].out = get("kv:8");
+    b.run_until(limit, "the refusal", |w| w.flows[1].eof);
+    assert_eq!(
+        String::from_utf8_lossy(&b.flows[1].got),
+        "-ERR max number of clients from this address reached\r\n"
+    );
+    let stat = |core: usize| {
+        shared
+            .stats(core)
+            .connections_rejected_source
+            .load(Ordering::Relaxed)
+    };
+    assert_eq!((stat(0), stat(1)), (0, 1));
+    // One closes on core 0; once its session is gone, core 1 takes a new one from the source.
+    let id = a.flows[0].id;
+    a.stack.close(id);
+    let open0 = || shared.stats(0).connections_open.load(Ordering::Relaxed);
+    let until = std::time::Instant::now() + limit;
+    while open0() != 1 {
+        a.turn();
+        assert!(std::time::Instant::now() < until, "core 0 kept the session");
+    }
+    b.open(1);
+    b.flows[2].out = get("kv:9");
+    b.run_until(limit, "the reply on the freed place", |w| {
+        w.flows[2].got.len() >= row(9) || w.flows[2].eof
+    });
+    assert_eq!(b.flows[2].got, resp_row(9));
+    engine.stop();
+}

@@ -410,6 +410,7 @@ pub(crate) fn server_core(
         NetStream::new(stack),
         shared,
         Arc::new(engine_config(cfg.conns)),
+        Arc::default(),
     ))
 }
 

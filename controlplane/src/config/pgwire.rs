@@ -33,7 +33,7 @@ pub struct PgwireConfig {
     /// Client connections open at once on `listen` (refused by the cores with SQLSTATE 53300
     /// past each core's share) and sessions the relay holds; apart from `resp.max_connections`.
     pub max_sessions: usize,
-    /// Connections from one source address (0: no limit; kernel transport only).
+    /// Connections from one source address (0: no limit; both transports).
     pub max_connections_per_source: usize,
     /// A connection whose startup and authentication are not done this long after it
     /// connected is closed with FATAL 57014 (0: never).

@@ -73,7 +73,7 @@ pub(crate) struct Conn {
     pub last_input: Instant,
     /// Buffer bytes this connection charges to its core's reply memory, as of its last visit.
     pub charged: usize,
-    /// The peer's address, when it is counted in the per-source table (kernel transport).
+    /// The peer's address, when it is counted in the per-source table.
     pub source: Option<IpAddr>,
     /// A timeout closed it gracefully (error written, `closing` set); if it is still open at
     /// the next sweep (the peer does not read), it is closed without waiting for its output.

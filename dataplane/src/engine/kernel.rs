@@ -47,7 +47,7 @@ use mio::{Events, Interest, Poll, Registry, Token};
 use crate::plane::{ConnToken, CoreStats, PgHost, Shared, Wake};
 use crate::transport::kernel;
 
-use super::limits::Sources;
+use super::limits::{Sources, PG_REJECT_SOURCE, RESP_REJECT_SOURCE};
 use super::session::{Next, Worker};
 use super::slots::{Entry, Slots, Transport};
 use super::tls::{Ingested, TlsFront, TlsSession};
@@ -64,10 +64,6 @@ pub(crate) const PG_REJECT: &[u8] =
     b"E\x00\x00\x00\x3bSFATAL\x00VFATAL\x00C53300\x00Msorry, too many clients already\x00\x00";
 /// What a RESP client over the connection limit gets before the socket is closed.
 pub(crate) const RESP_REJECT: &[u8] = b"-ERR max number of clients reached\r\n";
-/// What a client over its source address's connection limit gets (RESP, PostgreSQL).
-const RESP_REJECT_SOURCE: &[u8] = b"-ERR max number of clients from this address reached\r\n";
-const PG_REJECT_SOURCE: &[u8] =
-    b"E\x00\x00\x00\x42SFATAL\x00VFATAL\x00C53300\x00Mtoo many connections from this address\x00\x00";
 
 /// The addresses a core listens on.
 pub struct Ports {
@@ -510,27 +506,11 @@ impl Core {
     /// Whether a connection from `ip` may be accepted on the port; `Some(source)` with the
     /// address when it was counted in the per-source table (to be released at close).
     fn admit(&self, pg: bool, ip: std::net::IpAddr) -> Option<Option<std::net::IpAddr>> {
-        let stats = self.worker.stats();
         if self.slots.open_on(pg) >= self.limit(pg) {
-            CoreStats::add(&stats.connections_rejected, 1);
+            CoreStats::add(&self.worker.stats().connections_rejected, 1);
             return None;
         }
-        let limits = &self.worker.cfg.conn_limits;
-        let per_source = if pg {
-            limits.max_pg_per_source
-        } else {
-            limits.max_per_source
-        };
-        if per_source == 0 {
-            return Some(None);
-        }
-        if self.worker.sources.try_open(pg, ip, per_source) {
-            Some(Some(ip))
-        } else {
-            CoreStats::add(&stats.connections_rejected, 1);
-            CoreStats::add(&stats.connections_rejected_source, 1);
-            None
-        }
+        self.worker.admit_source(pg, ip)
     }
 }
 

@@ -2,8 +2,8 @@
 //! address, reply memory per core, authentication and idle timeouts, failed AUTHs.
 //!
 //! ```text
-//!  accept        per-port limit (per core: total / cores), per-source limit (kernel only,
-//!                shared table [`Sources`]): over -> refusal written, socket closed
+//!  accept        per-port limit (per core: total / cores), per-source limit (shared table
+//!                [`Sources`], both transports): over -> refusal written, connection closed
 //!  each visit    Worker::recharge: the connection's buffer footprint moves the core's
 //!                reply-memory figure; at the cap, connections with unwritten output are not
 //!                read (back-pressure) and unauthenticated ones have a small budget anyway
@@ -23,9 +23,9 @@
 //! map touched only at accept and close of a connection whose source is counted (never on the
 //! hit path); it is empty, and never locked, when no per-source limit is set.
 //!
-//! Limitations: the userspace transport does not see peer addresses, so the per-source limit
-//! applies to the kernel transport only; every other bound applies to both. Timeouts are
-//! checked every [`SWEEP_EVERY`], so a connection may outlive its timeout by that much.
+//! Every bound applies to both transports (the userspace one learns the peer's address from
+//! its stack at accept). Limitations: timeouts are checked every [`SWEEP_EVERY`], so a
+//! connection may outlive its timeout by that much.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -63,9 +63,9 @@ const TRIM_EVERY: Duration = Duration::from_secs(1);
 pub struct ConnLimits {
     /// PostgreSQL-port connections, total over cores (RESP ones: `EngineConfig::max_connections`).
     pub max_pg_connections: usize,
-    /// RESP connections from one source address (0: no limit). Kernel transport only.
+    /// RESP connections from one source address (0: no limit), on both transports.
     pub max_per_source: usize,
-    /// PostgreSQL connections from one source address (0: no limit). Kernel transport only.
+    /// PostgreSQL connections from one source address (0: no limit), on both transports.
     pub max_pg_per_source: usize,
     /// Total buffer memory of all connections beyond their initial buffers, split over cores.
     pub max_reply_memory: usize,
@@ -205,7 +205,38 @@ impl CoreLimits {
     }
 }
 
+/// What a client over its source address's connection limit gets (RESP, PostgreSQL) before the
+/// connection is closed.
+pub(crate) const RESP_REJECT_SOURCE: &[u8] =
+    b"-ERR max number of clients from this address reached\r\n";
+pub(crate) const PG_REJECT_SOURCE: &[u8] =
+    b"E\x00\x00\x00\x42SFATAL\x00VFATAL\x00C53300\x00Mtoo many connections from this address\x00\x00";
+
 impl Worker {
+    /// Counts a new connection from `ip` against the per-source limit of the RESP or PostgreSQL
+    /// (`pg`) port: `Some(Some(ip))` when counted (release it with the connection:
+    /// `Conn::source`), `Some(None)` when no limit is set, `None` (refused, counted in the
+    /// core's stats) when the source is at its limit. Both transports call it at accept.
+    pub(crate) fn admit_source(&self, pg: bool, ip: IpAddr) -> Option<Option<IpAddr>> {
+        let limits = &self.cfg.conn_limits;
+        let per_source = if pg {
+            limits.max_pg_per_source
+        } else {
+            limits.max_per_source
+        };
+        if per_source == 0 {
+            return Some(None);
+        }
+        if self.sources.try_open(pg, ip, per_source) {
+            Some(Some(ip))
+        } else {
+            let stats = self.stats();
+            CoreStats::add(&stats.connections_rejected, 1);
+            CoreStats::add(&stats.connections_rejected_source, 1);
+            None
+        }
+    }
+
     /// Brings `conn`'s charge to its current footprint and publishes the core's figure.
     #[inline]
     pub(crate) fn recharge(&mut self, conn: &mut Conn) {

@@ -220,14 +220,16 @@ impl Engine {
         }
         let cfg = Arc::new(cfg);
         let stop = Arc::new(AtomicBool::new(false));
+        let sources = Arc::new(limits::Sources::default());
         let mut threads = Vec::with_capacity(stacks.len());
         for (id, stack) in stacks.into_iter().enumerate() {
             let (flag, shared, cfg) = (stop.clone(), shared.clone(), cfg.clone());
+            let sources = sources.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("pgline-ucore-{id}"))
                 .spawn(move || {
                     on_start(id);
-                    userspace::UserCore::new(id, stack, shared, cfg).run(&flag)
+                    userspace::UserCore::new(id, stack, shared, cfg, sources).run(&flag)
                 });
             match spawned {
                 Ok(t) => threads.push(t),

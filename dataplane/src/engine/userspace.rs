@@ -26,9 +26,10 @@
 //! CPU, and in-process tests share theirs).
 //!
 //! Limitations: connections are not spread over cores by this loop; the port's RSS (or the test)
-//! decides which core's queue a flow arrives on. The stack does not report peer addresses, so
-//! the per-source connection limit does not apply here; the per-port limits, reply-memory cap,
-//! timeouts and AUTH-failure limit do (they live in the session layer).
+//! decides which core's queue a flow arrives on. The limits are the kernel path's: per-port and
+//! per-source connection counts at accept (the source from `StreamStack::peer`, counted in a
+//! table the engine's cores share), reply-memory cap, timeouts and AUTH failures in the session
+//! layer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use rustc_hash::FxHashMap;
 use crate::plane::{ConnToken, CoreStats, NoWake, Shared};
 use crate::transport::stream::{StreamError, StreamEvent, StreamStack};
 
+use super::limits::{self, Sources};
 use super::pg;
 use super::session::{Next, Worker};
 use super::slots::{Entry, Slots, Transport};
@@ -81,7 +83,15 @@ pub struct UserCore<S: StreamStack> {
 impl<S: StreamStack> UserCore<S> {
     /// Takes `stack`, listens on `cfg.listen`'s port (and `cfg.pg_listen`'s, for PostgreSQL
     /// clients) and sets a no-op waker for core `id`.
-    pub fn new(id: usize, mut stack: S, shared: Arc<Shared>, cfg: Arc<EngineConfig>) -> Self {
+    /// `sources` counts connections per source address across the engine's cores (the
+    /// per-source limit).
+    pub fn new(
+        id: usize,
+        mut stack: S,
+        shared: Arc<Shared>,
+        cfg: Arc<EngineConfig>,
+        sources: Arc<Sources>,
+    ) -> Self {
         stack.listen(cfg.listen.port());
         let pg_port = cfg.pg_listen.map(|a| a.port());
         if let Some(port) = pg_port {
@@ -93,11 +103,13 @@ impl<S: StreamStack> UserCore<S> {
         let per_core = cfg.max_connections_per_core();
         let mut slot_of = FxHashMap::default();
         slot_of.reserve(per_core.min(1 << 16));
+        let mut worker = Worker::new(port, cfg);
+        worker.sources = sources;
         UserCore {
             streams: Streams { stack, slot_of },
             events: Vec::with_capacity(1024),
             slots: Slots::new(),
-            worker: Worker::new(port, cfg),
+            worker,
             turns: 0,
             pg_port,
         }
@@ -202,23 +214,52 @@ impl<S: StreamStack> UserCore<S> {
         } else {
             self.worker.cfg.max_connections_per_core()
         };
-        if self.slots.open_on(pg) >= limit {
+        let peer = self.streams.stack.peer(id);
+        let reject = if self.slots.open_on(pg) >= limit {
             CoreStats::add(&self.worker.stats().connections_rejected, 1);
-            let reject = if pg {
+            Some(if pg {
                 super::kernel::PG_REJECT
             } else {
                 super::kernel::RESP_REJECT
-            };
+            })
+        } else {
+            None
+        };
+        // The per-source count is shared by the engine's cores (a source's flows may land on
+        // any of them).
+        let source = match (reject, peer) {
+            (None, Some(ip)) => match self.worker.admit_source(pg, ip) {
+                Some(source) => source,
+                None => {
+                    let _ = self.streams.stack.send(
+                        id,
+                        if pg {
+                            limits::PG_REJECT_SOURCE
+                        } else {
+                            limits::RESP_REJECT_SOURCE
+                        },
+                    );
+                    self.streams.stack.close(id);
+                    return;
+                }
+            },
+            _ => None,
+        };
+        if let Some(reject) = reject {
             let _ = self.streams.stack.send(id, reject);
             self.streams.stack.close(id);
             return;
         }
         let (slot, generation) = self.slots.vacant();
-        let conn = if pg {
+        let mut conn = if pg {
             self.worker.new_pg_conn(generation)
         } else {
             self.worker.new_conn(generation)
         };
+        conn.source = source;
+        if let Some(session) = conn.pg.as_mut() {
+            session.peer = peer;
+        }
         let flow = Flow {
             id,
             readable: true,

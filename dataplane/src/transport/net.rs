@@ -8,6 +8,7 @@
 //!
 //! Thread model: owned by one core, like the stack.
 
+use std::net::IpAddr;
 use std::time::Instant;
 
 use pgline_nic::Queue;
@@ -102,5 +103,9 @@ impl<Q: Queue> StreamStack for NetStream<Q> {
             tcp_buffer_waits: s.tcp_buffer_waits,
             tcp_send_stall_aborts: s.tcp_send_stall_aborts,
         }
+    }
+
+    fn peer(&self, id: ConnId) -> Option<IpAddr> {
+        self.stack.peer(id).map(|a| IpAddr::V4(*a.ip()))
     }
 }

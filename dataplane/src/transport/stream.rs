@@ -18,6 +18,7 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::net::IpAddr;
 use std::time::Instant;
 
 /// Something that happened to a connection since the last `poll`.
@@ -77,5 +78,10 @@ pub trait StreamStack {
     /// Cumulative counters, for the core to publish.
     fn counters(&self) -> StreamCounters {
         StreamCounters::default()
+    }
+    /// The peer's address of a live connection (for the per-source connection limit); `None`
+    /// when the stack does not know it (a test pipe).
+    fn peer(&self, _id: Self::Id) -> Option<IpAddr> {
+        None
     }
 }

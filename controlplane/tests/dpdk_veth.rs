@@ -11,6 +11,8 @@
 //! and the PostgreSQL of `deploy/lab/pg.sh`; as another user it prints why and passes.
 //!
 //! Run: `cargo test -p pgline-controlplane --features dpdk --release --test dpdk_veth -- --nocapture`
+//! With `PGLINE_E2E_IDLE_CONNECTIONS=N` each run first prints the server's resident memory per
+//! idle connection with N open (`tests/dpdk_idle.py`; a figure, not a check).
 #![cfg(feature = "dpdk")]
 
 mod netns;
@@ -175,6 +177,9 @@ async fn run(r: Run) {
     cfg.nic.rx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
     cfg.nic.tx_buffer = pgline_controlplane::config::ByteSize(16 * 1024);
     cfg.nic.owned_tcp = owned_tcp;
+    if let Some(n) = idle_connections() {
+        cfg.resp.max_connections = cfg.resp.max_connections.max(n + connections() + 64);
+    }
     let p = lab::start(cfg).await;
     eprintln!(
         "[{port}] pgline ({cores} cores) serving after {:?}",
@@ -188,6 +193,9 @@ async fn run(r: Run) {
     eprintln!("[{port}] ping ok in {:?}", t.elapsed());
 
     check_redis_cli(&net, &app, &rows, port).await;
+    if let Some(n) = idle_connections() {
+        idle_memory(&net, &app, n, port).await;
+    }
     if load {
         check_many_clients(&p, &net, &app, &rows, port).await;
         let stats = p.nic_ports();
@@ -265,6 +273,66 @@ async fn check_many_clients(
         "[{port}] {n} connections x {REQUESTS} requests in {:?}: {}",
         t.elapsed(),
         out.trim()
+    );
+}
+
+/// `PGLINE_E2E_IDLE_CONNECTIONS=N`: measure the server's resident memory per idle connection
+/// with N connections (issue 16's "memory per idle established connection"). Off by default:
+/// a figure for `docs/benchmarks.md`, not a check (this process's RSS moves with the WAL and the
+/// runtime too).
+fn idle_connections() -> Option<usize> {
+    std::env::var("PGLINE_E2E_IDLE_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+/// This process's resident set in KiB (the server: its clients are the kernel's TCP in the
+/// namespace and a Python process).
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Opens `n` idle connections from the namespace (one PING each), waits until the server has
+/// taken back every idle session's buffers (after 1 s without input), and prints what the
+/// process's resident set grew by, per connection. Before the load run, so that the heap has not
+/// been warmed by other connections.
+async fn idle_memory(net: &Netns, app: &str, n: usize, port: &str) {
+    use std::io::{BufRead, BufReader};
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/dpdk_idle.py");
+    let before = rss_kib();
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.ns, "python3", script, app])
+        .arg(RESP_PORT.to_string())
+        .arg(n.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("idle clients");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        line
+    })
+    .await
+    .expect("reader");
+    assert_eq!(line.trim(), format!("open {n}"), "[{port}] idle clients");
+    let opened = rss_kib();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let idle = rss_kib();
+    drop(child.stdin.take());
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    let per = |kib: u64| kib.saturating_sub(before) as f64 * 1024.0 / n as f64;
+    eprintln!(
+        "[{port}] {n} idle connections: RSS {before} KiB before, {opened} KiB once open \
+         ({:.0} bytes/conn), {idle} KiB after 2.5 s idle ({:.0} bytes/conn)",
+        per(opened),
+        per(idle)
     );
 }
 

@@ -32,7 +32,12 @@ struct Wire {
 
 impl Wire {
     fn new(queue: MemQueue) -> Wire {
-        let stack = Stack::new(queue, NetConfig::new(CLIENT_IP, 24)).expect("client stack");
+        // The client runs smoltcp's TCP: an independent implementation against the server's.
+        let cfg = NetConfig {
+            owned_tcp: false,
+            ..NetConfig::new(CLIENT_IP, 24)
+        };
+        let stack = Stack::new(queue, cfg).expect("client stack");
         Wire {
             stack,
             events: Vec::new(),

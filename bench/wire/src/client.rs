@@ -156,6 +156,8 @@ impl<'a> Client<'a> {
             cfg.max_connections = load.conns.div_ceil(n) + 16;
             cfg.rx_buffer = 64 * 1024;
             cfg.rx_burst = 64;
+            // smoltcp's TCP, as in every figure so far; the server's is the one measured.
+            cfg.owned_tcp = false;
             by_slot.push(vec![u32::MAX; cfg.max_connections]);
             stacks.push(Stack::new(q, cfg).map_err(|e| format!("client stack {i}: {e}"))?);
         }

@@ -40,7 +40,7 @@ struct Args {
     /// Compute and verify checksums in software (no checksum offload on the in-memory port).
     #[arg(long)]
     sw_checksum: bool,
-    /// The server's TCP: `owned` (ours) or `smoltcp` (default: the stack's).
+    /// The server's TCP: `owned` (ours, the stack's default) or `smoltcp`.
     #[arg(long, value_parser = ["owned", "smoltcp"])]
     server_tcp: Option<String>,
     /// After the window, seconds without requests before the idle resident set is read (the

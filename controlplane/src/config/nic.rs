@@ -79,7 +79,8 @@ pub struct NicConfig {
     pub tx_buffer: ByteSize,
     /// Frames received per burst.
     pub rx_burst: usize,
-    /// Our own TCP with its fast path instead of smoltcp's (userspace modes; issue 16).
+    /// Our own TCP with its fast path (the default) instead of smoltcp's (userspace modes; issue
+    /// 16).
     pub owned_tcp: bool,
     /// With `owned_tcp`: receive buffers (`rx_buffer` each), and as many send buffers, per
     /// core, taken by connections only while they move bytes; when they run out, connections
@@ -112,7 +113,7 @@ impl Default for NicConfig {
             rx_buffer: ByteSize(DEFAULT_TCP_BUFFER),
             tx_buffer: ByteSize(DEFAULT_TCP_BUFFER),
             rx_burst: DEFAULT_RX_BURST,
-            owned_tcp: false,
+            owned_tcp: true,
             conn_buffers: pgline_dataplane::net::DEFAULT_CONN_BUFFERS,
             send_stall_timeout_ms: pgline_dataplane::net::DEFAULT_SEND_STALL_TIMEOUT.as_millis()
                 as u64,
@@ -370,8 +371,13 @@ mod tests {
             }),
             "nic.conn_buffers",
         );
-        // The defaults (4,096 x 64 KiB x 2 = 512 MiB) are within it.
-        nic(|n| n.owned_tcp = true).expect("owned_tcp with default pools");
+        // The defaults (4,096 x 64 KiB x 2 = 512 MiB) are within it, and smoltcp ignores the pools.
+        nic(|_| {}).expect("owned_tcp (the default) with default pools");
+        nic(|n| {
+            n.owned_tcp = false;
+            n.conn_buffers = 1 << 20;
+        })
+        .expect("the pools' bound with smoltcp");
         err_names(
             nic(|n| n.eal_args = vec!["--no-pci".into()]),
             "nic.eal_args",

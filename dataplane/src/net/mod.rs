@@ -99,7 +99,9 @@ pub struct NetConfig {
     pub max_connections: usize,
     /// Frames received per `poll` at most.
     pub rx_burst: usize,
-    /// Our own TCP (`tcp.rs`) instead of smoltcp's socket for every connection of this stack.
+    /// Our own TCP (`tcp.rs`, the default) instead of smoltcp's socket for every connection of
+    /// this stack. The test and benchmark clients turn it off: smoltcp is the independent TCP
+    /// ours is checked against.
     pub owned_tcp: bool,
     /// With `owned_tcp`: take in-order data segments of established connections on the header
     /// prediction fast path (off only to compare against the general path).
@@ -125,7 +127,7 @@ impl NetConfig {
             conn_buffers: DEFAULT_CONN_BUFFERS,
             max_connections: 4096,
             rx_burst: 32,
-            owned_tcp: false,
+            owned_tcp: true,
             tcp_fast_path: true,
             send_stall_timeout: DEFAULT_SEND_STALL_TIMEOUT,
         }

@@ -37,6 +37,8 @@ impl Wire {
     pub fn new(queue: MemQueue, max_connections: usize) -> Wire {
         let mut cfg = NetConfig::new(CLIENT_IP, 24);
         cfg.max_connections = max_connections;
+        // The client runs smoltcp's TCP: an independent implementation against the server's.
+        cfg.owned_tcp = false;
         Wire {
             stack: Stack::new(queue, cfg).expect("client stack"),
             events: Vec::with_capacity(1024),

@@ -17,9 +17,11 @@ use pgline_dataplane::store::StoreConfig;
 use pgline_hugepages::PageLevel;
 use serde::{Deserialize, Serialize};
 
+mod cluster;
 mod nic;
 mod pgwire;
 mod tls;
+pub use cluster::{ClusterConfig, ClusterNodeConfig, ClusterShardConfig};
 pub use nic::{NicConfig, NicMode};
 pub use pgwire::PgwireConfig;
 pub use tls::{CertInfo, FrontTls, PgwireTls, TlsAuthClients, TlsConfig, TlsError};
@@ -49,6 +51,7 @@ pub const SECTIONS: &[&str] = &[
     "api",
     "pgwire",
     "tls",
+    "cluster",
 ];
 
 /// Keys whose value is always a string when it comes from an environment variable, even if it
@@ -68,6 +71,7 @@ pub struct Config {
     pub api: ApiConfig,
     pub pgwire: PgwireConfig,
     pub tls: TlsConfig,
+    pub cluster: ClusterConfig,
 }
 
 pub const DEFAULT_ORIGIN_URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=postgres";
@@ -657,6 +661,7 @@ impl Config {
         self.api.validate()?;
         self.pgwire.validate()?;
         tls::validate(self)?;
+        self.cluster.validate()?;
         self.store.page_level()?;
         self.store().validate().map_err(|e| ConfigError::Invalid {
             key: "store",

@@ -148,6 +148,10 @@ impl Pgline {
                 pg: Arc::new(NotifyWake(relay_wake.clone())),
             },
         ));
+        // Cluster mode (issue 17): the topology of the configuration, every node taken as
+        // healthy.
+        let topology = cfg.cluster.topology(|_| true, 1)?;
+        shared.control_port().publish_topology(topology);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let pool = origin.pool.clone();
         let control = start_control_plane(

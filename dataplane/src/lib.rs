@@ -18,6 +18,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod cluster;
 pub mod engine;
 pub mod keyspace;
 pub mod net;

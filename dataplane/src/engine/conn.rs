@@ -47,6 +47,8 @@ pub(crate) struct Session {
     pub name: Option<Box<[u8]>>,
     pub lib_name: Option<Box<[u8]>>,
     pub lib_ver: Option<Box<[u8]>>,
+    /// `READONLY` (cluster mode): this connection may read its node's slots on a replica.
+    pub readonly: bool,
 }
 
 pub(crate) struct Conn {
@@ -111,6 +113,7 @@ impl Conn {
                 name: None,
                 lib_name: None,
                 lib_ver: None,
+                readonly: false,
             },
             generation,
             rbuf: Vec::new(),

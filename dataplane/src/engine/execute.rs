@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 
+use crate::cluster::{key_slot, Route, Topology};
 use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissKey, Shared};
 use crate::resp::{
@@ -14,7 +15,7 @@ use crate::resp::{
     compose_null, compose_simple, compose_unknown_command,
 };
 use crate::resp::{Args, Protocol};
-use crate::resp::{ClientSub, Command, CommandSub};
+use crate::resp::{ClientSub, ClusterSub, Command, CommandSub};
 use crate::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use crate::store::Lookup;
 
@@ -26,6 +27,9 @@ use super::info;
 pub(crate) struct Exec<'a> {
     pub shared: &'a Shared,
     pub keyspace: &'a KeySpace,
+    /// The fleet's topology in cluster mode: keys of slots this node does not serve are
+    /// redirected before the store is read.
+    pub topology: Option<&'a Topology>,
     /// False while hits are not allowed: every lookup is deferred as a bypass read.
     pub serve_hits: bool,
     pub stats: &'a CoreStats,
@@ -47,6 +51,9 @@ pub(crate) enum Outcome {
     /// Reply composed; close the connection once it is written.
     Close,
 }
+
+/// What `CLUSTER` and `READONLY`/`READWRITE` answer outside cluster mode (Redis's words).
+const CLUSTER_DISABLED: &[u8] = b"ERR This instance has cluster support disabled";
 
 /// The result of looking one key up.
 enum Found {
@@ -120,6 +127,24 @@ impl Exec<'_> {
         {
             compose_error(out, b"NOAUTH Authentication required.");
             return Outcome::Done;
+        }
+        if let Some(topology) = self.topology {
+            let route = match cmd {
+                Command::Get { key }
+                | Command::HGet { key, .. }
+                | Command::HMGet { key, .. }
+                | Command::HGetAll { key } => {
+                    topology.route(std::iter::once(key), session.readonly)
+                }
+                Command::MGet { keys } | Command::Exists { keys } => {
+                    topology.route(keys.iter(), session.readonly)
+                }
+                _ => Route::Serve,
+            };
+            if route != Route::Serve {
+                topology.compose_redirect(route, out);
+                return Outcome::Done;
+            }
         }
         match cmd {
             Command::Get { key } => match self.find(key, SECTION_RESP_JSON, out) {
@@ -351,9 +376,21 @@ impl Exec<'_> {
                 compose_simple(out, b"OK");
                 return Outcome::Close;
             }
+            Command::ReadOnly | Command::ReadWrite if self.topology.is_none() => {
+                compose_error(out, CLUSTER_DISABLED);
+            }
+            Command::ReadOnly => {
+                session.readonly = true;
+                compose_simple(out, b"OK");
+            }
+            Command::ReadWrite => {
+                session.readonly = false;
+                compose_simple(out, b"OK");
+            }
             Command::Reset => {
                 session.proto = Protocol::Resp2;
                 session.name = None;
+                session.readonly = false;
                 session.authenticated = self.password.is_none();
                 compose_simple(out, b"RESET");
             }
@@ -437,6 +474,7 @@ impl Exec<'_> {
                 compose_error(out, &msg);
             }
             Command::Unknown { name, args } => compose_unknown_command(out, name, args),
+            Command::Cluster { sub } => self.cluster(sub, proto, out),
             // The data commands are handled by `execute`, the connection's by `execute_admin`.
             Command::Get { .. }
             | Command::MGet { .. }
@@ -448,8 +486,39 @@ impl Exec<'_> {
             | Command::Auth { .. }
             | Command::Select { .. }
             | Command::Client { .. }
+            | Command::ReadOnly
+            | Command::ReadWrite
             | Command::Quit
             | Command::Reset => compose_error(out, b"ERR internal: command in the wrong path"),
+        }
+    }
+
+    /// `CLUSTER <subcommand>`: the topology's replies; outside cluster mode, Redis's refusal
+    /// (`KEYSLOT` too, as Redis refuses it).
+    fn cluster(&self, sub: ClusterSub<'_>, proto: Protocol, out: &mut Vec<u8>) {
+        let Some(t) = self.topology else {
+            compose_error(out, CLUSTER_DISABLED);
+            return;
+        };
+        match sub {
+            ClusterSub::Shards => t.compose_shards(proto, out),
+            ClusterSub::Slots => t.compose_slots(proto, out),
+            ClusterSub::Nodes => t.compose_nodes(proto, out),
+            ClusterSub::Info => t.compose_info(proto, out),
+            ClusterSub::MyId => compose_bulk(out, t.me().id.as_bytes()),
+            ClusterSub::MyShardId => compose_bulk(out, t.my_shard_id().as_bytes()),
+            ClusterSub::KeySlot { key } => compose_integer(out, i64::from(key_slot(key))),
+            ClusterSub::Other { name } => {
+                out.extend_from_slice(b"-ERR unknown subcommand '");
+                out.extend(name.iter().take(128).map(|&b| {
+                    if b.is_ascii_graphic() || b == b' ' {
+                        b
+                    } else {
+                        b'?'
+                    }
+                }));
+                out.extend_from_slice(b"'. Try CLUSTER HELP.\r\n");
+            }
         }
     }
 

@@ -27,6 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::cluster::Topology;
 use crate::keyspace::KeySpace;
 use crate::plane::{ConnToken, CorePort, CoreStats, MissReply, MissRequest};
 use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError};
@@ -58,6 +59,9 @@ pub(crate) struct Worker {
     pub cfg: Arc<EngineConfig>,
     pub(crate) keyspace: Arc<KeySpace>,
     pub(crate) keyspace_generation: u64,
+    /// The cluster topology (cluster mode), and the cell generation it was read at.
+    pub(crate) topology: Option<Arc<Topology>>,
+    pub(crate) topology_generation: u64,
     args: Vec<Range<usize>>,
     pub(crate) scratch: Vec<u8>,
     /// Message limits of the PostgreSQL front (message size bounded by `max_request_bytes`).
@@ -78,6 +82,8 @@ impl Worker {
     pub fn new(port: CorePort, cfg: Arc<EngineConfig>) -> Worker {
         let keyspace = port.keyspace().snapshot();
         let keyspace_generation = port.keyspace().generation();
+        let topology = port.shared().topology().snapshot();
+        let topology_generation = port.shared().topology().generation();
         let pg_limits = PgLimits {
             max_message_bytes: cfg.max_request_bytes,
             ..PgLimits::default()
@@ -92,6 +98,8 @@ impl Worker {
             cfg,
             keyspace,
             keyspace_generation,
+            topology,
+            topology_generation,
             args: Vec::with_capacity(64),
             pg_limits,
             scratch: Vec::with_capacity(64 * 1024),
@@ -119,12 +127,18 @@ impl Worker {
         conn
     }
 
-    /// One atomic load; a new catalog snapshot only when it moved.
+    /// Two atomic loads; a new catalog or topology snapshot only when one moved.
     pub fn poll_keyspace(&mut self) {
         let generation = self.port.keyspace().generation();
         if generation != self.keyspace_generation {
             self.keyspace = self.port.keyspace().snapshot();
             self.keyspace_generation = generation;
+        }
+        let cell = self.port.shared().topology();
+        let generation = cell.generation();
+        if generation != self.topology_generation {
+            self.topology = cell.snapshot();
+            self.topology_generation = generation;
         }
     }
 
@@ -301,6 +315,7 @@ impl Worker {
                 let mut exec = Exec {
                     shared: self.port.shared(),
                     keyspace: &self.keyspace,
+                    topology: self.topology.as_deref(),
                     serve_hits,
                     stats,
                     scratch: &mut self.scratch,

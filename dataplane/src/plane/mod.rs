@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::cluster::TopologyCell;
 use crate::keyspace::KeySpaceCell;
 use crate::store::StoreReader;
 
@@ -129,6 +130,8 @@ pub struct QueueDepths {
 pub struct Shared {
     store: StoreReader,
     keyspace: KeySpaceCell,
+    /// The fleet's topology in cluster mode (issue 17); empty otherwise.
+    topology: TopologyCell,
     /// False while the replication stream is down or lags past the bound: every lookup then goes
     /// to the origin (bypass) so no hit can be older than the bound.
     serve_hits: AtomicBool,
@@ -164,6 +167,7 @@ impl Shared {
         Shared {
             store,
             keyspace,
+            topology: TopologyCell::default(),
             serve_hits: AtomicBool::new(false),
             replication: ReplicationGauge::default(),
             applied_xid: AtomicU32::new(0),
@@ -206,6 +210,11 @@ impl Shared {
     /// The key space the cores resolve keys with.
     pub fn keyspace(&self) -> &KeySpaceCell {
         &self.keyspace
+    }
+
+    /// The cluster topology the cores route keys with (`None` inside: cluster mode off).
+    pub fn topology(&self) -> &TopologyCell {
+        &self.topology
     }
 
     /// Whether hits may be served (stream up, lag under the bound).

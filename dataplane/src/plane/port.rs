@@ -263,6 +263,12 @@ impl ControlPort {
     pub fn publish_keyspace(&self, keyspace: KeySpace) {
         self.shared.keyspace.publish(keyspace);
     }
+
+    /// Publishes the cluster topology, or `None` to leave cluster mode (the cores pick it up at
+    /// their next turn).
+    pub fn publish_topology(&self, topology: Option<crate::cluster::Topology>) {
+        self.shared.topology.publish(topology);
+    }
 }
 
 #[cfg(test)]

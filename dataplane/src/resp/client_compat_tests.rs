@@ -101,7 +101,7 @@ fn command_table_parses_in_redis_rs() {
         let Value::Array(rows) = value(&out) else {
             panic!("{proto:?}")
         };
-        assert_eq!(rows.len(), 17);
+        assert_eq!(rows.len(), 20);
         for row in rows {
             let Value::Array(fields) = row else {
                 panic!("{proto:?}")

@@ -129,6 +129,16 @@ const CLIENT_SUBS: &[Spec] = &[
     },
 ];
 
+const CLUSTER_SUBS: &[Spec] = &[
+    spec("cluster|shards", 2, &["loading", "stale"]),
+    spec("cluster|slots", 2, &["loading", "stale"]),
+    spec("cluster|nodes", 2, &["loading", "stale"]),
+    spec("cluster|myid", 2, &["loading", "stale"]),
+    spec("cluster|myshardid", 2, &["loading", "stale"]),
+    spec("cluster|info", 2, &["loading", "stale"]),
+    spec("cluster|keyslot", 3, &["loading", "stale"]),
+];
+
 /// The commands pgline serves, as Redis 7 describes them.
 const TABLE: &[Spec] = &[
     Spec {
@@ -207,6 +217,19 @@ const TABLE: &[Spec] = &[
         acl: &["@slow"],
         subcommands: CLIENT_SUBS,
         ..spec("client", -2, &[])
+    },
+    Spec {
+        acl: &["@slow"],
+        subcommands: CLUSTER_SUBS,
+        ..spec("cluster", -2, &[])
+    },
+    Spec {
+        acl: FAST_CONN,
+        ..spec("readonly", 1, &["loading", "stale", "fast"])
+    },
+    Spec {
+        acl: FAST_CONN,
+        ..spec("readwrite", 1, &["loading", "stale", "fast"])
     },
     Spec {
         acl: FAST_CONN,

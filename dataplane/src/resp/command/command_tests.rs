@@ -259,7 +259,7 @@ fn info_count_docs() {
     let mut out = Vec::new();
     compose_command_count(&mut out);
     assert_eq!(out, format!(":{}\r\n", TABLE.len()).as_bytes());
-    assert_eq!(TABLE.len(), 17);
+    assert_eq!(TABLE.len(), 20);
 
     let mut out = Vec::new();
     compose_command_docs(&mut out, Args::new(b"", &[]), Protocol::Resp2);

@@ -10,6 +10,7 @@
 
 mod auth;
 mod client;
+mod cluster;
 #[allow(clippy::module_inception)]
 mod command;
 mod config;
@@ -33,6 +34,7 @@ mod write;
 mod test_util;
 
 pub use client::ClientSub;
+pub use cluster::ClusterSub;
 pub use command::{
     compose_command_count, compose_command_docs, compose_command_info, compose_command_table,
     CommandSub,
@@ -94,6 +96,14 @@ pub enum Command<'a> {
     Client {
         sub: ClientSub<'a>,
     },
+    /// `CLUSTER <subcommand>` (cluster mode, issue 17).
+    Cluster {
+        sub: ClusterSub<'a>,
+    },
+    /// `READONLY`: this connection may read a replica's slots.
+    ReadOnly,
+    /// `READWRITE`: back to reading only the acting primary's.
+    ReadWrite,
     Quit,
     Reset,
     /// A known Redis write command (pgline is read-only); arguments are not checked.
@@ -177,6 +187,9 @@ pub fn parse_command<'a>(args: Args<'a>) -> Result<Command<'a>, CommandError> {
         b"INFO" => info::parse(args),
         b"COMMAND" => command::parse(args),
         b"CLIENT" => client::parse(args),
+        b"CLUSTER" => cluster::parse(args),
+        b"READONLY" => cluster::parse_readonly(args),
+        b"READWRITE" => cluster::parse_readwrite(args),
         b"CONFIG" => config::parse(args),
         b"QUIT" => quit::parse(args),
         b"RESET" => reset::parse(args),

@@ -1,0 +1,262 @@
+//! Cluster mode on RESP (issue 17): a fleet of six pglines on loopback, three shards of a
+//! primary and a replica, every one tailing the lab origin with its own slot. Read through
+//! redis-py's `RedisCluster` (`tests/cluster_client.py`: it learns the topology from `CLUSTER
+//! SLOTS` and follows nothing but the slot map) and `redis-cli`: every answer equals the
+//! origin's `row_to_json`; `-MOVED`, `-CROSSSLOT`, `READONLY` and `CLUSTER KEYSLOT` behave as a
+//! Redis Cluster node's; an UPDATE is seen through the owning shard's primary and its replica.
+//!
+//! Run: `cargo test --release -p pgline-controlplane --test suite -- cluster_e2e::`
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use pgline_controlplane::config::{ClusterConfig, ClusterNodeConfig, ClusterShardConfig};
+use pgline_controlplane::server::Pgline;
+use pgline_dataplane::cluster::key_slot;
+use pgline_testkit::lab;
+use pgline_testkit::TestDb;
+
+const ROWS: i64 = 300;
+const NAMES: [&str; 6] = ["p1", "r1", "p2", "r2", "p3", "r3"];
+/// Slot ranges of the three shards (as `redis-cli --cluster create` splits 16,384 slots).
+const RANGES: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
+
+/// The shard that serves `key`'s slot.
+fn shard_of(key: &str) -> usize {
+    let slot = key_slot(key.as_bytes());
+    RANGES
+        .iter()
+        .position(|&(lo, hi)| (lo..=hi).contains(&slot))
+        .expect("every slot is assigned")
+}
+
+/// A port free on loopback now (bound and released: the fleet's addresses must be in every
+/// node's configuration before any node starts).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn fleet_config(me: &str, ports: &[u16]) -> ClusterConfig {
+    ClusterConfig {
+        node: me.into(),
+        nodes: NAMES
+            .iter()
+            .zip(ports)
+            .map(|(name, port)| ClusterNodeConfig {
+                name: name.to_string(),
+                addr: format!("127.0.0.1:{port}"),
+                id: String::new(),
+            })
+            .collect(),
+        shards: RANGES
+            .iter()
+            .enumerate()
+            .map(|(i, (lo, hi))| ClusterShardConfig {
+                name: format!("s{}", i + 1),
+                slots: vec![format!("{lo}-{hi}")],
+                nodes: vec![NAMES[2 * i].into(), NAMES[2 * i + 1].into()],
+            })
+            .collect(),
+    }
+}
+
+/// `redis-cli -p port` with `stdin` as its commands (one per line); its output.
+async fn cli(port: u16, stdin: &str) -> String {
+    let stdin = stdin.to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("redis-cli");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("redis-cli output");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .await
+    .expect("redis-cli thread")
+}
+
+/// `redis-cli`'s output as one line per reply: it prints an empty line after an error reply
+/// (and a nil as an empty line, kept).
+fn replies(out: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = Vec::new();
+    for line in out.lines() {
+        let after_error = v
+            .last()
+            .is_some_and(|l| l.starts_with("MOVED ") || l.starts_with("CROSSSLOT "));
+        if !(line.is_empty() && after_error) {
+            v.push(line);
+        }
+    }
+    v
+}
+
+async fn origin_rows(origin: &tokio_postgres::Client) -> BTreeMap<i64, String> {
+    origin
+        .query("SELECT id, row_to_json(t)::text FROM t ORDER BY id", &[])
+        .await
+        .expect("origin rows")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Runs `cluster_client.py` against node `port` in `mode`; panics unless it read every row
+/// right.
+async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &str) {
+    let file =
+        std::env::temp_dir().join(format!("pgline-cluster-rows-{}-{mode}", std::process::id()));
+    let text: String = rows.iter().map(|(id, j)| format!("{id}\t{j}\n")).collect();
+    std::fs::write(&file, text).expect("rows file");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cluster_client.py");
+    let (python, path, mode_s) = (
+        python.to_string(),
+        file.to_string_lossy().into_owned(),
+        mode.to_string(),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .args([script, "127.0.0.1", &port.to_string(), &path, &mode_s])
+            .output()
+            .expect("python")
+    })
+    .await
+    .expect("python thread");
+    let _ = std::fs::remove_file(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("ok gets=300 mgets=300 nodes=6"),
+        "redis-py ({mode}): {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
+    let db = TestDb::create("cluster_fleet").await;
+    let origin = db.client().await;
+    origin
+        .batch_execute(&format!(
+            "CREATE TABLE t (id int8 PRIMARY KEY, v text, n int4);
+             INSERT INTO t SELECT g, 'row ' || g, g * 3 FROM generate_series(1, {ROWS}) g;"
+        ))
+        .await
+        .expect("origin table");
+    let rows = origin_rows(&origin).await;
+    let ports: Vec<u16> = NAMES.iter().map(|_| free_port()).collect();
+    let mut fleet: Vec<Arc<Pgline>> = Vec::new();
+    for (i, name) in NAMES.iter().enumerate() {
+        let slot = format!("{}_{name}", lab::slot_name(&db));
+        let mut cfg = lab::config_with(&db.conn_string(), &slot, 1, &[]);
+        cfg.resp.listen = format!("127.0.0.1:{}", ports[i]);
+        cfg.cluster = fleet_config(name, &ports);
+        fleet.push(lab::start(cfg).await);
+    }
+
+    // One key per shard, and what each node of the fleet answers for it.
+    let key = |s: usize| {
+        (1..=ROWS)
+            .map(|i| format!("t:{i}"))
+            .find(|k| shard_of(k) == s)
+            .expect("a key in every shard")
+    };
+    for s in 0..3 {
+        let k = key(s);
+        let slot = key_slot(k.as_bytes());
+        let id: i64 = k[2..].parse().expect("id");
+        let row = &rows[&id];
+        let primary = ports[2 * s];
+        for (n, &port) in ports.iter().enumerate() {
+            let out = cli(port, &format!("GET {k}\n")).await;
+            if n == 2 * s {
+                assert_eq!(out.trim(), row.as_str(), "{k} from its primary");
+            } else {
+                // Other shards, and the replica without READONLY: to the primary.
+                assert_eq!(
+                    replies(&out),
+                    vec![format!("MOVED {slot} 127.0.0.1:{primary}")],
+                    "{k} from {}",
+                    NAMES[n]
+                );
+            }
+        }
+        let replica = ports[2 * s + 1];
+        let out = cli(replica, &format!("READONLY\nGET {k}\nREADWRITE\nGET {k}\n")).await;
+        assert_eq!(
+            replies(&out),
+            vec![
+                "OK",
+                row.as_str(),
+                "OK",
+                &format!("MOVED {slot} 127.0.0.1:{primary}")
+            ],
+            "{k} from its replica"
+        );
+        let out = cli(primary, &format!("CLUSTER KEYSLOT {k}\n")).await;
+        assert_eq!(out.trim(), slot.to_string());
+    }
+    // A multi-key command across slots, as Redis answers it (even when one node serves both).
+    let (a, b) = (key(0), key(1));
+    let out = cli(ports[0], &format!("MGET {a} {b}\nEXISTS {a} {b}\n")).await;
+    assert_eq!(
+        replies(&out),
+        vec!["CROSSSLOT Keys in request don't hash to the same slot"; 2]
+    );
+    // Hash tags route by the tag: `{t:1}x` and `{t:1}y` share a slot, so MGET reaches the
+    // store (absent keys: both nil) instead of CROSSSLOT.
+    let tagged = shard_of("t:1");
+    let out = cli(ports[2 * tagged], "MGET {t:1}x {t:1}y\n").await;
+    assert_eq!(replies(&out), vec!["", ""], "{out}");
+    let out = cli(ports[1], "CLUSTER INFO\nCLUSTER MYID\n").await;
+    assert!(out.contains("cluster_state:ok"), "{out}");
+    assert!(out.contains("cluster_known_nodes:6"), "{out}");
+
+    // redis-py's cluster client, from the primaries and with READONLY from the replicas.
+    let python = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/lab/pgwire_venv.sh"
+        ))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .expect("the lab venv with redis-py (deploy/lab/pgwire_venv.sh)");
+    redis_py(&python, ports[3], &rows, "primaries").await;
+    redis_py(&python, ports[4], &rows, "replicas").await;
+
+    // An UPDATE reaches the owning shard's primary and replica.
+    let k = key(2);
+    let id: i64 = k[2..].parse().expect("id");
+    origin
+        .execute("UPDATE t SET v = 'changed', n = -1 WHERE id = $1", &[&id])
+        .await
+        .expect("update");
+    let rows = origin_rows(&origin).await;
+    for p in &fleet[4..6] {
+        lab::sync(p, &origin).await;
+    }
+    let out = cli(ports[4], &format!("GET {k}\n")).await;
+    assert_eq!(out.trim(), rows[&id].as_str());
+    let out = cli(ports[5], &format!("READONLY\nGET {k}\n")).await;
+    assert_eq!(out.lines().nth(1), Some(rows[&id].as_str()));
+    assert!(rows[&id].contains("changed"));
+    redis_py(&python, ports[0], &rows, "replicas").await;
+
+    for p in fleet {
+        p.shutdown().await;
+    }
+}

@@ -151,7 +151,10 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     origin
         .batch_execute(&format!(
             "CREATE TABLE t (id int8 PRIMARY KEY, v text, n int4);
-             INSERT INTO t SELECT g, 'row ' || g, g * 3 FROM generate_series(1, {ROWS}) g;"
+             INSERT INTO t SELECT g, 'row ' || g, g * 3 FROM generate_series(1, {ROWS}) g;
+             CREATE TABLE o (tenant int4, id int4, v text, PRIMARY KEY (tenant, id));
+             INSERT INTO o SELECT t, i, 'order ' || t || '/' || i
+               FROM generate_series(1, 5) t, generate_series(1, 4) i;"
         ))
         .await
         .expect("origin table");
@@ -220,6 +223,17 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     let tagged = shard_of("t:1");
     let out = cli(ports[2 * tagged], "MGET {t:1}x {t:1}y\n").await;
     assert_eq!(replies(&out), vec!["", ""], "{out}");
+    // The key rule for composite keys: `o:{tenant}:id` keeps one tenant's rows in one slot, and
+    // the braces are not part of the row's key.
+    for tenant in 1..=5 {
+        let s = shard_of(&tenant.to_string());
+        let keys: Vec<String> = (1..=4).map(|i| format!("o:{{{tenant}}}:{i}")).collect();
+        let out = cli(ports[2 * s], &format!("MGET {}\n", keys.join(" "))).await;
+        let want: Vec<String> = (1..=4)
+            .map(|i| format!("{{\"tenant\":{tenant},\"id\":{i},\"v\":\"order {tenant}/{i}\"}}"))
+            .collect();
+        assert_eq!(replies(&out), want, "tenant {tenant}");
+    }
     let out = cli(ports[1], "CLUSTER INFO\nCLUSTER MYID\n").await;
     assert!(out.contains("cluster_state:ok"), "{out}");
     assert!(out.contains("cluster_known_nodes:6"), "{out}");

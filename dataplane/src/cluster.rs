@@ -79,6 +79,24 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crc16(tagged.unwrap_or(key)) & (SLOTS as u16 - 1)
 }
 
+/// The key a tagged key names: `orders:{7}:1001` names the row `orders:7:1001`. The braces of
+/// the hash tag that [`key_slot`] hashes by are routing only and are removed (into `buf`, reused);
+/// the tag's bytes stay. A key without a tag is returned as it is.
+pub fn untag<'k>(key: &'k [u8], buf: &'k mut Vec<u8>) -> &'k [u8] {
+    let Some(open) = memchr::memchr(b'{', key) else {
+        return key;
+    };
+    let Some(close) = memchr::memchr(b'}', &key[open + 1..]).filter(|&c| c > 0) else {
+        return key;
+    };
+    let close = open + 1 + close;
+    buf.clear();
+    buf.extend_from_slice(&key[..open]);
+    buf.extend_from_slice(&key[open + 1..close]);
+    buf.extend_from_slice(&key[close + 1..]);
+    buf
+}
+
 /// One node of the fleet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterNode {
@@ -482,6 +500,22 @@ impl TopologyCell {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tags_route_and_are_not_part_of_the_row_key() {
+        let mut buf = Vec::new();
+        assert_eq!(untag(b"orders:{7}:1001", &mut buf), b"orders:7:1001");
+        assert_eq!(untag(b"{users}:42", &mut buf), b"users:42");
+        assert_eq!(untag(b"users:42", &mut buf), b"users:42");
+        assert_eq!(untag(b"a{}b", &mut buf), b"a{}b", "an empty tag is no tag");
+        assert_eq!(untag(b"a{b", &mut buf), b"a{b");
+        assert_eq!(
+            untag(b"t:{1}{2}", &mut buf),
+            b"t:1{2}",
+            "only the first tag"
+        );
+        assert_eq!(key_slot(b"orders:{7}:1001"), key_slot(b"7"));
+    }
 
     #[test]
     fn slots_match_redis() {

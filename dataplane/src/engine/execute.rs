@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use crate::cluster::{key_slot, Route, Topology};
+use crate::cluster::{key_slot, untag, Route, Topology};
 use crate::keyspace::KeySpace;
 use crate::plane::{CoreStats, MissKey, Shared};
 use crate::resp::{
@@ -30,6 +30,8 @@ pub(crate) struct Exec<'a> {
     /// The fleet's topology in cluster mode: keys of slots this node does not serve are
     /// redirected before the store is read.
     pub topology: Option<&'a Topology>,
+    /// Where a tagged key's untagged form is built (cluster mode).
+    pub untag: &'a mut Vec<u8>,
     /// False while hits are not allowed: every lookup is deferred as a bypass read.
     pub serve_hits: bool,
     pub stats: &'a CoreStats,
@@ -69,6 +71,11 @@ enum Found {
 
 impl Exec<'_> {
     fn find(&mut self, key: &[u8], section: usize, out: &mut Vec<u8>) -> Found {
+        // In cluster mode a hash tag's braces are routing only (`orders:{7}:1001`).
+        let key = match self.topology {
+            Some(_) => untag(key, self.untag),
+            None => key,
+        };
         let Some((table, pk)) = self.keyspace.resolve(key) else {
             CoreStats::add(&self.stats.keys_unknown_table, 1);
             if self.keyspace.refusal(key).is_some() {

@@ -64,6 +64,8 @@ pub(crate) struct Worker {
     pub(crate) topology_generation: u64,
     args: Vec<Range<usize>>,
     pub(crate) scratch: Vec<u8>,
+    /// A tagged key's untagged form (cluster mode; `Exec::untag`).
+    pub(crate) untag: Vec<u8>,
     /// Message limits of the PostgreSQL front (message size bounded by `max_request_bytes`).
     pub(crate) pg_limits: PgLimits,
     /// Reply-memory accounting and the sweep's clocks (see [`super::limits`]).
@@ -103,6 +105,7 @@ impl Worker {
             args: Vec::with_capacity(64),
             pg_limits,
             scratch: Vec::with_capacity(64 * 1024),
+            untag: Vec::with_capacity(256),
             tls: None,
             buffers: BufferCache::default(),
         }
@@ -316,6 +319,7 @@ impl Worker {
                     shared: self.port.shared(),
                     keyspace: &self.keyspace,
                     topology: self.topology.as_deref(),
+                    untag: &mut self.untag,
                     serve_hits,
                     stats,
                     scratch: &mut self.scratch,

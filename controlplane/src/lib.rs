@@ -11,6 +11,7 @@ pub mod admin;
 pub mod api;
 pub mod catalog;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod corefill;
 #[cfg(feature = "dpdk")]

@@ -175,6 +175,10 @@ impl Pgline {
         tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
         let api_listener = bind_api(&cfg).await?;
         let api_cfg = cfg.api.clone();
+        let cluster = cfg
+            .cluster
+            .enabled()
+            .then(|| (cfg.cluster.clone(), shared.control_port()));
         let admin = Arc::new(Admin::new(AdminParts {
             shared,
             repl: control.repl,
@@ -212,6 +216,14 @@ impl Pgline {
                 listener,
                 Arc::downgrade(&pgline.admin),
                 api_cfg,
+                pgline.shutdown.subscribe(),
+            ));
+            pgline.lock_tasks().push(task);
+        }
+        if let Some((cluster, plane)) = cluster {
+            let task = tokio::spawn(crate::cluster::watch_health(
+                cluster,
+                plane,
                 pgline.shutdown.subscribe(),
             ));
             pgline.lock_tasks().push(task);

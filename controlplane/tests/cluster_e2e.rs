@@ -40,7 +40,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn fleet_config(me: &str, ports: &[u16]) -> ClusterConfig {
+/// The fleet's configuration as node `me` has it; `ports` are each node's RESP and API ports.
+/// Peers are checked every 100 ms and failed after two checks in a row without a 200.
+fn fleet_config(me: &str, ports: &[(u16, u16)]) -> ClusterConfig {
     ClusterConfig {
         node: me.into(),
         nodes: NAMES
@@ -48,8 +50,9 @@ fn fleet_config(me: &str, ports: &[u16]) -> ClusterConfig {
             .zip(ports)
             .map(|(name, port)| ClusterNodeConfig {
                 name: name.to_string(),
-                addr: format!("127.0.0.1:{port}"),
+                addr: format!("127.0.0.1:{}", port.0),
                 id: String::new(),
+                api: format!("127.0.0.1:{}", port.1),
             })
             .collect(),
         shards: RANGES
@@ -61,6 +64,9 @@ fn fleet_config(me: &str, ports: &[u16]) -> ClusterConfig {
                 nodes: vec![NAMES[2 * i].into(), NAMES[2 * i + 1].into()],
             })
             .collect(),
+        health_interval_ms: 100,
+        health_timeout_ms: 300,
+        health_failures: 2,
     }
 }
 
@@ -115,8 +121,8 @@ async fn origin_rows(origin: &tokio_postgres::Client) -> BTreeMap<i64, String> {
 }
 
 /// Runs `cluster_client.py` against node `port` in `mode`; panics unless it read every row
-/// right.
-async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &str) {
+/// right and found `nodes` serving nodes.
+async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &str, nodes: usize) {
     let file =
         std::env::temp_dir().join(format!("pgline-cluster-rows-{}-{mode}", std::process::id()));
     let text: String = rows.iter().map(|(id, j)| format!("{id}\t{j}\n")).collect();
@@ -138,7 +144,7 @@ async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &
     let _ = std::fs::remove_file(&file);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.starts_with("ok gets=300 mgets=300 nodes=6"),
+        out.status.success() && stdout.starts_with(&format!("ok gets=300 mgets=300 nodes={nodes}")),
         "redis-py ({mode}): {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -159,13 +165,17 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
         .await
         .expect("origin table");
     let rows = origin_rows(&origin).await;
-    let ports: Vec<u16> = NAMES.iter().map(|_| free_port()).collect();
+    let both: Vec<(u16, u16)> = NAMES.iter().map(|_| (free_port(), free_port())).collect();
+    let ports: Vec<u16> = both.iter().map(|p| p.0).collect();
     let mut fleet: Vec<Arc<Pgline>> = Vec::new();
+    let mut cfgs = Vec::new();
     for (i, name) in NAMES.iter().enumerate() {
         let slot = format!("{}_{name}", lab::slot_name(&db));
         let mut cfg = lab::config_with(&db.conn_string(), &slot, 1, &[]);
-        cfg.resp.listen = format!("127.0.0.1:{}", ports[i]);
-        cfg.cluster = fleet_config(name, &ports);
+        cfg.resp.listen = format!("127.0.0.1:{}", both[i].0);
+        cfg.api.listen = format!("127.0.0.1:{}", both[i].1);
+        cfg.cluster = fleet_config(name, &both);
+        cfgs.push(cfg.clone());
         fleet.push(lab::start(cfg).await);
     }
 
@@ -249,8 +259,8 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .expect("the lab venv with redis-py (deploy/lab/pgwire_venv.sh)");
-    redis_py(&python, ports[3], &rows, "primaries").await;
-    redis_py(&python, ports[4], &rows, "replicas").await;
+    redis_py(&python, ports[3], &rows, "primaries", 6).await;
+    redis_py(&python, ports[4], &rows, "replicas", 6).await;
 
     // An UPDATE reaches the owning shard's primary and replica.
     let k = key(2);
@@ -268,7 +278,63 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     let out = cli(ports[5], &format!("READONLY\nGET {k}\n")).await;
     assert_eq!(out.lines().nth(1), Some(rows[&id].as_str()));
     assert!(rows[&id].contains("changed"));
-    redis_py(&python, ports[0], &rows, "replicas").await;
+    redis_py(&python, ports[0], &rows, "replicas", 6).await;
+
+    // Shard 1's primary dies: its peers see /v1/ready refused twice in a row (100 ms apart),
+    // report its replica as the shard's master, and send its keys there; the clients read every
+    // row again through the replica.
+    let k = key(0);
+    let id: i64 = k[2..].parse().expect("id");
+    let slot = key_slot(k.as_bytes());
+    let killed = std::time::Instant::now();
+    fleet[0].shutdown().await;
+    let moved_to_replica = format!("MOVED {slot} 127.0.0.1:{}", ports[1]);
+    loop {
+        let out = cli(ports[2], &format!("GET {k}\n")).await;
+        if replies(&out) == vec![moved_to_replica.as_str()] {
+            break;
+        }
+        assert!(
+            killed.elapsed() < std::time::Duration::from_secs(5),
+            "the fleet still routes shard 1 to its dead primary: {out}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let failover = killed.elapsed();
+    let out = cli(ports[1], &format!("GET {k}\n")).await;
+    assert_eq!(
+        out.trim(),
+        rows[&id].as_str(),
+        "the replica serves without READONLY"
+    );
+    let nodes = cli(ports[4], "CLUSTER NODES\n").await;
+    assert!(
+        nodes
+            .lines()
+            .any(|l| l.contains(" slave,fail ") && l.contains(",p1 ")),
+        "{nodes}"
+    );
+    redis_py(&python, ports[2], &rows, "primaries", 5).await;
+    eprintln!("cluster_e2e: shard 1 routed to its replica {failover:?} after its primary stopped");
+
+    // The primary comes back (same configuration, same slot): it rejoins as the shard's master.
+    let back = std::time::Instant::now();
+    fleet[0] = lab::start(cfgs[0].clone()).await;
+    let moved_to_primary = format!("MOVED {slot} 127.0.0.1:{}", ports[0]);
+    loop {
+        let out = cli(ports[2], &format!("GET {k}\n")).await;
+        if replies(&out) == vec![moved_to_primary.as_str()] {
+            break;
+        }
+        assert!(
+            back.elapsed() < std::time::Duration::from_secs(10),
+            "the fleet never routed shard 1 back to its primary: {out}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let out = cli(ports[0], &format!("GET {k}\n")).await;
+    assert_eq!(out.trim(), rows[&id].as_str());
+    redis_py(&python, ports[5], &rows, "primaries", 6).await;
 
     for p in fleet {
         p.shutdown().await;

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterConfig {
     /// This node's name, one of `nodes`. Empty: cluster mode off (the default).
@@ -37,6 +37,25 @@ pub struct ClusterConfig {
     pub nodes: Vec<ClusterNodeConfig>,
     /// Every shard: its slots and its nodes, the primary first.
     pub shards: Vec<ClusterShardConfig>,
+    /// How often each peer's `/v1/ready` is asked (`50..=60000`).
+    pub health_interval_ms: u64,
+    /// How long one check may take (`50..=60000`).
+    pub health_timeout_ms: u64,
+    /// Checks in a row without a 200 before a peer counts as failed (`1..=100`).
+    pub health_failures: u32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            node: String::new(),
+            nodes: Vec::new(),
+            shards: Vec::new(),
+            health_interval_ms: 500,
+            health_timeout_ms: 1000,
+            health_failures: 2,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -49,6 +68,10 @@ pub struct ClusterNodeConfig {
     /// 40 hex digits; empty: derived from `name`.
     #[serde(default)]
     pub id: String,
+    /// `ip:port` of its HTTP API, where its health is checked (`GET /v1/ready`); empty: not
+    /// checked, always taken as healthy.
+    #[serde(default)]
+    pub api: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -102,6 +125,26 @@ impl ClusterConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let range = |v: u64, lo: u64, hi: u64, key: &str| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(invalid(format!("{key} must be between {lo} and {hi}")))
+            }
+        };
+        range(self.health_interval_ms, 50, 60_000, "health_interval_ms")?;
+        range(self.health_timeout_ms, 50, 60_000, "health_timeout_ms")?;
+        range(u64::from(self.health_failures), 1, 100, "health_failures")?;
+        if let Some(n) = self
+            .nodes
+            .iter()
+            .find(|n| !n.api.is_empty() && n.api.parse::<SocketAddr>().is_err())
+        {
+            return Err(invalid(format!(
+                "node {}: api {:?} is not ip:port",
+                n.name, n.api
+            )));
+        }
         if self.enabled() {
             self.topology(|_| true, 0)?;
         } else if !self.nodes.is_empty() || !self.shards.is_empty() {
@@ -209,6 +252,7 @@ mod tests {
             name: name.into(),
             addr: format!("127.0.0.1:{port}"),
             id: String::new(),
+            api: String::new(),
         };
         let s = |name: &str, slots: &[&str], nodes: &[&str]| ClusterShardConfig {
             name: name.into(),
@@ -222,6 +266,7 @@ mod tests {
                 s("a", &["0-8191"], &["a1", "a2"]),
                 s("b", &["8192-16383"], &["b1"]),
             ],
+            ..ClusterConfig::default()
         }
     }
 
@@ -272,5 +317,11 @@ mod tests {
         let mut c = fleet("a1");
         c.nodes[2].id = "xyz".into();
         assert!(reason(c).contains("40 hex"));
+        let mut c = fleet("a1");
+        c.nodes[2].api = "somewhere".into();
+        assert!(reason(c).contains("api"));
+        let mut c = fleet("a1");
+        c.health_failures = 0;
+        assert!(reason(c).contains("health_failures"));
     }
 }

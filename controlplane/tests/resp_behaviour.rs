@@ -741,5 +741,19 @@ async fn resp3_clients_read_the_same_values() {
     let all = c.cmd(&["HGETALL", "t:5"]).await;
     assert!(all.starts_with(b"%3\r\n"), "{}", show(&all));
     assert_eq!(c.cmd(&["HGETALL", "t:5000"]).await, b"%0\r\n");
+    // Outside cluster mode the cluster commands are refused as Redis refuses them, and a key
+    // with braces is a key like any other (no hash tag).
+    for cmd in [
+        &["CLUSTER", "INFO"][..],
+        &["CLUSTER", "KEYSLOT", "a"],
+        &["READONLY"],
+    ] {
+        assert_eq!(
+            c.cmd(cmd).await,
+            b"-ERR This instance has cluster support disabled\r\n",
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(c.cmd(&["GET", "t:{5}"]).await, b"_\r\n");
     p.shutdown().await;
 }

@@ -110,6 +110,22 @@ fn replies(out: &str) -> Vec<&str> {
     v
 }
 
+/// Asks node `port` for `key` until it answers `want` (one reply); panics after `secs` seconds.
+async fn wait_answer(port: u16, key: &str, want: &str, secs: u64, what: &str) {
+    let since = std::time::Instant::now();
+    loop {
+        let out = cli(port, &format!("GET {key}\n")).await;
+        if replies(&out) == vec![want] {
+            return;
+        }
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(secs),
+            "{what}: not within {secs} s ({out})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 async fn origin_rows(origin: &tokio_postgres::Client) -> BTreeMap<i64, String> {
     origin
         .query("SELECT id, row_to_json(t)::text FROM t ORDER BY id", &[])
@@ -249,16 +265,8 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     assert!(out.contains("cluster_known_nodes:6"), "{out}");
 
     // redis-py's cluster client, from the primaries and with READONLY from the replicas.
-    let python = Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/lab/pgwire_venv.sh"
-        ))
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .expect("the lab venv with redis-py (deploy/lab/pgwire_venv.sh)");
+    let python =
+        lab::python_venv().expect("the lab venv with redis-py (deploy/lab/pgwire_venv.sh)");
     redis_py(&python, ports[3], &rows, "primaries", 6).await;
     redis_py(&python, ports[4], &rows, "replicas", 6).await;
 
@@ -289,17 +297,14 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     let killed = std::time::Instant::now();
     fleet[0].shutdown().await;
     let moved_to_replica = format!("MOVED {slot} 127.0.0.1:{}", ports[1]);
-    loop {
-        let out = cli(ports[2], &format!("GET {k}\n")).await;
-        if replies(&out) == vec![moved_to_replica.as_str()] {
-            break;
-        }
-        assert!(
-            killed.elapsed() < std::time::Duration::from_secs(5),
-            "the fleet still routes shard 1 to its dead primary: {out}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_answer(
+        ports[2],
+        &k,
+        &moved_to_replica,
+        5,
+        "shard 1 routed to its replica",
+    )
+    .await;
     let failover = killed.elapsed();
     let out = cli(ports[1], &format!("GET {k}\n")).await;
     assert_eq!(
@@ -321,17 +326,18 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     let back = std::time::Instant::now();
     fleet[0] = lab::start(cfgs[0].clone()).await;
     let moved_to_primary = format!("MOVED {slot} 127.0.0.1:{}", ports[0]);
-    loop {
-        let out = cli(ports[2], &format!("GET {k}\n")).await;
-        if replies(&out) == vec![moved_to_primary.as_str()] {
-            break;
-        }
-        assert!(
-            back.elapsed() < std::time::Duration::from_secs(10),
-            "the fleet never routed shard 1 back to its primary: {out}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_answer(
+        ports[2],
+        &k,
+        &moved_to_primary,
+        10,
+        "shard 1 routed back to its primary",
+    )
+    .await;
+    eprintln!(
+        "cluster_e2e: routed back {:?} after the restart began",
+        back.elapsed()
+    );
     let out = cli(ports[0], &format!("GET {k}\n")).await;
     assert_eq!(out.trim(), rows[&id].as_str());
     redis_py(&python, ports[5], &rows, "primaries", 6).await;

@@ -93,15 +93,7 @@ async fn redis_cli_and_redis_py_get_rows_over_tls() {
     assert!(p.shared.total(|s| &s.tls_handshake_failures) >= 1);
 
     // redis-py with ssl=True, when the lab venv has it.
-    let python = Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/lab/pgwire_venv.sh"
-        ))
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let python = lab::python_venv();
     match python {
         None => {
             eprintln!("redis-py: the lab venv (deploy/lab/pgwire_venv.sh) is unavailable: skipped")

@@ -40,6 +40,20 @@ pub fn slot_name(db: &TestDb) -> String {
     db.name.clone()
 }
 
+/// The lab venv's python (psycopg and redis-py; `deploy/lab/pgwire_venv.sh` makes it once), or
+/// `None` when it cannot be made (no network to PyPI).
+pub fn python_venv() -> Option<String> {
+    std::process::Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/lab/pgwire_venv.sh"
+        ))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
 /// `s` as a TOML string.
 pub fn toml_str(s: &str) -> String {
     format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))

@@ -35,10 +35,12 @@ pg18_bin=$(deploy/lab/pg18.sh)
 PGLINE_PG_BIN=$pg18_bin PGLINE_PG_DIR=/var/tmp/pgline-pg18 PGLINE_PG_PORT=54339 deploy/lab/pg.sh start
 # Left out of this pass: the modules that start their own clusters (failover, standby_tail: PG18
 # and PG15 pairs; origin_tls: the PG15 TLS origin), so the lab origin's version does not change
-# what they test, and the one that never reaches an origin (module_cycles; dpdk_veth, a binary of
-# its own, runs below with its feature). suite.sh reuses the release build above.
+# what they test, the one that never reaches an origin (module_cycles; dpdk_veth, a binary of
+# its own, runs below with its feature), and cluster_e2e (six pglines tailing one origin: what it
+# tests is routing on RESP, the same on any origin version). suite.sh reuses the release build
+# above.
 PGLINE_TEST_PG_PORT=54339 PGLINE_WAL_STREAMING_ROWS=10000000 \
-    deploy/lab/suite.sh --skip failover,standby_tail,origin_tls,module_cycles
+    deploy/lab/suite.sh --skip failover,standby_tail,origin_tls,module_cycles,cluster_e2e
 
 # The DPDK backend and the appliance over DPDK: EAL with --no-pci and virtual devices only
 # (net_ring, net_null, net_tap, net_af_packet and net_af_xdp on a veth into a namespace the test

@@ -23,6 +23,7 @@ mod failover;
 mod metrics_live;
 mod module_cycles;
 mod origin_tls;
+mod pgfront_balancer;
 mod pgfront_relay;
 mod pgwire_api;
 mod pgwire_corpus;

@@ -36,11 +36,11 @@ PGLINE_PG_BIN=$pg18_bin PGLINE_PG_DIR=/var/tmp/pgline-pg18 PGLINE_PG_PORT=54339 
 # Left out of this pass: the modules that start their own clusters (failover, standby_tail: PG18
 # and PG15 pairs; origin_tls: the PG15 TLS origin), so the lab origin's version does not change
 # what they test, the one that never reaches an origin (module_cycles; dpdk_veth, a binary of
-# its own, runs below with its feature), and cluster_e2e (six pglines tailing one origin: what it
-# tests is routing on RESP, the same on any origin version). suite.sh reuses the release build
-# above.
+# its own, runs below with its feature), cluster_e2e (six pglines tailing one origin: what it
+# tests is routing on RESP, the same on any origin version) and pgfront_balancer (HAProxy's
+# failover between two appliances, not the origin's). suite.sh reuses the release build above.
 PGLINE_TEST_PG_PORT=54339 PGLINE_WAL_STREAMING_ROWS=10000000 \
-    deploy/lab/suite.sh --skip failover,standby_tail,origin_tls,module_cycles,cluster_e2e
+    deploy/lab/suite.sh --skip failover,standby_tail,origin_tls,module_cycles,cluster_e2e,pgfront_balancer
 
 # The DPDK backend and the appliance over DPDK: EAL with --no-pci and virtual devices only
 # (net_ring, net_null, net_tap, net_af_packet and net_af_xdp on a veth into a namespace the test

@@ -244,6 +244,20 @@ pub fn parse_server_pid(s: &str) -> Result<ServerPid, String> {
     Ok(ServerPid { name, pid })
 }
 
+/// `LO-HI` (or one slot), within Redis Cluster's 16,384 slots.
+fn parse_slots(s: &str) -> Result<(u16, u16), String> {
+    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+    let slot = |v: &str| match v.trim().parse::<u16>() {
+        Ok(n) if n < 16_384 => Ok(n),
+        _ => Err(format!("not a slot (0-16383): {v:?}")),
+    };
+    let (lo, hi) = (slot(lo)?, slot(hi)?);
+    if lo > hi {
+        return Err(format!("empty slot range {s:?}"));
+    }
+    Ok((lo, hi))
+}
+
 /// `run` flags.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
@@ -301,6 +315,13 @@ pub struct RunArgs {
     /// Zipf exponent for `--keys zipf`.
     #[arg(long, default_value_t = 0.99)]
     pub zipf_s: f64,
+    /// Cluster mode: read only the ids whose key (`<table>:<id>`) hashes into these Redis
+    /// Cluster slots, `LO-HI` (one shard's keys; the key shape then applies to those ids).
+    #[arg(long, value_parser = parse_slots)]
+    pub slots: Option<(u16, u16)>,
+    /// Cluster mode: send `READONLY` on every load connection first (reads from a replica).
+    #[arg(long)]
+    pub readonly: bool,
     /// Writer rate on the origin: transactions/s in total, `unlimited`, or 0 (none).
     #[arg(long, value_parser = parse_write_rate, default_value = "0")]
     pub write_rate: WriteRate,

@@ -49,6 +49,8 @@ pub struct KeySampler {
     keyspace: u64,
     zipf: Option<Zipf<f64>>,
     rng: SmallRng,
+    /// Draws index this list instead of being the ids (`--slots`: one shard's ids).
+    ids: Option<std::sync::Arc<[u64]>>,
 }
 
 impl KeySampler {
@@ -69,11 +71,32 @@ impl KeySampler {
             keyspace,
             zipf,
             rng: SmallRng::seed_from_u64(seed),
+            ids: None,
         })
+    }
+
+    /// A sampler over the ids in `ids` (the shape applies to their positions).
+    pub fn over(
+        shape: KeyShape,
+        ids: std::sync::Arc<[u64]>,
+        zipf_s: f64,
+        seed: u64,
+    ) -> Result<Self, String> {
+        let mut s = KeySampler::new(shape, ids.len() as u64, zipf_s, seed)?;
+        s.ids = Some(ids);
+        Ok(s)
     }
 
     /// The next row id.
     pub fn next_id(&mut self) -> u64 {
+        let i = self.next_index();
+        match &self.ids {
+            Some(ids) => ids[i as usize],
+            None => i,
+        }
+    }
+
+    fn next_index(&mut self) -> u64 {
         match (self.shape, &self.zipf) {
             (KeyShape::Hot, _) => 0,
             (KeyShape::Zipf, Some(z)) => {
@@ -83,6 +106,20 @@ impl KeySampler {
             _ => self.rng.gen_range(0..self.keyspace),
         }
     }
+}
+
+/// The ids of `0..keyspace` whose key `<prefix><id>` hashes into Redis Cluster slots
+/// `lo..=hi` (`--slots`).
+pub fn ids_in_slots(prefix: &str, keyspace: u64, (lo, hi): (u16, u16)) -> Vec<u64> {
+    let mut key = Vec::with_capacity(prefix.len() + 20);
+    (0..keyspace)
+        .filter(|id| {
+            key.clear();
+            key.extend_from_slice(prefix.as_bytes());
+            key.extend_from_slice(itoa::Buffer::new().format(*id).as_bytes());
+            (lo..=hi).contains(&pgline_dataplane::cluster::key_slot(&key))
+        })
+        .collect()
 }
 
 /// Maps Zipf rank `1..=n` to an id in `0..n`, bijectively (rank 1 is id 0).
@@ -95,6 +132,21 @@ pub fn rank_to_id(rank: u64, n: u64) -> u64 {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn slot_ids_are_the_keys_of_those_slots() {
+        use pgline_dataplane::cluster::key_slot;
+        let ids = ids_in_slots("t:", 3000, (0, 5460));
+        // About a third of the ids, each in range, none missed.
+        assert!((800..1200).contains(&ids.len()), "{}", ids.len());
+        for id in 0..3000u64 {
+            let inside = key_slot(format!("t:{id}").as_bytes()) <= 5460;
+            assert_eq!(ids.binary_search(&id).is_ok(), inside, "id {id}");
+        }
+        let ids: std::sync::Arc<[u64]> = ids.into();
+        let mut s = KeySampler::over(KeyShape::Uniform, ids.clone(), 0.99, 3).unwrap();
+        assert!((0..1000).all(|_| ids.binary_search(&s.next_id()).is_ok()));
+    }
 
     #[test]
     fn rank_to_id_is_a_bijection() {

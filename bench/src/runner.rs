@@ -24,7 +24,7 @@
 
 #![deny(unsafe_code)]
 
-use crate::cli::{Op, RunArgs, Target, WriteOp, WriteRate};
+use crate::cli::{Op, RespClient, RunArgs, Target, WriteOp, WriteRate};
 use crate::env::{self, Env};
 use crate::error::BenchError;
 use crate::keys::KeySampler;
@@ -140,6 +140,7 @@ async fn conn_spec(args: &RunArgs) -> Result<ConnSpec, BenchError> {
         op: args.op,
         pool,
         resp_client: args.resp_client,
+        readonly: args.readonly,
     })
 }
 
@@ -196,9 +197,25 @@ fn start_load(
         }
         _ => None,
     };
+    // `--slots`: the readers draw from one shard's ids (writers too: rows of other shards
+    // would change nothing this target serves).
+    let ids: Option<Arc<[u64]>> = match args.slots {
+        Some(range) => {
+            let prefix = format!("{}:", args.data.table);
+            let ids = crate::keys::ids_in_slots(&prefix, args.data.keyspace, range);
+            if ids.is_empty() {
+                return Err(BenchError::Config(format!(
+                    "no id of 0..{} hashes into slots {}-{}",
+                    args.data.keyspace, range.0, range.1
+                )));
+            }
+            Some(ids.into())
+        }
+        None => None,
+    };
     let mut clients = Vec::new();
     for (c, conn) in conns.into_iter().enumerate() {
-        let sampler = sampler(args, args.seed.wrapping_add(c as u64))?;
+        let sampler = sampler(args, &ids, args.seed.wrapping_add(c as u64))?;
         let notify = notifies[c].clone();
         let cfg = ClientCfg {
             args: args.clone(),
@@ -212,7 +229,7 @@ fn start_load(
     let mut wtasks = Vec::new();
     let n = writers.len() as u64;
     for (i, wr) in writers.into_iter().enumerate() {
-        let sampler = sampler(args, args.seed.wrapping_add(1_000_000 + i as u64))?;
+        let sampler = sampler(args, &ids, args.seed.wrapping_add(1_000_000 + i as u64))?;
         let task = writer_loop(args.clone(), wr, sampler, i as u64, n, w);
         wtasks.push(tokio::spawn(task));
     }
@@ -305,14 +322,21 @@ fn validate(args: &RunArgs) -> Result<(), BenchError> {
     if args.clients == 0 && args.write_rate == WriteRate::Off {
         return bad("nothing to do: --clients 0 and --write-rate 0");
     }
+    if args.readonly && !(args.target == Target::Resp && args.resp_client == RespClient::Own) {
+        return bad("--readonly needs --target resp with the own RESP client");
+    }
     if args.stale_check && !args.target.is_resp() {
         return bad("--stale-check needs a RESP target");
     }
     Ok(())
 }
 
-fn sampler(args: &RunArgs, seed: u64) -> Result<KeySampler, BenchError> {
-    KeySampler::new(args.keys, args.data.keyspace, args.zipf_s, seed).map_err(BenchError::Config)
+fn sampler(args: &RunArgs, ids: &Option<Arc<[u64]>>, seed: u64) -> Result<KeySampler, BenchError> {
+    match ids {
+        Some(ids) => KeySampler::over(args.keys, ids.clone(), args.zipf_s, seed),
+        None => KeySampler::new(args.keys, args.data.keyspace, args.zipf_s, seed),
+    }
+    .map_err(BenchError::Config)
 }
 
 struct ClientCfg {

@@ -58,6 +58,8 @@ pub struct ConnSpec {
     pub pool: Option<Arc<OriginPool>>,
     /// RESP client implementation (`resp` target).
     pub resp_client: RespClient,
+    /// Send `READONLY` first on each RESP connection (a cluster replica).
+    pub readonly: bool,
 }
 
 /// A load connection.
@@ -117,11 +119,13 @@ impl Conn {
                     mget,
                 }
             }
-            Target::Resp => Conn::Resp {
-                conn: RespConn::connect(&spec.resp).await?,
-                prefix,
-                mget,
-            },
+            Target::Resp => {
+                let mut conn = RespConn::connect(&spec.resp).await?;
+                if spec.readonly {
+                    conn.command(&[b"READONLY"]).await?;
+                }
+                Conn::Resp { conn, prefix, mget }
+            }
             Target::CacheAside => Conn::CacheAside {
                 conn: RespConn::connect(&spec.resp).await?,
                 prefix,

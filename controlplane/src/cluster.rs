@@ -12,9 +12,15 @@
 //! Each node judges on its own: no gossip, no election. Two nodes may disagree for up to one
 //! check interval plus a timeout; a client sent between them by `-MOVED` meets a node that
 //! serves the slot, or a second `-MOVED`, never a wrong row (every node reads the same origin).
+//!
+//! The configuration can change at run time (`PUT /v1/cluster`, `crate::admin`): the task gets
+//! it through a watch channel and publishes the new topology at once with the next epoch,
+//! keeping the health it knows of peers that stay (same name and API address).
+//!
 //! Thread model: one task per node; each check runs on the blocking pool (ureq), all peers at
 //! once.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use pgline_dataplane::plane::ControlPort;
@@ -22,66 +28,91 @@ use tokio::sync::watch;
 
 use crate::config::ClusterConfig;
 
-/// Checks the peers of `cfg` until `shutdown` turns true, publishing the topology (with a new
-/// epoch) through `plane` when a peer's health changes.
+/// A peer's health as the checks judged it: healthy, and checks in a row without a 200. Kept
+/// by (name, api) so that a topology change keeps what is known of the peers it keeps.
+type Health = HashMap<(String, String), (bool, u32)>;
+
+/// Checks the peers of the current configuration (`configs`: the `[cluster]` section, changed
+/// at run time by `PUT /v1/cluster`) until `shutdown` turns true, publishing the topology (with
+/// a new epoch) through `plane` when a peer's health or the configuration changes.
 pub async fn watch_health(
-    cfg: ClusterConfig,
+    mut configs: watch::Receiver<ClusterConfig>,
     plane: ControlPort,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let me = cfg.nodes.iter().position(|n| n.name == cfg.node);
-    let peers: Vec<(usize, String)> = cfg
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|&(i, n)| Some(i) != me && !n.api.is_empty())
-        .map(|(i, n)| (i, format!("http://{}/v1/ready", n.api)))
-        .collect();
-    if peers.is_empty() {
-        return;
-    }
-    let interval = Duration::from_millis(cfg.health_interval_ms);
-    let timeout = Duration::from_millis(cfg.health_timeout_ms);
-    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
-    let mut healthy = vec![true; cfg.nodes.len()];
-    let mut misses = vec![0u32; cfg.nodes.len()];
+    let mut cfg = configs.borrow_and_update().clone();
+    let mut health = Health::new();
     let mut epoch = 1u64;
     loop {
+        let interval = Duration::from_millis(cfg.health_interval_ms);
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
+            changed = configs.changed() => {
+                if changed.is_err() {
+                    return; // the admin service is gone: the node is stopping
+                }
+                cfg = configs.borrow_and_update().clone();
+                health.retain(|(name, api), _| {
+                    cfg.nodes.iter().any(|n| &n.name == name && &n.api == api)
+                });
+                epoch += 1;
+                publish(&cfg, &health, epoch, &plane);
+                tracing::info!(epoch, "cluster: topology changed");
+                continue;
+            }
             _ = shutdown.changed() => return,
         }
         if *shutdown.borrow() {
             return;
         }
-        let checks = peers.iter().map(|(i, url)| {
-            let (agent, url, i) = (agent.clone(), url.clone(), *i);
+        if check_peers(&cfg, &mut health).await {
+            epoch += 1;
+            publish(&cfg, &health, epoch, &plane);
+        }
+    }
+}
+
+/// Asks every peer's `/v1/ready` once, all at once; whether a peer's health changed.
+async fn check_peers(cfg: &ClusterConfig, health: &mut Health) -> bool {
+    let timeout = Duration::from_millis(cfg.health_timeout_ms);
+    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    let checks = cfg
+        .nodes
+        .iter()
+        .filter(|n| n.name != cfg.node && !n.api.is_empty())
+        .map(|n| {
+            let key = (n.name.clone(), n.api.clone());
+            let (agent, url) = (agent.clone(), format!("http://{}/v1/ready", n.api));
             tokio::task::spawn_blocking(move || {
                 let ok = matches!(agent.get(&url).call(), Ok(r) if r.status() == 200);
-                (i, ok)
+                (key, ok)
             })
         });
-        let mut changed = false;
-        for check in futures_util::future::join_all(checks).await {
-            let Ok((i, ok)) = check else { continue };
-            misses[i] = if ok { 0 } else { misses[i].saturating_add(1) };
-            let now = misses[i] < cfg.health_failures;
-            if now != healthy[i] {
-                healthy[i] = now;
-                changed = true;
-                tracing::warn!(
-                    node = %cfg.nodes[i].name,
-                    healthy = now,
-                    "cluster: a peer's health changed"
-                );
-            }
+    let mut changed = false;
+    for check in futures_util::future::join_all(checks).await {
+        let Ok((key, ok)) = check else { continue };
+        let (healthy, misses) = health.entry(key.clone()).or_insert((true, 0));
+        *misses = if ok { 0 } else { misses.saturating_add(1) };
+        let now = *misses < cfg.health_failures;
+        if now != *healthy {
+            *healthy = now;
+            changed = true;
+            tracing::warn!(node = %key.0, healthy = now, "cluster: a peer's health changed");
         }
-        if changed {
-            epoch += 1;
-            match cfg.topology(|i| healthy[i], epoch) {
-                Ok(t) => plane.publish_topology(t),
-                Err(e) => tracing::error!(error = %e, "cluster: topology refused"),
-            }
-        }
+    }
+    changed
+}
+
+/// Publishes `cfg`'s topology with the peers' health (a peer not yet checked is healthy).
+fn publish(cfg: &ClusterConfig, health: &Health, epoch: u64, plane: &ControlPort) {
+    let healthy = |i: usize| {
+        let n = &cfg.nodes[i];
+        health
+            .get(&(n.name.clone(), n.api.clone()))
+            .is_none_or(|h| h.0)
+    };
+    match cfg.topology(healthy, epoch) {
+        Ok(t) => plane.publish_topology(t),
+        Err(e) => tracing::error!(error = %e, "cluster: topology refused"),
     }
 }

@@ -175,10 +175,13 @@ impl Pgline {
         tracing::info!(%local_addr, cores = cfg.resp.cores, nic = %cfg.nic.mode, "RESP listening");
         let api_listener = bind_api(&cfg).await?;
         let api_cfg = cfg.api.clone();
-        let cluster = cfg
-            .cluster
-            .enabled()
-            .then(|| (cfg.cluster.clone(), shared.control_port()));
+        // The `[cluster]` section as the health task and the admin service share it: changed
+        // by `PUT /v1/cluster`, followed by the task.
+        let cluster = cfg.cluster.enabled().then(|| {
+            let (tx, rx) = watch::channel(cfg.cluster.clone());
+            (tx, rx, shared.control_port())
+        });
+        let cluster_tx = cluster.as_ref().map(|c| c.0.clone());
         let admin = Arc::new(Admin::new(AdminParts {
             shared,
             repl: control.repl,
@@ -193,6 +196,7 @@ impl Pgline {
             pg_addr: cores.engine.pg_local_addr(),
             nic: cores.nic,
             tls,
+            cluster: cluster_tx,
         }));
         let pgline = Arc::new(Pgline {
             admin,
@@ -220,9 +224,9 @@ impl Pgline {
             ));
             pgline.lock_tasks().push(task);
         }
-        if let Some((cluster, plane)) = cluster {
+        if let Some((_, configs, plane)) = cluster {
             let task = tokio::spawn(crate::cluster::watch_health(
-                cluster,
+                configs,
                 plane,
                 pgline.shutdown.subscribe(),
             ));

@@ -38,6 +38,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/keys/{key}"),
     ("get", "/v1/queries"),
     ("post", "/v1/tls/reload"),
+    ("get", "/v1/cluster"),
+    ("put", "/v1/cluster"),
     ("get", "/v1/openapi.json"),
 ];
 
@@ -437,6 +439,21 @@ async fn openapi_lists_every_route() {
             assert_ne!(a.status, StatusCode::NOT_FOUND, "{m} {path}: {}", a.text);
         }
     }
+    // Outside cluster mode the topology routes say so (a valid body changes nothing).
+    authed
+        .get("/v1/cluster")
+        .await
+        .expect(StatusCode::CONFLICT, Some("conflict"));
+    let body = json!({"nodes": [{"name": "a", "addr": "127.0.0.1:7000"}],
+                      "shards": [{"name": "s", "slots": ["0-16383"], "nodes": ["a"]}]});
+    authed
+        .send(
+            Method::PUT,
+            "/v1/cluster",
+            Some(("application/json", body.to_string().into_bytes())),
+        )
+        .await
+        .expect(StatusCode::CONFLICT, Some("conflict"));
     p.shutdown().await;
 }
 

@@ -24,6 +24,8 @@ use pgline_testkit::lab;
 use pgline_testkit::TestDb;
 
 const ROWS: i64 = 300;
+/// The fleet's API token (`PUT /v1/cluster` changes the topology).
+const TOKEN: &str = "cluster-e2e-token";
 const NAMES: [&str; 6] = ["p1", "r1", "p2", "r2", "p3", "r3"];
 /// Slot ranges of the three shards (as `redis-cli --cluster create` splits 16,384 slots).
 const RANGES: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
@@ -214,6 +216,33 @@ async fn origin_rows(origin: &tokio_postgres::Client) -> BTreeMap<i64, String> {
         .collect()
 }
 
+/// `PUT /v1/cluster` on the node whose API is `api`: (status, body).
+async fn put_topology(api: u16, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let resp = reqwest::Client::new()
+        .put(format!("http://127.0.0.1:{api}/v1/cluster"))
+        .bearer_auth(TOKEN)
+        .json(body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("PUT /v1/cluster");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or_default())
+}
+
+/// `[cluster]`'s nodes and shards as the API takes them, with `ranges` as the shards' slots.
+fn topology_body(ports: &[(u16, u16)], ranges: &[(u16, u16); 3]) -> serde_json::Value {
+    let cfg = fleet_config("p1", ports);
+    serde_json::json!({
+        "nodes": cfg.nodes,
+        "shards": ranges.iter().enumerate().map(|(i, (lo, hi))| serde_json::json!({
+            "name": format!("s{}", i + 1),
+            "slots": [format!("{lo}-{hi}")],
+            "nodes": [NAMES[2 * i], NAMES[2 * i + 1]],
+        })).collect::<Vec<_>>(),
+    })
+}
+
 /// Runs `cluster_client.py` against node `port` in `mode`; panics unless it read every row
 /// right and found `nodes` serving nodes.
 async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &str, nodes: usize) {
@@ -265,7 +294,12 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     let mut cfgs = Vec::new();
     for (i, name) in NAMES.iter().enumerate() {
         let slot = format!("{}_{name}", lab::slot_name(&db));
-        let mut cfg = lab::config_with(&db.conn_string(), &slot, 1, &[]);
+        let mut cfg = lab::config_with(
+            &db.conn_string(),
+            &slot,
+            1,
+            &[format!("api.token=\"{TOKEN}\"")],
+        );
         cfg.resp.listen = format!("127.0.0.1:{}", both[i].0);
         cfg.api.listen = format!("127.0.0.1:{}", both[i].1);
         cfg.cluster = fleet_config(name, &both);
@@ -454,6 +488,80 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     assert_eq!(out.trim(), rows[&id].as_str());
     redis_py(&python, ports[5], &rows, "primaries", 6).await;
     redis_rs_reads_all(ports[1], &rows).await;
+
+    // The topology changes without a restart: shard 1 takes slots 5461-8191 from shard 2. An
+    // invalid one first (a shard naming an unknown node): refused with the reason, nothing
+    // changes.
+    let mut bad = topology_body(&both, &RANGES);
+    bad["shards"][2]["nodes"] = serde_json::json!(["p3", "nobody"]);
+    let (status, body) = put_topology(both[2].1, &bad).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("nobody"), "{body}");
+    let moved: [(u16, u16); 3] = [(0, 8191), (8192, 10922), (10923, 16383)];
+    let k = (1..=ROWS)
+        .map(|i| format!("t:{i}"))
+        .find(|k| (5461..=8191).contains(&key_slot(k.as_bytes())))
+        .expect("a key in the moved slots");
+    let slot = key_slot(k.as_bytes());
+    let id: i64 = k[2..].parse().expect("id");
+    assert_eq!(
+        replies(&cli(ports[2], &format!("GET {k}\n")).await),
+        vec![rows[&id].as_str()],
+        "shard 2 serves {k} before the change"
+    );
+    let body = topology_body(&both, &moved);
+    let mut changes = Vec::new();
+    for (_, api) in &both {
+        let (status, change) = put_topology(*api, &body).await;
+        assert_eq!(status, 200, "{change}");
+        changes.push(change);
+    }
+    // p1 and r1 gained 2,731 slots; p2 and r2 lost them and flushed their stores (p2 held
+    // shard 2's rows, read above); shard 3 is untouched.
+    for (n, change) in changes.iter().enumerate() {
+        let (gained, lost) = match n / 2 {
+            0 => (2731, 0),
+            1 => (0, 2731),
+            _ => (0, 0),
+        };
+        assert_eq!(change["slots_gained"], gained, "{}: {change}", NAMES[n]);
+        assert_eq!(change["slots_lost"], lost, "{}: {change}", NAMES[n]);
+        if lost == 0 {
+            assert_eq!(change["flushed"], 0, "{}: {change}", NAMES[n]);
+        }
+    }
+    assert!(changes[2]["flushed"].as_u64() > Some(0), "{}", changes[2]);
+    let out = cli(ports[2], &format!("GET {k}\n")).await;
+    assert_eq!(
+        replies(&out),
+        vec![format!("MOVED {slot} 127.0.0.1:{}", ports[0])],
+        "shard 2 sends {k} to shard 1 now"
+    );
+    let out = cli(ports[0], &format!("GET {k}\n")).await;
+    assert_eq!(
+        out.trim(),
+        rows[&id].as_str(),
+        "shard 1 fills {k} on demand"
+    );
+    let out = cli(ports[4], "CLUSTER SHARDS\n").await;
+    assert!(out.contains("8191"), "{out}");
+    redis_py(&python, ports[4], &rows, "primaries", 6).await;
+    redis_py(&python, ports[3], &rows, "replicas", 6).await;
+    let view: serde_json::Value = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/v1/cluster", both[3].1))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("GET /v1/cluster")
+        .json()
+        .await
+        .expect("cluster view");
+    assert_eq!(view["node"], "r2");
+    assert_eq!(
+        view["shards"][1]["slots"],
+        serde_json::json!(["8192-10922"])
+    );
+    assert_eq!(view["shards"][0]["acting_primary"], "p1");
 
     for p in fleet {
         p.shutdown().await;

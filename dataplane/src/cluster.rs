@@ -249,6 +249,11 @@ impl Topology {
         &self.nodes[self.me]
     }
 
+    /// The control plane's change counter (`cluster_current_epoch`).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Whether this node serves `slot` (as acting primary, or as a replica of its shard): its
     /// store should hold only keys of such slots.
     pub fn owns(&self, slot: u16) -> bool {

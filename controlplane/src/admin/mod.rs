@@ -36,7 +36,10 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-pub use ops::{Admin, AdminParts};
+pub use ops::{
+    Admin, AdminParts, ClusterChange, ClusterChangeRequest, ClusterNodeView, ClusterShardView,
+    ClusterView,
+};
 pub use patch::LIVE_KEYS;
 
 /// Replaces the process's log filter (installed by whoever set up `tracing`).

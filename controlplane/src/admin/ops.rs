@@ -23,7 +23,12 @@ use crate::pgfront::RelayState;
 use crate::wal::ReplicationState;
 use crate::writer::{AdminCmd, EntryCounts};
 
+mod cluster;
 mod warm;
+
+pub use cluster::{
+    ClusterChange, ClusterChangeRequest, ClusterNodeView, ClusterShardView, ClusterView,
+};
 
 /// Longest wait for transactions older than a table's joining the publication.
 const OLDER_TXN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -69,6 +74,8 @@ pub struct Admin {
     nic: Vec<Arc<dyn NicCounters>>,
     /// TLS on the fronts, None when neither front serves it.
     tls: Option<Arc<FrontTls>>,
+    /// Cluster mode: the `[cluster]` section the health task follows (`PUT /v1/cluster`).
+    cluster: Option<watch::Sender<crate::config::ClusterConfig>>,
 }
 
 /// What [`Admin::new`] is built from (the composition root's parts).
@@ -86,6 +93,7 @@ pub struct AdminParts {
     pub pg_addr: Option<SocketAddr>,
     pub nic: Vec<Arc<dyn NicCounters>>,
     pub tls: Option<Arc<FrontTls>>,
+    pub cluster: Option<watch::Sender<crate::config::ClusterConfig>>,
 }
 
 impl Admin {
@@ -104,6 +112,7 @@ impl Admin {
             pg_addr,
             nic,
             tls,
+            cluster,
         } = parts;
         Admin {
             shared,
@@ -124,6 +133,7 @@ impl Admin {
             pg_addr,
             nic,
             tls,
+            cluster,
         }
     }
 

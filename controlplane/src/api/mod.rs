@@ -26,6 +26,7 @@
 
 pub mod auth;
 mod cache;
+mod cluster;
 pub mod error;
 mod settings;
 mod status;
@@ -107,6 +108,7 @@ impl FromRequestParts<ApiState> for Node {
         (name = "config", description = "The effective configuration"),
         (name = "tables", description = "Cached tables"),
         (name = "cache", description = "Flushes and key inspection"),
+        (name = "cluster", description = "The fleet's topology (cluster mode)"),
     )
 )]
 struct ApiDoc;
@@ -137,6 +139,7 @@ fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(cache::key_info))
         .routes(routes!(system::queries))
         .routes(routes!(tls::reload))
+        .routes(routes!(cluster::get_cluster, cluster::put_cluster))
         .routes(routes!(system::openapi_json))
 }
 

@@ -124,7 +124,7 @@ impl ClusterConfig {
         !self.node.is_empty()
     }
 
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let range = |v: u64, lo: u64, hi: u64, key: &str| {
             if (lo..=hi).contains(&v) {
                 Ok(())
@@ -153,6 +153,18 @@ impl ClusterConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The slots this node's shard serves (as configured, whatever the nodes' health), one
+    /// flag per slot; all false when cluster mode is off or the node is in no shard.
+    pub fn my_slots(&self) -> Vec<bool> {
+        let mut mine = vec![false; SLOTS];
+        for s in self.shards.iter().filter(|s| s.nodes.contains(&self.node)) {
+            for (lo, hi) in s.slots.iter().filter_map(|r| parse_range(r)) {
+                mine[usize::from(lo)..=usize::from(hi)].fill(true);
+            }
+        }
+        mine
     }
 
     /// The topology this node serves, with node `i` healthy as `healthy(i)` says (this node is
@@ -268,6 +280,16 @@ mod tests {
             ],
             ..ClusterConfig::default()
         }
+    }
+
+    #[test]
+    fn my_slots_are_those_of_the_nodes_shard() {
+        let mine = fleet("a2").my_slots();
+        assert_eq!(mine.len(), SLOTS);
+        assert!(mine[..8192].iter().all(|&m| m) && !mine[8192..].iter().any(|&m| m));
+        let mut off = fleet("a2");
+        off.node.clear();
+        assert!(!off.my_slots().iter().any(|&m| m));
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Cluster mode on RESP (issue 17): a fleet of six pglines on loopback, three shards of a
 //! primary and a replica, every one tailing the lab origin with its own slot. Read through
 //! redis-py's `RedisCluster` (`tests/cluster_client.py`: it learns the topology from `CLUSTER
-//! SLOTS` and follows nothing but the slot map) and `redis-cli`: every answer equals the
+//! SLOTS` and follows nothing but the slot map), valkey-glide's cluster client
+//! (`tests/cluster_glide.py`, RESP3, `ReadFrom.PREFER_REPLICA` for the replicas) and `redis-cli`:
+//! every answer equals the
 //! origin's `row_to_json`; `-MOVED`, `-CROSSSLOT`, `READONLY` and `CLUSTER KEYSLOT` behave as a
 //! Redis Cluster node's; an UPDATE is seen through the owning shard's primary and its replica.
-//! Then a primary is stopped while redis-rs's cluster client (the second client) reads and
+//! Then a primary is stopped while redis-rs's cluster client (the third client) reads and
 //! writers update the origin: no error reaches the application, the fleet routes the shard to
 //! its replica within a stated bound, no store holds a stale entry once the writers stop, and
 //! the primary rejoins when it is started again.
@@ -243,14 +245,32 @@ fn topology_body(ports: &[(u16, u16)], ranges: &[(u16, u16); 3]) -> serde_json::
     })
 }
 
-/// Runs `cluster_client.py` against node `port` in `mode`; panics unless it read every row
-/// right and found `nodes` serving nodes.
+/// Runs redis-py's `cluster_client.py` against node `port` in `mode`; panics unless it read
+/// every row right and found `nodes` serving nodes.
 async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &str, nodes: usize) {
-    let file =
-        std::env::temp_dir().join(format!("pgline-cluster-rows-{}-{mode}", std::process::id()));
+    python_client(python, "cluster_client.py", port, rows, mode, nodes).await;
+}
+
+/// The same with valkey-glide's cluster client (`cluster_glide.py`).
+async fn glide(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &str, nodes: usize) {
+    python_client(python, "cluster_glide.py", port, rows, mode, nodes).await;
+}
+
+async fn python_client(
+    python: &str,
+    script: &str,
+    port: u16,
+    rows: &BTreeMap<i64, String>,
+    mode: &str,
+    nodes: usize,
+) {
+    let file = std::env::temp_dir().join(format!(
+        "pgline-cluster-rows-{}-{script}-{mode}",
+        std::process::id()
+    ));
     let text: String = rows.iter().map(|(id, j)| format!("{id}\t{j}\n")).collect();
     std::fs::write(&file, text).expect("rows file");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cluster_client.py");
+    let path_of_script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let (python, path, mode_s) = (
         python.to_string(),
         file.to_string_lossy().into_owned(),
@@ -258,7 +278,13 @@ async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &
     );
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .args([script, "127.0.0.1", &port.to_string(), &path, &mode_s])
+            .args([
+                &path_of_script,
+                "127.0.0.1",
+                &port.to_string(),
+                &path,
+                &mode_s,
+            ])
             .output()
             .expect("python")
     })
@@ -268,7 +294,7 @@ async fn redis_py(python: &str, port: u16, rows: &BTreeMap<i64, String>, mode: &
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.starts_with(&format!("ok gets=300 mgets=300 nodes={nodes}")),
-        "redis-py ({mode}): {stdout}{}",
+        "{script} ({mode}): {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -381,6 +407,8 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
         lab::python_venv().expect("the lab venv with redis-py (deploy/lab/pgwire_venv.sh)");
     redis_py(&python, ports[3], &rows, "primaries", 6).await;
     redis_py(&python, ports[4], &rows, "replicas", 6).await;
+    glide(&python, ports[2], &rows, "primaries", 6).await;
+    glide(&python, ports[5], &rows, "replicas", 6).await;
 
     // An UPDATE reaches the owning shard's primary and replica.
     let k = key(2);
@@ -466,6 +494,7 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
         "{nodes}"
     );
     redis_py(&python, ports[2], &rows, "primaries", 5).await;
+    glide(&python, ports[3], &rows, "replicas", 5).await;
     eprintln!("cluster_e2e: shard 1 routed to its replica {failover:?} after its primary stopped");
 
     // The primary comes back (same configuration, same slot): it rejoins as the shard's master.
@@ -547,6 +576,7 @@ async fn a_fleet_of_three_shards_answers_redis_cluster_clients() {
     assert!(out.contains("8191"), "{out}");
     redis_py(&python, ports[4], &rows, "primaries", 6).await;
     redis_py(&python, ports[3], &rows, "replicas", 6).await;
+    glide(&python, ports[1], &rows, "replicas", 6).await;
     let view: serde_json::Value = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{}/v1/cluster", both[3].1))
         .bearer_auth(TOKEN)

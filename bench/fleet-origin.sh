@@ -49,7 +49,7 @@ PASSWORD=pgline
 DB=fleet
 
 if [ -z "${PGLINE_BIN:-}" ]; then
-    cargo build --release -q -p pgline-controlplane
+    cargo build --release -q -p pgline-controlplane -p pgline-bench # one feature set for every script (bench/README.md)
     PGLINE_BIN=target/release/pgline
 fi
 PG_BIN=$(deploy/lab/pg18.sh)

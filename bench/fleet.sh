@@ -36,8 +36,8 @@ else
 fi
 CLIENTS=${CLIENTS:-4} PIPELINE=${PIPELINE:-1} BASE_PORT=${BASE_PORT:-6600} CORES=${CORES:-1}
 
-cargo build --release -q -p pgline-bench
-[ -n "${PGLINE_BIN:-}" ] || { cargo build --release -q -p pgline-controlplane; PGLINE_BIN=target/release/pgline; }
+cargo build --release -q -p pgline-controlplane -p pgline-bench # one feature set for every script (bench/README.md)
+PGLINE_BIN=${PGLINE_BIN:-target/release/pgline}
 BENCH=target/release/pgline-bench
 eval "$(deploy/lab/pg.sh env)"
 ORIGIN="host=127.0.0.1 port=$PGPORT user=postgres password=$PGPASSWORD dbname=pgline_bench"

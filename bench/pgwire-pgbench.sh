@@ -84,7 +84,7 @@ deploy/lab/setup.sh >/dev/null
 eval "$(deploy/lab/pg.sh env)"
 export PGHOST PGPORT PGUSER PGPASSWORD
 if [ -z "${PGLINE_BIN:-}" ]; then
-    cargo build --release -q -p pgline-controlplane
+    cargo build --release -q -p pgline-controlplane -p pgline-bench # one feature set for every script (bench/README.md)
     PGLINE_BIN=target/release/pgline
 fi
 [ -x "$PGLINE_BIN" ] || { echo "pgwire-pgbench.sh: PGLINE_BIN=$PGLINE_BIN is not an executable" >&2; exit 1; }

@@ -72,7 +72,7 @@ fi
 psql -q -d $DB -c "VACUUM ANALYZE kv"
 VALUE_BYTES=$(psql -q -d $DB -tA -c "SELECT round(avg(octet_length(row_to_json(kv)::text))) FROM kv")
 
-cargo build --release -q -p pgline-controlplane
+cargo build --release -q -p pgline-controlplane -p pgline-bench # one feature set for every script (bench/README.md)
 PGLINE="${CARGO_TARGET_DIR:-target}/release/pgline"
 PIDS=()
 cleanup() {

@@ -31,7 +31,7 @@ fi
 
 BIN=${PGLINE_BIN:-target/release/pgline}
 if [ -z "${PGLINE_BIN:-}" ]; then
-    cargo build --release -q -p pgline-controlplane --bin pgline
+    cargo build --release -q -p pgline-controlplane -p pgline-bench # the benchmarks' feature set (bench/README.md)
 fi
 
 drop_db() {

@@ -54,24 +54,28 @@ fi
 step "HTTP API: schemathesis against /v1/openapi.json of a live pgline"
 deploy/lab/schemathesis.sh
 
-step "benchmark smokes: userspace wire, PostgreSQL front (and pgbench vs PgBouncer), scenario matrix"
+step "benchmark smokes: userspace wire, PostgreSQL front (and pgbench vs PgBouncer), TLS, scenario matrix, fleet"
 bench/wire.sh --smoke
 bench/pgwire.sh --smoke
 bench/pgwire.sh --pgbench --smoke
 bench/tls.sh --smoke
 bench/scenarios/run.sh --smoke all
+# The fleet (issue 17): GET/s of six cluster-mode nodes beside one, and the origin's CPU per
+# consumer with slots on a PostgreSQL 18 primary and on its standby (pg18.sh's binaries, above).
+bench/fleet.sh --smoke
+bench/fleet-origin.sh --smoke
 # Two-machine mode as far as one machine allows: the commands it would run over ssh (nothing is
 # sent anywhere in a dry run).
 bench/scenarios/run.sh --dry-run --loadgen bench@192.0.2.10 all >/tmp/pgline-two-machine.txt
 grep -q "^ssh -o BatchMode=yes bench@192.0.2.10 PGLINE_BENCH_ORIGIN=" /tmp/pgline-two-machine.txt
 
 # Every fuzz target (RESP request parser, pgwire startup and frontend parsers, the statement
-# classifier: dataplane/fuzz) from its committed seeds, 20 s each here to keep .ci/run inside its
+# classifier: dataplane/fuzz) from its committed seeds, 12 s each here to keep .ci/run inside its
 # budget (run.sh's default, 60 s, or more by hand: FUZZ_SECONDS=600 dataplane/fuzz/run.sh).
-step "fuzz targets (${FUZZ_SECONDS:-20} s each)"
+step "fuzz targets (${FUZZ_SECONDS:-12} s each)"
 # Its build (sanitizers, nightly) is kept outside the clone, like the appliance image: a cold one
 # takes many minutes, a warm one recompiles only what changed.
-FUZZ_SECONDS=${FUZZ_SECONDS:-20} CARGO_TARGET_DIR=${PGLINE_FUZZ_TARGET:-/var/tmp/pgline-fuzz-target} \
+FUZZ_SECONDS=${FUZZ_SECONDS:-12} CARGO_TARGET_DIR=${PGLINE_FUZZ_TARGET:-/var/tmp/pgline-fuzz-target} \
     dataplane/fuzz/run.sh
 
 # The appliance (docs/appliance.md): the .deb (its release build of pgline with the dpdk feature

@@ -41,6 +41,7 @@ pub async fn watch_health(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut cfg = configs.borrow_and_update().clone();
+    let mut agent = checker(&cfg);
     let mut health = Health::new();
     let mut epoch = 1u64;
     loop {
@@ -52,6 +53,7 @@ pub async fn watch_health(
                     return; // the admin service is gone: the node is stopping
                 }
                 cfg = configs.borrow_and_update().clone();
+                agent = checker(&cfg);
                 health.retain(|(name, api), _| {
                     cfg.nodes.iter().any(|n| &n.name == name && &n.api == api)
                 });
@@ -65,17 +67,22 @@ pub async fn watch_health(
         if *shutdown.borrow() {
             return;
         }
-        if check_peers(&cfg, &mut health).await {
+        if check_peers(&cfg, &agent, &mut health).await {
             epoch += 1;
             publish(&cfg, &health, epoch, &plane);
         }
     }
 }
 
-/// Asks every peer's `/v1/ready` once, all at once; whether a peer's health changed.
-async fn check_peers(cfg: &ClusterConfig, health: &mut Health) -> bool {
+/// The HTTP agent of the checks: kept from one round to the next, so its pooled connections
+/// to the peers are reused.
+fn checker(cfg: &ClusterConfig) -> ureq::Agent {
     let timeout = Duration::from_millis(cfg.health_timeout_ms);
-    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    ureq::AgentBuilder::new().timeout(timeout).build()
+}
+
+/// Asks every peer's `/v1/ready` once, all at once; whether a peer's health changed.
+async fn check_peers(cfg: &ClusterConfig, agent: &ureq::Agent, health: &mut Health) -> bool {
     let checks = cfg
         .nodes
         .iter()

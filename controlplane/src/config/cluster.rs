@@ -85,6 +85,10 @@ pub struct ClusterShardConfig {
     pub nodes: Vec<String>,
 }
 
+/// Most nodes in a fleet (as Redis Cluster advises at most 1,000): every node checks every
+/// peer each interval, and `PUT /v1/cluster` must not make that unbounded.
+pub const MAX_NODES: usize = 1000;
+
 fn invalid(reason: String) -> ConfigError {
     ConfigError::Invalid {
         key: "cluster",
@@ -135,6 +139,13 @@ impl ClusterConfig {
         range(self.health_interval_ms, 50, 60_000, "health_interval_ms")?;
         range(self.health_timeout_ms, 50, 60_000, "health_timeout_ms")?;
         range(u64::from(self.health_failures), 1, 100, "health_failures")?;
+        if self.nodes.len() > MAX_NODES || self.shards.len() > MAX_NODES {
+            return Err(invalid(format!(
+                "{} nodes and {} shards: at most {MAX_NODES} of each",
+                self.nodes.len(),
+                self.shards.len()
+            )));
+        }
         if let Some(n) = self
             .nodes
             .iter()
@@ -280,6 +291,27 @@ mod tests {
             ],
             ..ClusterConfig::default()
         }
+    }
+
+    #[test]
+    fn a_fleet_is_at_most_max_nodes() {
+        let mut big = fleet("a1");
+        let template = big.nodes[2].clone();
+        let at = |i: usize| ClusterNodeConfig {
+            name: format!("n{i}"),
+            addr: format!("127.0.0.1:{}", 10_000 + i),
+            ..template.clone()
+        };
+        // Extra nodes in shard b, up to the bound: valid.
+        for i in big.nodes.len()..MAX_NODES {
+            big.nodes.push(at(i));
+            big.shards[1].nodes.push(format!("n{i}"));
+        }
+        assert!(big.validate().is_ok());
+        big.nodes.push(at(MAX_NODES));
+        big.shards[1].nodes.push(format!("n{MAX_NODES}"));
+        let err = big.validate().unwrap_err().to_string();
+        assert!(err.contains("at most 1000"), "{err}");
     }
 
     #[test]

@@ -48,6 +48,7 @@ use crate::transport::stream::StreamStack;
 use pgline_nic::Queue;
 
 pub use limits::ConnLimits;
+pub use pg::{serve_class, NotServed, ServeClass};
 pub use tls::{PgTlsMode, TlsAcceptor, TlsFront};
 
 /// Default number of dataplane cores.

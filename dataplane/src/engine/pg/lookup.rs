@@ -15,7 +15,9 @@
 use std::sync::Arc;
 
 use crate::keyspace::{KeySpace, PgTable};
-use crate::pgwire::classify::{classify, Classification, KeySource, Projection};
+use crate::pgwire::classify::{
+    classify, Classification, KeySource, PassReason, PointLookup, Projection,
+};
 use crate::pgwire::{compose_row_description, FieldDescription, Format};
 use crate::row::ColumnsView;
 
@@ -85,52 +87,159 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
     let Ok(sql) = std::str::from_utf8(text) else {
         return Class::Other;
     };
-    let p = match classify(sql, keyspace) {
-        Classification::PointLookup(p) => p,
+    match classify(sql, keyspace) {
+        Classification::PointLookup(p) => lookup(p, keyspace).map_or(Class::Other, Class::Lookup),
         Classification::Cacheable(q) => {
-            return super::results::result_query(q, keyspace).map_or(Class::Other, Class::Result)
+            super::results::result_query(q, keyspace).map_or(Class::Other, Class::Result)
         }
-        Classification::PassThrough(_) => return Class::Other,
+        Classification::PassThrough(_) => Class::Other,
+    }
+}
+
+/// Why the PostgreSQL front forwards a statement text to the origin: the classifier's reason,
+/// or one of the checks the core makes on its classification ([`serve_class`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotServed {
+    /// The classifier's reason ([`PassReason`]).
+    Pass(PassReason),
+    /// A table under row-level security (enabled or forced): each role sees other rows.
+    RowSecurity(String),
+    /// A table the classifier accepted that the key space has no PostgreSQL description of.
+    NotPgTable(String),
+    /// A projected column the table does not have.
+    UnknownColumn(String),
+    /// The key columns equated are not the table's key (or the table has none).
+    PartialKey,
+    /// A key column of a type lookups are not served on (only int2/int4/int8, text, varchar,
+    /// uuid are).
+    KeyType { column: String, type_oid: u32 },
+    /// A literal key value the key column's type cannot hold as the origin prints it (out of
+    /// range, not an integer, not a uuid).
+    KeyLiteral,
+    /// A `$0` parameter.
+    BadParameter,
+}
+
+/// How the PostgreSQL front serves a statement text, with the same classification and checks
+/// as the core's memo ([`classify_text`]): for tools that ask "would pgline serve this?"
+/// (`pgline advise`). Only the statement's text is judged: the session's conditions (user and
+/// database, idle, settings, fence, result formats) are not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServeClass {
+    /// A point lookup answered from the store.
+    Lookup {
+        /// `schema.table`.
+        table: String,
+        /// Projected columns without an exact binary form: a client asking for binary results
+        /// (tokio-postgres, pgx, JDBC in binary mode) gets these lookups from the origin.
+        text_only: Vec<String>,
+    },
+    /// A read answered from the query-result cache.
+    Result {
+        /// `schema.table` of each table read.
+        tables: Vec<String>,
+        /// `schema.table.column` of the equality that narrows invalidation, if any.
+        equalities: Vec<String>,
+    },
+    /// Forwarded to the origin.
+    Pass(NotServed),
+}
+
+/// Classifies `sql` as the core does (see [`ServeClass`]); allocates, never panics.
+pub fn serve_class(sql: &str, keyspace: &KeySpace) -> ServeClass {
+    let qualified = |t: &PgTable| format!("{}.{}", t.schema, t.name);
+    match classify(sql, keyspace) {
+        Classification::PointLookup(p) => match lookup(p, keyspace) {
+            Ok(l) => ServeClass::Lookup {
+                table: qualified(&l.pg_table),
+                text_only: l
+                    .columns
+                    .iter()
+                    .zip(l.binary.iter())
+                    .filter(|(_, b)| b.is_none())
+                    .map(|(&i, _)| l.pg_table.columns[i].name.to_string())
+                    .collect(),
+            },
+            Err(why) => ServeClass::Pass(why),
+        },
+        Classification::Cacheable(q) => match super::results::result_query(q, keyspace) {
+            Ok(r) => {
+                let table = |id: &u32| keyspace.pg_table(*id);
+                ServeClass::Result {
+                    tables: r
+                        .tables
+                        .iter()
+                        .filter_map(table)
+                        .map(|t| qualified(t))
+                        .collect(),
+                    equalities: r
+                        .equalities
+                        .iter()
+                        .filter_map(|(id, col, _, _)| {
+                            let t = keyspace.pg_table(*id)?;
+                            let c = t.columns.get(usize::from(*col))?;
+                            Some(format!("{}.{}", qualified(t), c.name))
+                        })
+                        .collect(),
+                }
+            }
+            Err(why) => ServeClass::Pass(why),
+        },
+        Classification::PassThrough(r) => ServeClass::Pass(NotServed::Pass(r)),
+    }
+}
+
+/// The memo entry of a point lookup, or why the core does not serve it.
+fn lookup(p: PointLookup, keyspace: &KeySpace) -> Result<Arc<Lookup>, NotServed> {
+    let named = || {
+        p.table
+            .schema
+            .as_deref()
+            .map_or(p.table.name.clone(), |s| format!("{s}.{}", p.table.name))
     };
-    // A table under row-level security answers each role differently: always the origin's.
-    let Some(table) = keyspace
+    let table = keyspace
         .pg_table_named(p.table.schema.as_deref(), &p.table.name)
-        .filter(|t| !t.row_security)
-    else {
-        return Class::Other;
-    };
-    let columns: Option<Vec<usize>> = match &p.columns {
-        Projection::All => Some((0..table.columns.len()).collect()),
+        .ok_or_else(|| NotServed::NotPgTable(named()))?;
+    // A table under row-level security answers each role differently: always the origin's.
+    if table.row_security {
+        return Err(NotServed::RowSecurity(named()));
+    }
+    let columns: Vec<usize> = match &p.columns {
+        Projection::All => (0..table.columns.len()).collect(),
         Projection::Columns(names) => names
             .iter()
-            .map(|n| table.columns.iter().position(|c| &*c.name == n.as_str()))
-            .collect(),
-    };
-    let Some(columns) = columns else {
-        return Class::Other;
+            .map(|n| {
+                table
+                    .columns
+                    .iter()
+                    .position(|c| &*c.name == n.as_str())
+                    .ok_or_else(|| NotServed::UnknownColumn(n.clone()))
+            })
+            .collect::<Result<_, _>>()?,
     };
     if p.key.len() != table.key_columns.len() || p.key.is_empty() {
-        return Class::Other;
+        return Err(NotServed::PartialKey);
     }
     let mut key = Vec::with_capacity(p.key.len());
     let mut params = 0;
     for (source, &col) in p.key.iter().zip(table.key_columns.iter()) {
-        let Some(column) = table.columns.get(col) else {
-            return Class::Other;
-        };
+        let column = table.columns.get(col).ok_or(NotServed::PartialKey)?;
         let ty = column.type_oid;
         if !canonical_key_type(ty) {
-            return Class::Other;
+            return Err(NotServed::KeyType {
+                column: column.name.to_string(),
+                type_oid: ty,
+            });
         }
         let value = match source {
             KeySource::Param(n) if *n >= 1 => {
                 params = params.max(*n);
                 KeyValue::Param(n - 1)
             }
-            KeySource::Param(_) => return Class::Other,
+            KeySource::Param(_) => return Err(NotServed::BadParameter),
             KeySource::Literal(lit) => match canonical_literal(lit.as_bytes(), ty) {
                 Some(v) => KeyValue::Literal(v.into()),
-                None => return Class::Other,
+                None => return Err(NotServed::KeyLiteral),
             },
         };
         key.push((value, ty));
@@ -167,7 +276,7 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
     let datetime = columns
         .iter()
         .any(|&i| is_datetime(table.columns[i].type_oid));
-    Class::Lookup(Arc::new(Lookup {
+    Ok(Arc::new(Lookup {
         table: table.id,
         columns: columns.into(),
         key: key.into(),
@@ -455,6 +564,64 @@ mod tests {
             classify_text(b"SELECT nope FROM t_1 WHERE id = 1", &ks),
             Class::Other
         ));
+    }
+
+    #[test]
+    fn serve_class_gives_the_cores_reasons() {
+        let mut ks = keyspace();
+        let col = |name: &str, attnum, type_oid| PgColumn {
+            name: name.into(),
+            attnum,
+            type_oid,
+            typlen: -1,
+            typmod: -1,
+        };
+        ks.add_pg_table(PgTable {
+            id: 100,
+            schema: "public".into(),
+            name: "n_1".into(),
+            columns: vec![col("k", 1, 1700), col("v", 2, 600)].into(),
+            key_columns: vec![0].into(),
+            key_names: vec!["k".to_string()].into(),
+            row_security: false,
+        });
+        let class = |sql: &str| serve_class(sql, &ks);
+        assert_eq!(
+            class("SELECT * FROM t_1 WHERE id = $1"),
+            ServeClass::Lookup {
+                table: "public.t_1".into(),
+                text_only: vec![]
+            }
+        );
+        assert_eq!(
+            class("SELECT v FROM n_1 WHERE k = 2"),
+            ServeClass::Pass(NotServed::KeyType {
+                column: "k".into(),
+                type_oid: 1700
+            })
+        );
+        assert_eq!(
+            class("SELECT * FROM t_1 WHERE id = 99999999999"),
+            ServeClass::Pass(NotServed::KeyLiteral)
+        );
+        assert!(matches!(
+            class("SELECT count(*) FROM t_1 WHERE name = $1"),
+            ServeClass::Result { tables, equalities }
+                if tables == ["public.t_1"] && equalities == ["public.t_1.name"]
+        ));
+        assert!(matches!(
+            class("SELECT * FROM other WHERE id = $1"),
+            ServeClass::Pass(NotServed::Pass(PassReason::UnknownTable(_)))
+        ));
+        // The memo agrees: what serve_class serves, classify_text memoizes as served.
+        for sql in [
+            "SELECT * FROM t_1 WHERE id = $1",
+            "SELECT v FROM n_1 WHERE k = 2",
+        ] {
+            let served = !matches!(class(sql), ServeClass::Pass(_));
+            let memo = !matches!(classify_text(sql.as_bytes(), &ks), Class::Other);
+            assert_eq!(served, memo, "{sql}");
+        }
     }
 
     #[test]

@@ -75,6 +75,7 @@ use serve::{Serve, Served};
 
 pub(crate) use forward::conn_closed;
 pub(crate) use lookup::Statement;
+pub use lookup::{serve_class, NotServed, ServeClass};
 pub(crate) use miss::apply_reply as apply_fill;
 
 /// Where a session is in its life.

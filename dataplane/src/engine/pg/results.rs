@@ -45,7 +45,7 @@ use crate::pgwire::{compose_bind_complete, compose_parse_complete, compose_ready
 use crate::pgwire::{Bind, Format, Oids, TxStatus};
 use crate::plane::{ResultEquality, ResultKey};
 
-use super::lookup::{canonical_key_type, canonical_literal, canonical_param};
+use super::lookup::{canonical_key_type, canonical_literal, canonical_param, NotServed};
 
 /// Where an equality's value comes from.
 #[derive(Debug)]
@@ -69,14 +69,26 @@ pub(crate) struct ResultQuery {
     pub equalities: Box<[(u32, u16, u32, EqValue)]>,
 }
 
-/// The memo entry of a cacheable statement (`None` when a table is not a PostgreSQL table).
-pub(crate) fn result_query(q: CacheableQuery, keyspace: &KeySpace) -> Option<Arc<ResultQuery>> {
+/// The memo entry of a cacheable statement, or why it is not cached (a table that is not a
+/// PostgreSQL table, or one under row-level security).
+pub(crate) fn result_query(
+    q: CacheableQuery,
+    keyspace: &KeySpace,
+) -> Result<Arc<ResultQuery>, NotServed> {
     let mut tables = Vec::with_capacity(q.tables.len());
     for t in &q.tables {
-        // A table under row-level security answers each role differently: never cached.
+        let named = || {
+            t.schema
+                .as_deref()
+                .map_or(t.name.clone(), |s| format!("{s}.{}", t.name))
+        };
         let table = keyspace
             .pg_table_named(t.schema.as_deref(), &t.name)
-            .filter(|t| !t.row_security)?;
+            .ok_or_else(|| NotServed::NotPgTable(named()))?;
+        // A table under row-level security answers each role differently: never cached.
+        if table.row_security {
+            return Err(NotServed::RowSecurity(named()));
+        }
         tables.push(table.id);
     }
     tables.sort_unstable();
@@ -111,7 +123,7 @@ pub(crate) fn result_query(q: CacheableQuery, keyspace: &KeySpace) -> Option<Arc
         };
         equalities.push((table.id, idx, ty, value));
     }
-    Some(Arc::new(ResultQuery {
+    Ok(Arc::new(ResultQuery {
         normalized: q.normalized.into_bytes().into(),
         literals: q
             .literals

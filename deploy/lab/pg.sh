@@ -8,7 +8,9 @@
 #   deploy/lab/pg.sh drop-slot NAME   # drop a replication slot once its walsender is gone
 #
 # The cluster lives in $PGLINE_PG_DIR (default /var/tmp/pgline-pg), listens only on loopback,
-# has wal_level=logical, and its superuser `postgres` has the password `pgline`.
+# has wal_level=logical, loads pg_stat_statements (for `pgline advise`; a cluster made before
+# that gets the setting and one restart on its next `start`), and its superuser `postgres` has
+# the password `pgline`.
 set -euo pipefail
 
 PG_DIR=${PGLINE_PG_DIR:-/var/tmp/pgline-pg}
@@ -48,6 +50,7 @@ fsync = off
 synchronous_commit = on
 timezone = 'UTC'
 log_min_messages = warning
+shared_preload_libraries = 'pg_stat_statements'
 CONF
         # PostgreSQL 18 warns on every md5 login and md5 password; the lab's tests compare
         # message sequences across versions.
@@ -58,10 +61,23 @@ CONF
     fi
 }
 
+# Adds pg_stat_statements to a cluster initialized before the lab loaded it; true if it did.
+add_preload() {
+    grep -q "^shared_preload_libraries" "$PG_DIR/postgresql.conf" && return 1
+    echo "shared_preload_libraries = 'pg_stat_statements'" >> "$PG_DIR/postgresql.conf"
+}
+
 start() {
     init
+    local added=0
+    add_preload && added=1
     if as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR" status >/dev/null 2>&1; then
-        echo "pg.sh: already running on port $PG_PORT"
+        if [ $added = 1 ]; then
+            as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR" -l "$PG_DIR/server.log" -w -m fast restart >/dev/null
+            echo "pg.sh: restarted on port $PG_PORT to load pg_stat_statements"
+        else
+            echo "pg.sh: already running on port $PG_PORT"
+        fi
     else
         as_postgres "$PG_BIN/pg_ctl" -D "$PG_DIR" -l "$PG_DIR/server.log" -w start >/dev/null
         echo "pg.sh: started on 127.0.0.1:$PG_PORT (data in $PG_DIR)"

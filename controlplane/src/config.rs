@@ -207,6 +207,10 @@ pub struct RespConfig {
     /// Client certificates on `tls_listen`: `no`, `optional`, `yes` (Redis's names; Redis's
     /// default is `yes`, pgline's `no`).
     pub tls_auth_clients: TlsAuthClients,
+    /// Client-side caching (`CLIENT TRACKING`): keys remembered for tracking clients, per
+    /// appliance, split over cores (Redis's `tracking-table-max-keys`); beyond it the oldest are
+    /// invalidated. Key text is bounded too, at 128 bytes a key on average.
+    pub tracking_table_max_keys: usize,
 }
 
 impl Default for RespConfig {
@@ -229,6 +233,7 @@ impl Default for RespConfig {
             miss_queue: 4096,
             tls_listen: String::new(),
             tls_auth_clients: TlsAuthClients::No,
+            tracking_table_max_keys: limits::DEFAULT_TRACKING_TABLE_MAX_KEYS,
         }
     }
 }
@@ -287,6 +292,11 @@ impl RespConfig {
             "must be >= 1",
         )?;
         check(self.miss_queue >= 16, "resp.miss_queue", "must be >= 16")?;
+        check(
+            (1..=100_000_000).contains(&self.tracking_table_max_keys),
+            "resp.tracking_table_max_keys",
+            "must be 1..=100000000",
+        )?;
         if !self.tls_listen.is_empty() {
             self.tls_listen
                 .parse::<SocketAddr>()
@@ -787,6 +797,7 @@ impl Config {
             pg_startup_timeout_ms: self.pgwire.startup_timeout_ms,
             pg_idle_timeout_ms: self.pgwire.idle_timeout_ms,
             max_auth_failures: self.resp.max_auth_failures,
+            tracking_table_max_keys: self.resp.tracking_table_max_keys,
         }
     }
 }
@@ -1085,6 +1096,7 @@ mod tests {
             pg_startup_timeout_ms: 2500,
             pg_idle_timeout_ms: 0,
             max_auth_failures: 3,
+            tracking_table_max_keys: limits::DEFAULT_TRACKING_TABLE_MAX_KEYS,
         };
         assert_eq!(e.conn_limits, want);
         assert_eq!(

@@ -38,7 +38,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgline_dataplane::plane::{ConnToken, ControlPort, FillResult, MissReply, Replication};
+use pgline_dataplane::plane::{
+    ConnToken, ControlPort, FillResult, Invalidation, MissReply, Replication,
+};
 use pgline_dataplane::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use pgline_dataplane::store::{EntryData, Lookup, StoreWriter};
 use tokio::sync::{mpsc, Notify};
@@ -172,6 +174,9 @@ pub struct Writer {
     results: results::Results,
     /// Reads made on the cores, offered for the store (see [`CoreRead`]).
     core_reads: mpsc::Receiver<CoreRead>,
+    /// Client-tracking invalidations of the changes made since the last event: sent to the
+    /// cores once the event's changes are all in the store (issue 18).
+    invalidations: Vec<Invalidation>,
 }
 
 /// What the writer needs besides the store and the catalog.
@@ -220,6 +225,7 @@ impl Writer {
             ddl: ddl::DdlCheck::new(),
             seen: visibility::Applied::default(),
             applying_xid: 0,
+            invalidations: Vec::new(),
             results: results::Results::default(),
             core_reads,
             inflight: HashMap::new(),
@@ -270,6 +276,17 @@ impl Writer {
                     self.prune_seen();
                 }
             }
+            // Whatever the event changed is in the store now: tracking clients hear of it.
+            self.send_invalidations();
+        }
+    }
+
+    /// Sends the cores the client-tracking invalidations of the changes applied since the last
+    /// call (nothing is queued to a core without tracking clients).
+    fn send_invalidations(&mut self) {
+        if !self.invalidations.is_empty() {
+            self.plane.invalidate(&self.invalidations);
+            self.invalidations.clear();
         }
     }
 
@@ -684,6 +701,8 @@ impl Writer {
             WalEvent::Reset { reason, lsn } => {
                 tracing::warn!(%reason, "flushing the cache");
                 self.store.clear();
+                self.invalidations.clear();
+                self.invalidations.push(Invalidation::All);
                 self.inflight.clear();
                 self.installed.clear();
                 self.results.clear(&self.leases);
@@ -760,6 +779,7 @@ impl Writer {
             .table_changed(&mut self.store, &self.leases, rel, self.applying_xid);
         self.inflight.retain(|(t, _), _| *t != rel);
         self.installed.retain(|(t, _), _| *t != rel);
+        self.invalidations.push(Invalidation::Table(rel));
         self.store.remove_table(rel)
     }
 
@@ -884,6 +904,10 @@ impl Writer {
     /// Voids the lease on a key, if a fill holds one (and, inside a WAL transaction, remembers
     /// its xid for the commit-visibility check).
     fn void(&mut self, rel: u32, pk: &[u8]) {
+        self.invalidations.push(Invalidation::Key {
+            table: rel,
+            pk: pk.into(),
+        });
         let key = (rel, Box::<[u8]>::from(pk));
         self.inflight.remove(&key);
         if self.applying_xid != 0 {

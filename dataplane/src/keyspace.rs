@@ -19,6 +19,9 @@ use std::sync::{Arc, RwLock};
 #[derive(Debug, Default, Clone)]
 pub struct KeySpace {
     prefixes: rustc_hash::FxHashMap<Box<[u8]>, u32>,
+    /// The same map inverted: every name of a table (BCAST client tracking spells a changed
+    /// row's keys with them).
+    names: rustc_hash::FxHashMap<u32, Vec<Box<[u8]>>>,
     /// Cached tables as the PostgreSQL front describes them, by table id.
     pg_tables: rustc_hash::FxHashMap<u32, Arc<PgTable>>,
     /// `(schema, name)` -> table id, for statements that name a table.
@@ -71,8 +74,21 @@ impl KeySpace {
         if prefix.is_empty() || prefix.contains(':') {
             return false;
         }
-        self.prefixes.insert(prefix.as_bytes().into(), table);
+        if let Some(old) = self.prefixes.insert(prefix.as_bytes().into(), table) {
+            if let Some(names) = self.names.get_mut(&old) {
+                names.retain(|n| &n[..] != prefix.as_bytes());
+            }
+        }
+        self.names
+            .entry(table)
+            .or_default()
+            .push(prefix.as_bytes().into());
         true
+    }
+
+    /// Every prefix that names `table`.
+    pub fn names_of(&self, table: u32) -> impl Iterator<Item = &[u8]> {
+        self.names.get(&table).into_iter().flatten().map(|n| &n[..])
     }
 
     /// Records that keys with `prefix` name a table that cannot be cached: they answer `error`

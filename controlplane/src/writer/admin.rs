@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use super::{bulk_payload, DumpedEntry, Fill, FillKey, Writer};
 use crate::catalog::TableInfo;
 use crate::config::CatalogConfig;
+use pgline_dataplane::plane::Invalidation;
 
 /// Requests from the API and tests to the writer.
 pub enum AdminCmd {
@@ -89,6 +90,7 @@ impl Writer {
             AdminCmd::FlushAll(tx) => {
                 let n = self.store.stats().entries;
                 self.store.clear();
+                self.invalidations.push(Invalidation::All);
                 self.inflight.clear();
                 self.installed.clear();
                 let _ = tx.send(n);

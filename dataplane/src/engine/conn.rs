@@ -49,6 +49,8 @@ pub(crate) struct Session {
     pub lib_ver: Option<Box<[u8]>>,
     /// `READONLY` (cluster mode): this connection may read its node's slots on a replica.
     pub readonly: bool,
+    /// Client tracking and the invalidation channel (issue 18); `None` until first used.
+    pub tracking: Option<Box<super::tracking::ClientTracking>>,
 }
 
 pub(crate) struct Conn {
@@ -114,6 +116,7 @@ impl Conn {
                 lib_name: None,
                 lib_ver: None,
                 readonly: false,
+                tracking: None,
             },
             generation,
             rbuf: Vec::new(),

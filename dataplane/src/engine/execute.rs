@@ -15,13 +15,14 @@ use crate::resp::{
     compose_null, compose_simple, compose_unknown_command,
 };
 use crate::resp::{Args, Protocol};
-use crate::resp::{ClientSub, ClusterSub, Command, CommandSub};
+use crate::resp::{ClientSub, ClusterSub, Command, CommandSub, TrackingArgs};
 use crate::row::{SECTION_COLUMNS, SECTION_RESP_JSON};
 use crate::store::Lookup;
 
 use super::conn::Session;
 use super::deferred::{compose_all_fields, compose_field, Deferred, Part};
 use super::info;
+use super::tracking::{ClientTracking, CoreTracking, Mode, INVALIDATE_CHANNEL, MAX_PREFIXES};
 
 /// Everything a command may read while it executes on a core.
 pub(crate) struct Exec<'a> {
@@ -42,6 +43,12 @@ pub(crate) struct Exec<'a> {
     pub max_connections: usize,
     /// Wrong passwords one connection may give before it is closed (0: no limit).
     pub max_auth_failures: u32,
+    /// This core's client-tracking table (issue 18).
+    pub tracking: &'a mut CoreTracking,
+    /// This core's index.
+    pub core: usize,
+    /// The connection's slot on its core.
+    pub slot: usize,
 }
 
 pub(crate) enum Outcome {
@@ -109,6 +116,29 @@ impl Exec<'_> {
         }
     }
 
+    /// Remembers the keys a read command names for a tracking client (a key of no cached table
+    /// is not remembered: only a new key space can change its answer, and that invalidates
+    /// everything).
+    fn track_reads(&mut self, cmd: Command<'_>, client: u64) {
+        let mut one = |key: &[u8]| {
+            let resolved = match self.topology {
+                Some(_) => untag(key, self.untag),
+                None => key,
+            };
+            if let Some((table, pk)) = self.keyspace.resolve(resolved) {
+                self.tracking.record(client, key, table, pk);
+            }
+        };
+        match cmd {
+            Command::Get { key }
+            | Command::HGet { key, .. }
+            | Command::HMGet { key, .. }
+            | Command::HGetAll { key } => one(key),
+            Command::MGet { keys } | Command::Exists { keys } => keys.iter().for_each(one),
+            _ => {}
+        }
+    }
+
     /// The error of a key that names a table that cannot be cached.
     fn compose_refusal(&self, key: &[u8], out: &mut Vec<u8>) {
         let msg = self
@@ -151,6 +181,14 @@ impl Exec<'_> {
             if route != Route::Serve {
                 topology.compose_redirect(route, out);
                 return Outcome::Done;
+            }
+        }
+        if let Some(t) = session.tracking.as_deref() {
+            // While hits are off a BCAST client's reads are remembered too, to be invalidated
+            // right after their replies (no WAL change would reach them).
+            let bcast_bypass = !self.serve_hits && t.mode.as_ref().is_some_and(|m| m.bcast);
+            if t.records() || bcast_bypass {
+                self.track_reads(cmd, session.client_id);
             }
         }
         match cmd {
@@ -378,7 +416,33 @@ impl Exec<'_> {
             }
             Command::Select { db: 0 } => compose_simple(out, b"OK"),
             Command::Select { .. } => compose_error(out, b"ERR DB index is out of range"),
+            Command::Client {
+                sub: ClientSub::Tracking(args),
+            } => self.client_tracking(args, session, out),
+            Command::Client {
+                sub: ClientSub::Caching { yes },
+            } => client_caching(yes, session, out),
+            Command::Client {
+                sub: ClientSub::TrackingInfo,
+            } => tracking_info(session, out),
+            Command::Client {
+                sub: ClientSub::GetRedir,
+            } => {
+                let redirect = match session.tracking.as_deref().and_then(|t| t.mode.as_ref()) {
+                    None => -1,
+                    Some(m) => m.redirect as i64,
+                };
+                compose_integer(out, redirect);
+            }
             Command::Client { sub } => execute_client(sub, session, out),
+            Command::Subscribe { channels } => self.subscribe(channels, session, out),
+            Command::Unsubscribe { channels } => self.unsubscribe(channels, session, out),
+            Command::PubSubOther { name } => {
+                let mut msg = b"ERR pgline has no pub/sub: '".to_vec();
+                msg.extend(name.iter().take(32).map(u8::to_ascii_lowercase));
+                msg.extend_from_slice(b"' is refused (SUBSCRIBE serves only __redis__:invalidate, for client-side caching)");
+                compose_error(out, &msg);
+            }
             Command::Quit => {
                 compose_simple(out, b"OK");
                 return Outcome::Close;
@@ -395,6 +459,11 @@ impl Exec<'_> {
                 compose_simple(out, b"OK");
             }
             Command::Reset => {
+                self.stop_tracking(session);
+                if let Some(t) = session.tracking.as_deref_mut() {
+                    t.subscribed = false;
+                }
+                self.update_listening(session);
                 session.proto = Protocol::Resp2;
                 session.name = None;
                 session.readonly = false;
@@ -496,8 +565,186 @@ impl Exec<'_> {
             | Command::ReadOnly
             | Command::ReadWrite
             | Command::Quit
+            | Command::Subscribe { .. }
+            | Command::Unsubscribe { .. }
+            | Command::PubSubOther { .. }
             | Command::Reset => compose_error(out, b"ERR internal: command in the wrong path"),
         }
+    }
+
+    /// `CLIENT TRACKING ON|OFF ...`, with Redis's rules and words.
+    fn client_tracking(
+        &mut self,
+        args: TrackingArgs<'_>,
+        session: &mut Session,
+        out: &mut Vec<u8>,
+    ) {
+        if !args.on {
+            self.stop_tracking(session);
+            self.update_listening(session);
+            compose_simple(out, b"OK");
+            return;
+        }
+        if let Err(msg) = self.check_tracking(&args, session) {
+            compose_error(out, msg.as_bytes());
+            return;
+        }
+        let state = session.tracking.get_or_insert_with(Box::default);
+        let mut mode = state.mode.take().unwrap_or_default();
+        mode.redirect = args.redirect.map_or(0, |r| r as u64);
+        mode.broken_redirect = false;
+        mode.bcast = args.bcast;
+        mode.optin = args.optin;
+        mode.optout = args.optout;
+        mode.noloop = args.noloop;
+        for p in args.prefixes() {
+            if !mode.prefixes.iter().any(|q| &q[..] == p) {
+                mode.prefixes.push(p.into());
+            }
+        }
+        state.mode = Some(mode);
+        if !state.counted {
+            // Before any read of this client: the writer now queues this core's invalidations.
+            self.shared.tracking_enter(self.core);
+            state.counted = true;
+        }
+        self.update_listening(session);
+        compose_simple(out, b"OK");
+    }
+
+    fn check_tracking(&self, args: &TrackingArgs<'_>, session: &Session) -> Result<(), String> {
+        if args.optin && args.optout {
+            return Err("ERR You can't use both OPTIN and OPTOUT".into());
+        }
+        if args.bcast && (args.optin || args.optout) {
+            return Err("ERR OPTIN and OPTOUT are not compatible with BCAST".into());
+        }
+        if args.has_prefixes() && !args.bcast {
+            return Err("ERR PREFIX option requires BCAST mode to be enabled".into());
+        }
+        let current = session.tracking.as_deref().and_then(|t| t.mode.as_ref());
+        if let Some(m) = current {
+            if m.bcast != args.bcast {
+                return Err("ERR You can't switch BCAST mode on/off before disabling tracking for this client, and then re-enabling it with a different mode.".into());
+            }
+            if (m.optin, m.optout) != (args.optin, args.optout) {
+                return Err("ERR You can't switch OPTIN/OPTOUT mode before disabling tracking for this client, and then re-enabling it with a different mode.".into());
+            }
+        }
+        if let Some(id) = args.redirect {
+            let exists = u64::try_from(id)
+                .ok()
+                .filter(|&id| id > 0)
+                .is_some_and(|id| {
+                    match self.shared.core_of_client(id) {
+                        Some(core) if core == self.core => self.tracking.slot_of(id).is_some(),
+                        // Another core's connection: it is checked when a message goes to it
+                        // (a message to a closed one is dropped).
+                        Some(_) => true,
+                        None => false,
+                    }
+                });
+            if !exists {
+                return Err("ERR The client ID you want redirect to does not exist".into());
+            }
+        }
+        let existing: &[Box<[u8]>] = current.map_or(&[], |m| &m.prefixes);
+        let mut seen: Vec<&[u8]> = existing.iter().map(|p| &p[..]).collect();
+        for p in args.prefixes() {
+            if seen.contains(&p) {
+                continue;
+            }
+            if let Some(q) = seen.iter().find(|q| q.starts_with(p) || p.starts_with(q)) {
+                return Err(format!(
+                    "ERR Prefix '{}' overlaps with an existing prefix '{}'. Prefixes for a single client must not overlap.",
+                    String::from_utf8_lossy(p),
+                    String::from_utf8_lossy(q)
+                ));
+            }
+            if seen.len() >= MAX_PREFIXES {
+                return Err(format!(
+                    "ERR pgline: at most {MAX_PREFIXES} prefixes per client"
+                ));
+            }
+            seen.push(p);
+        }
+        Ok(())
+    }
+
+    /// Tracking off (`CLIENT TRACKING OFF`, `RESET`); the table's entries of this client are
+    /// left to be skipped when they are invalidated, as Redis does.
+    fn stop_tracking(&mut self, session: &mut Session) {
+        if let Some(t) = session.tracking.as_deref_mut() {
+            t.mode = None;
+            t.caching = None;
+            if t.counted {
+                self.shared.tracking_leave(self.core);
+                t.counted = false;
+            }
+        }
+    }
+
+    fn update_listening(&mut self, session: &Session) {
+        let none = ClientTracking::default();
+        let t = session.tracking.as_deref().unwrap_or(&none);
+        self.tracking.set_listening(session.client_id, self.slot, t);
+    }
+
+    /// `SUBSCRIBE __redis__:invalidate`: the channel RESP2 clients receive invalidations on.
+    fn subscribe(&mut self, channels: Args<'_>, session: &mut Session, out: &mut Vec<u8>) {
+        if let Some(other) = channels.iter().find(|c| *c != INVALIDATE_CHANNEL) {
+            let mut msg = b"ERR pgline has no pub/sub: SUBSCRIBE serves only __redis__:invalidate (client-side caching), not '".to_vec();
+            msg.extend(
+                other
+                    .iter()
+                    .take(64)
+                    .map(|&b| if b.is_ascii_graphic() { b } else { b'?' }),
+            );
+            msg.push(b'\'');
+            compose_error(out, &msg);
+            return;
+        }
+        let state = session.tracking.get_or_insert_with(Box::default);
+        state.subscribed = true;
+        for c in channels.iter() {
+            compose_pubsub_header(out, session.proto);
+            compose_bulk(out, b"subscribe");
+            compose_bulk(out, c);
+            compose_integer(out, 1);
+        }
+        self.update_listening(session);
+    }
+
+    /// `UNSUBSCRIBE [channel ...]`.
+    fn unsubscribe(&mut self, channels: Args<'_>, session: &mut Session, out: &mut Vec<u8>) {
+        let was = session.tracking.as_deref().is_some_and(|t| t.subscribed);
+        if channels.is_empty() {
+            compose_pubsub_header(out, session.proto);
+            compose_bulk(out, b"unsubscribe");
+            if was {
+                compose_bulk(out, INVALIDATE_CHANNEL);
+            } else {
+                compose_null(out, session.proto);
+            }
+            compose_integer(out, 0);
+        }
+        let mut subscribed = was;
+        for c in channels.iter() {
+            if c == INVALIDATE_CHANNEL {
+                subscribed = false;
+            }
+            compose_pubsub_header(out, session.proto);
+            compose_bulk(out, b"unsubscribe");
+            compose_bulk(out, c);
+            compose_integer(out, i64::from(subscribed));
+        }
+        if channels.is_empty() {
+            subscribed = false;
+        }
+        if let Some(t) = session.tracking.as_deref_mut() {
+            t.subscribed = subscribed;
+        }
+        self.update_listening(session);
     }
 
     /// `CLUSTER <subcommand>`: the topology's replies; outside cluster mode, Redis's refusal
@@ -587,6 +834,92 @@ const WRONGPASS: &[u8] = b"WRONGPASS invalid username-password pair or user is d
 const TOO_MANY_FAILURES: &[u8] =
     b"ERR too many failed authentication attempts on this connection: closing it";
 
+/// A subscription reply's header: an array on RESP2, a push on RESP3.
+fn compose_pubsub_header(out: &mut Vec<u8>, proto: Protocol) {
+    out.extend_from_slice(match proto {
+        Protocol::Resp3 => b">3\r\n",
+        Protocol::Resp2 => b"*3\r\n",
+    });
+}
+
+/// `CLIENT CACHING yes|no`: applies to the connection's next command.
+fn client_caching(yes: bool, session: &mut Session, out: &mut Vec<u8>) {
+    let Some(t) = session.tracking.as_deref_mut() else {
+        compose_error(out, CACHING_NOT_OPT);
+        return;
+    };
+    match &t.mode {
+        Some(m) if m.optin || m.optout => {
+            if yes && !m.optin {
+                compose_error(
+                    out,
+                    b"ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode.",
+                );
+            } else if !yes && !m.optout {
+                compose_error(
+                    out,
+                    b"ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode.",
+                );
+            } else {
+                t.caching = Some(yes);
+                compose_simple(out, b"OK");
+            }
+        }
+        _ => compose_error(out, CACHING_NOT_OPT),
+    }
+}
+
+const CACHING_NOT_OPT: &[u8] = b"ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled";
+
+/// `CLIENT TRACKINGINFO`: flags, redirect, prefixes, as Redis answers.
+fn tracking_info(session: &Session, out: &mut Vec<u8>) {
+    let proto = session.proto;
+    let t = session.tracking.as_deref();
+    let mode: Option<&Mode> = t.and_then(|t| t.mode.as_ref());
+    compose_map_header(out, 3, proto);
+    compose_bulk(out, b"flags");
+    let mut flags: Vec<&[u8]> = Vec::new();
+    match mode {
+        None => flags.push(b"off"),
+        Some(m) => {
+            flags.push(b"on");
+            if m.bcast {
+                flags.push(b"bcast");
+            }
+            if m.optin {
+                flags.push(b"optin");
+                if t.is_some_and(|t| t.caching == Some(true)) {
+                    flags.push(b"caching-yes");
+                }
+            }
+            if m.optout {
+                flags.push(b"optout");
+                if t.is_some_and(|t| t.caching == Some(false)) {
+                    flags.push(b"caching-no");
+                }
+            }
+            if m.noloop {
+                flags.push(b"noloop");
+            }
+            if m.broken_redirect {
+                flags.push(b"broken_redirect");
+            }
+        }
+    }
+    crate::resp::compose_set_header(out, flags.len(), proto);
+    for f in flags {
+        compose_bulk(out, f);
+    }
+    compose_bulk(out, b"redirect");
+    compose_integer(out, mode.map_or(-1, |m| m.redirect as i64));
+    compose_bulk(out, b"prefixes");
+    let prefixes: &[Box<[u8]>] = mode.map_or(&[], |m| &m.prefixes);
+    compose_array_header(out, prefixes.len());
+    for p in prefixes {
+        compose_bulk(out, p);
+    }
+}
+
 /// `CLIENT SETNAME | GETNAME | SETINFO | ID | INFO`.
 fn execute_client(sub: ClientSub<'_>, session: &mut Session, out: &mut Vec<u8>) {
     match sub {
@@ -608,6 +941,11 @@ fn execute_client(sub: ClientSub<'_>, session: &mut Session, out: &mut Vec<u8>) 
         }
         ClientSub::Id => compose_integer(out, session.client_id as i64),
         ClientSub::Info => info::compose_client_info(out, session),
+        // Handled by `Exec::execute_admin`.
+        ClientSub::Tracking(_)
+        | ClientSub::Caching { .. }
+        | ClientSub::TrackingInfo
+        | ClientSub::GetRedir => compose_error(out, b"ERR internal: command in the wrong path"),
         ClientSub::Other { .. } => compose_error(
             out,
             b"ERR unknown subcommand or wrong number of arguments for 'CLIENT'",

@@ -19,7 +19,10 @@ pub(crate) fn compose_hello(out: &mut Vec<u8>, session: &Session) {
     let proto = session.proto;
     compose_map_header(out, 7, proto);
     compose_bulk(out, b"server");
-    compose_bulk(out, b"pgline");
+    // "redis", not "pgline": redis-py's client-side cache, among others, is enabled only for a
+    // server that names itself so (`docs/decisions.md`, "HELLO names the server redis"); INFO
+    // still says what pgline is.
+    compose_bulk(out, b"redis");
     compose_bulk(out, b"version");
     compose_bulk(out, REDIS_COMPAT_VERSION.as_bytes());
     compose_bulk(out, b"proto");
@@ -90,9 +93,10 @@ pub(crate) fn compose_info(
     if want("clients") {
         let _ = write!(
             t,
-            "# Clients\r\nconnected_clients:{}\r\nrejected_connections:{}\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\nrejected_connections:{}\r\ntracking_clients:{}\r\n\r\n",
             total(|s| &s.connections_open),
             total(|s| &s.connections_rejected),
+            total(|s| &s.tracking_clients),
         );
     }
     if want("stats") {
@@ -100,7 +104,7 @@ pub(crate) fn compose_info(
         let misses = total(|s| &s.keys_miss);
         let _ = write!(
             t,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nkeyspace_hits:{hits}\r\nkeyspace_misses:{misses}\r\nkeyspace_negative_hits:{}\r\nkeyspace_bypass:{}\r\nkeyspace_unknown_table:{}\r\nevicted_keys:{}\r\nevicted_segments:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nmiss_queue_full:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nkeyspace_hits:{hits}\r\nkeyspace_misses:{misses}\r\nkeyspace_negative_hits:{}\r\nkeyspace_bypass:{}\r\nkeyspace_unknown_table:{}\r\nevicted_keys:{}\r\nevicted_segments:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nprotocol_errors:{}\r\nmiss_queue_full:{}\r\ntracking_total_keys:{}\r\ntracking_invalidations:{}\r\ntracking_evicted_keys:{}\r\ntracking_queue_overflows:{}\r\n\r\n",
             total(|s| &s.connections_accepted),
             // Both protocols, as ever (the metrics split them: see docs/operations.md).
             total(|s| &s.resp_commands) + total(|s| &s.pg_steps),
@@ -113,6 +117,10 @@ pub(crate) fn compose_info(
             total(|s| &s.bytes_out),
             total(|s| &s.protocol_errors),
             total(|s| &s.resp_queue_full) + total(|s| &s.pg_queue_full),
+            total(|s| &s.tracking_keys),
+            total(|s| &s.tracking_invalidations),
+            total(|s| &s.tracking_evicted),
+            total(|s| &s.tracking_overflows),
         );
     }
     if want("memory") {

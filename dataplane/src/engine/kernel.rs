@@ -344,6 +344,7 @@ impl Core {
         self.worker.now = Instant::now();
         self.worker.poll_keyspace();
         worked |= self.slots.poll_replies(&self.worker);
+        worked |= self.slots.poll_tracking(&mut self.worker);
         worked |= self
             .slots
             .poll_sessions(&mut self.sockets, &mut self.worker);
@@ -490,7 +491,7 @@ impl Core {
             if let Some(session) = conn.pg.as_mut() {
                 session.peer = Some(peer.ip());
             }
-            self.slots.fill(slot, conn, socket, self.worker.stats());
+            self.slots.fill(slot, conn, socket, &mut self.worker);
         }
     }
 

@@ -58,6 +58,11 @@ pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
 const TRIM_AFTER_BYTES: usize = 32 * 1024 * 1024;
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
+/// Default `resp.tracking_table_max_keys` (Redis's `tracking-table-max-keys` default).
+pub const DEFAULT_TRACKING_TABLE_MAX_KEYS: usize = 1_000_000;
+/// Key text the tracking table holds per key on average before its byte bound evicts.
+pub const TRACKING_BYTES_PER_KEY: usize = 128;
+
 /// Connection limits and timeouts; `0` turns a limit or timeout off where noted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnLimits {
@@ -83,6 +88,8 @@ pub struct ConnLimits {
     pub pg_idle_timeout_ms: u64,
     /// Wrong passwords on one RESP connection before it is closed (0: no limit).
     pub max_auth_failures: u32,
+    /// Keys remembered for tracking clients (client-side caching), split over cores.
+    pub tracking_table_max_keys: usize,
 }
 
 impl Default for ConnLimits {
@@ -97,6 +104,7 @@ impl Default for ConnLimits {
             pg_startup_timeout_ms: DEFAULT_PG_STARTUP_TIMEOUT_MS,
             pg_idle_timeout_ms: 0,
             max_auth_failures: DEFAULT_MAX_AUTH_FAILURES,
+            tracking_table_max_keys: DEFAULT_TRACKING_TABLE_MAX_KEYS,
         }
     }
 }

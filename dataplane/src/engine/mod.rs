@@ -33,6 +33,7 @@ mod prefetch;
 mod session;
 mod slots;
 pub mod tls;
+mod tracking;
 pub mod userspace;
 
 use std::net::SocketAddr;

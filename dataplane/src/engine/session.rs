@@ -30,14 +30,17 @@ use std::time::Instant;
 use crate::cluster::Topology;
 use crate::keyspace::KeySpace;
 use crate::plane::{ConnToken, CorePort, CoreStats, MissReply, MissRequest};
-use crate::resp::{compose_error, parse_command, parse_request, Args, ParseError};
+use crate::resp::{
+    compose_error, parse_command, parse_request, Args, ClientSub, Command, ParseError,
+};
 
 use super::conn::{BufferCache, Conn, Pending, READ_AHEAD};
 use super::execute::{Exec, Outcome};
-use super::limits::{CoreLimits, Sources};
+use super::limits::{CoreLimits, Sources, TRACKING_BYTES_PER_KEY};
 use super::pg::{PgEngine, PgSession};
 use super::prefetch;
 use super::tls::TlsFront;
+use super::tracking::CoreTracking;
 use super::EngineConfig;
 use crate::pgwire::Limits as PgLimits;
 
@@ -78,6 +81,8 @@ pub(crate) struct Worker {
     pub(crate) tls: Option<TlsFront>,
     /// Input and output buffers lent to connections while they have work.
     pub(crate) buffers: BufferCache,
+    /// Client tracking on this core (issue 18).
+    pub(crate) tracking: CoreTracking,
 }
 
 impl Worker {
@@ -92,7 +97,17 @@ impl Worker {
         };
         let now = Instant::now();
         let cap = cfg.max_reply_memory_per_core();
+        let tracking_keys = cfg
+            .conn_limits
+            .tracking_table_max_keys
+            .div_ceil(cfg.cores.max(1));
+        let tracking = CoreTracking::new(
+            tracking_keys,
+            tracking_keys.saturating_mul(TRACKING_BYTES_PER_KEY),
+            keyspace_generation,
+        );
         Worker {
+            tracking,
             limits: CoreLimits::new(cap, now),
             sources: Arc::default(),
             now,
@@ -314,7 +329,27 @@ impl Worker {
         };
         let stats = self.port.stats();
         let outcome = match parse_command(args) {
+            Ok(cmd) if subscribed_resp2(session) && !allowed_when_subscribed(cmd) => {
+                let mut msg = b"ERR Can't execute '".to_vec();
+                let name = args.get(0).unwrap_or_default();
+                msg.extend(name.iter().take(32).map(u8::to_ascii_lowercase));
+                msg.extend_from_slice(b"': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context");
+                compose_error(out, &msg);
+                Outcome::Done
+            }
+            Ok(Command::Ping { message }) if subscribed_resp2(session) => {
+                // Redis's answer to PING on a subscribed RESP2 connection.
+                out.extend_from_slice(b"*2\r\n$4\r\npong\r\n");
+                crate::resp::compose_bulk(out, message.unwrap_or_default());
+                Outcome::Done
+            }
             Ok(cmd) => {
+                let caching_cmd = matches!(
+                    cmd,
+                    Command::Client {
+                        sub: ClientSub::Caching { .. }
+                    }
+                );
                 let mut exec = Exec {
                     shared: self.port.shared(),
                     keyspace: &self.keyspace,
@@ -326,9 +361,18 @@ impl Worker {
                     password: self.cfg.password.as_deref().map(str::as_bytes),
                     max_connections: self.cfg.max_connections,
                     max_auth_failures: self.cfg.conn_limits.max_auth_failures,
+                    tracking: &mut self.tracking,
+                    core: self.port.id(),
+                    slot: token.slot(),
                 };
                 let was_authenticated = session.authenticated;
                 let outcome = exec.execute(cmd, session, out);
+                if !caching_cmd {
+                    // `CLIENT CACHING yes|no` applies to the one command after it.
+                    if let Some(t) = session.tracking.as_deref_mut() {
+                        t.caching = None;
+                    }
+                }
                 if was_authenticated && !session.authenticated {
                     // RESET: the authentication timeout runs again from now.
                     *opened_at = self.now;
@@ -371,6 +415,24 @@ impl Worker {
             pending.push_back(Pending::Ready(held));
         }
     }
+}
+
+/// A RESP2 connection subscribed to the invalidation channel takes only pub/sub commands.
+fn subscribed_resp2(session: &super::conn::Session) -> bool {
+    session.proto == crate::resp::Protocol::Resp2
+        && session.tracking.as_deref().is_some_and(|t| t.subscribed)
+}
+
+fn allowed_when_subscribed(cmd: Command<'_>) -> bool {
+    matches!(
+        cmd,
+        Command::Subscribe { .. }
+            | Command::Unsubscribe { .. }
+            | Command::PubSubOther { .. }
+            | Command::Ping { .. }
+            | Command::Quit
+            | Command::Reset
+    )
 }
 
 const UNAUTH_TOO_LARGE: &[u8] = b"ERR Protocol error: unauthenticated request too large";

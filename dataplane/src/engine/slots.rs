@@ -31,6 +31,46 @@ use super::conn::{Conn, RECLAIM_IDLE};
 use super::limits::Expiry;
 use super::pg;
 use super::session::{Next, Worker};
+use super::tracking::{self, Notice};
+
+/// The BCAST prefixes of the connections in a core's slots.
+struct EntryPrefixes<'a, T>(&'a [Option<Entry<T>>]);
+
+impl<T> tracking::Prefixes for EntryPrefixes<'_, T> {
+    fn prefixes(&self, client: u64, slot: usize) -> Option<&[Box<[u8]>]> {
+        let conn = &self.0.get(slot)?.as_ref()?.conn;
+        if conn.session.client_id != client {
+            return None;
+        }
+        let mode = conn.session.tracking.as_deref()?.mode.as_ref()?;
+        Some(&mode.prefixes[..])
+    }
+}
+
+/// Appends an unsolicited message to `conn`'s output, behind any reply still waiting. A client
+/// that lets more than `max_backlog` pile up unread is closed: dropping the message instead would
+/// leave its cache stale.
+fn deliver(conn: &mut Conn, frame: &[u8], max_backlog: usize) {
+    if conn.closing {
+        return;
+    }
+    if conn.backlog() + frame.len() > max_backlog {
+        conn.closing = true;
+        conn.doomed = true;
+        conn.rpos = conn.rbuf.len();
+        return;
+    }
+    if conn.pending.is_empty() {
+        if conn.wbuf.len() == conn.wpos {
+            conn.wbuf.clear();
+            conn.wpos = 0;
+        }
+        conn.wbuf.extend_from_slice(frame);
+    } else {
+        conn.pending
+            .push_back(super::conn::Pending::Ready(frame.to_vec()));
+    }
+}
 
 /// One open connection: its session state and the transport's handle and flags.
 pub(crate) struct Entry<T> {
@@ -125,8 +165,13 @@ impl<T> Slots<T> {
     }
 
     /// Fills `slot` (from [`Slots::vacant`]) and puts it on the active list.
-    pub fn fill(&mut self, slot: usize, conn: Conn, io: T, stats: &CoreStats) {
+    pub fn fill(&mut self, slot: usize, conn: Conn, io: T, worker: &mut Worker) {
         let pg = conn.pg.is_some();
+        if !pg {
+            // A RESP connection may be named as a tracking client's redirect target.
+            worker.tracking.conn_opened(conn.session.client_id, slot);
+        }
+        let stats = worker.stats();
         self.entries[slot] = Some(Entry { conn, io });
         self.list(slot);
         self.open += 1;
@@ -171,6 +216,18 @@ impl<T> Slots<T> {
         self.free.push(slot);
         self.open -= 1;
         worker.release_conn(&mut entry.conn);
+        if entry.conn.pg.is_none() {
+            worker.tracking.conn_closed(entry.conn.session.client_id);
+            if entry
+                .conn
+                .session
+                .tracking
+                .as_deref()
+                .is_some_and(|t| t.counted)
+            {
+                worker.port.shared().tracking_leave(worker.port.id());
+            }
+        }
         worker.buffers.give(std::mem::take(&mut entry.conn.rbuf));
         worker.buffers.give(std::mem::take(&mut entry.conn.wbuf));
         let stats = worker.stats();
@@ -305,6 +362,128 @@ impl<T> Slots<T> {
         any
     }
 
+    /// Client tracking's turn (issue 18): the checks of hits and key space, the invalidations
+    /// queued by the writer and other cores, and the messages they make, appended to the
+    /// connections they go to (behind any reply still waiting, so a client never caches a reply
+    /// after the invalidation that voids it).
+    pub fn poll_tracking(&mut self, worker: &mut Worker) -> bool {
+        let table = &mut worker.tracking;
+        table.observe(worker.port.serve_hits(), worker.keyspace_generation);
+        if worker.port.tracking_overflowed() {
+            CoreStats::add(&worker.port.stats().tracking_overflows, 1);
+            table.forget_all();
+        }
+        let prefixes = EntryPrefixes(&self.entries);
+        let mut received = false;
+        while let Some(inv) = worker.port.recv_invalidation() {
+            received = true;
+            table.apply(inv, &worker.keyspace, &prefixes);
+        }
+        let stats = worker.port.stats();
+        let gauge = |g: &std::sync::atomic::AtomicU64, v: u64| {
+            if g.load(Ordering::Relaxed) != v {
+                g.store(v, Ordering::Relaxed);
+            }
+        };
+        gauge(&stats.tracking_keys, table.pairs() as u64);
+        gauge(&stats.tracking_evicted, table.evicted);
+        gauge(
+            &stats.tracking_clients,
+            worker.port.shared().tracking_clients(worker.port.id()) as u64,
+        );
+        if table.notices.is_empty() {
+            return received;
+        }
+        let notices = std::mem::take(&mut table.notices);
+        let mut frame = Vec::new();
+        let mut sent = 0u64;
+        for notice in &notices {
+            let (client, message, direct) = match notice {
+                Notice::Tracked { client, message } => (*client, message, false),
+                Notice::Direct { client, message } => (*client, message, true),
+            };
+            let Some(slot) = worker.tracking.slot_of(client) else {
+                continue;
+            };
+            let target = if direct {
+                Some(slot)
+            } else {
+                self.redirect_target(slot, client, message, worker)
+            };
+            let Some(target) = target else { continue };
+            let Some(entry) = self.get_mut(target) else {
+                continue;
+            };
+            let session = &entry.conn.session;
+            let subscribed = session.tracking.as_deref().is_some_and(|t| t.subscribed);
+            frame.clear();
+            if !tracking::compose(message, session.proto, subscribed, &mut frame) {
+                continue;
+            }
+            sent += 1;
+            deliver(&mut entry.conn, &frame, worker.cfg.max_reply_backlog);
+            self.activate(target);
+        }
+        CoreStats::add(&worker.port.stats().tracking_invalidations, sent);
+        let mut notices = notices;
+        notices.clear();
+        worker.tracking.notices = notices;
+        true
+    }
+
+    /// Where a tracking client's message goes: its own connection, or its redirect target
+    /// (another core's through that core's queue, `None` returned). A gone target on this core
+    /// marks the redirect broken and tells a RESP3 client so.
+    fn redirect_target(
+        &mut self,
+        slot: usize,
+        client: u64,
+        message: &tracking::Message,
+        worker: &Worker,
+    ) -> Option<usize> {
+        let entry = self.get_mut(slot)?;
+        if entry.conn.session.client_id != client {
+            return None;
+        }
+        let mode = entry.conn.session.tracking.as_deref()?.mode.as_ref()?;
+        if mode.redirect == 0 {
+            return Some(slot);
+        }
+        let redirect = mode.redirect;
+        let shared = worker.port.shared();
+        match shared.core_of_client(redirect) {
+            Some(core) if core != worker.port.id() => {
+                let key = match message {
+                    tracking::Message::Key(k) => Some(k.clone()),
+                    tracking::Message::Null => None,
+                };
+                worker.port.deliver_invalidation(core, redirect, key);
+                None
+            }
+            _ => match worker.tracking.slot_of(redirect) {
+                Some(target) => Some(target),
+                None => {
+                    let conn = &mut entry.conn;
+                    if let Some(mode) = conn
+                        .session
+                        .tracking
+                        .as_deref_mut()
+                        .and_then(|t| t.mode.as_mut())
+                    {
+                        mode.broken_redirect = true;
+                    }
+                    if conn.session.proto == crate::resp::Protocol::Resp3 {
+                        let mut frame = Vec::new();
+                        tracking::compose_redirect_broken(redirect, &mut frame);
+                        deliver(conn, &frame, worker.cfg.max_reply_backlog);
+                        self.activate(slot);
+                    }
+                    None
+                }
+            },
+        }
+    }
+
     /// The slot `token` names, if it still holds that connection (not closed, not reused).
     fn live_slot(&mut self, token: ConnToken) -> Option<usize> {
         let slot = token.slot();
@@ -437,7 +616,7 @@ pub(crate) mod tests {
         let mut w = worker();
         let mut slots = Slots::new();
         let (slot, generation) = slots.vacant();
-        slots.fill(slot, w.new_conn(generation), 1, w.stats());
+        slots.fill(slot, w.new_conn(generation), 1, &mut w);
         // Closed by the transport while on the active list, then the slot is filled again.
         assert!(slots.remove(slot, &mut w).is_some());
         let (again, generation2) = slots.vacant();
@@ -446,7 +625,7 @@ pub(crate) mod tests {
             generation2, generation,
             "a late reply for the old one must not match"
         );
-        slots.fill(again, w.new_conn(generation2), 2, w.stats());
+        slots.fill(again, w.new_conn(generation2), 2, &mut w);
         slots.activate(again);
         let mut count = Count(Vec::new());
         assert!(slots.poll_sessions(&mut count, &mut w));

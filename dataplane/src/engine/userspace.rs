@@ -140,6 +140,7 @@ impl<S: StreamStack> UserCore<S> {
         self.process_events();
         self.worker.poll_keyspace();
         worked |= self.slots.poll_replies(&self.worker);
+        worked |= self.slots.poll_tracking(&mut self.worker);
         worked |= self
             .slots
             .poll_sessions(&mut self.streams, &mut self.worker);
@@ -267,7 +268,7 @@ impl<S: StreamStack> UserCore<S> {
             failed: false,
         };
         self.streams.slot_of.insert(id, slot);
-        self.slots.fill(slot, conn, flow, self.worker.stats());
+        self.slots.fill(slot, conn, flow, &mut self.worker);
     }
 
     /// Open connections on this core.

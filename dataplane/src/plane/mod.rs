@@ -32,6 +32,7 @@ mod lane;
 mod message;
 mod port;
 mod stats;
+mod tracking;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -45,6 +46,7 @@ use lane::Lane;
 pub use message::*;
 pub use port::{ControlPort, CorePort};
 pub use stats::{CoreStats, LatencyHistogram, Replication, ReplicationGauge, LATENCY_BOUNDS_NS};
+pub use tracking::{Invalidation, QUEUE_CAPACITY as TRACKING_QUEUE_CAPACITY};
 
 /// Wakes a sleeping party (a core's poll loop, or a control-plane consumer).
 pub trait Wake: Send + Sync {
@@ -154,6 +156,8 @@ pub struct Shared {
     pg_host: OnceLock<Arc<dyn PgHost>>,
     /// Per core: it drains its own PostgreSQL requests (set by the core before its first turn).
     pg_hosted: Vec<AtomicBool>,
+    /// Per core: client-tracking invalidations for it (issue 18, [`tracking`]).
+    tracking: Vec<tracking::TrackingLane>,
 }
 
 impl Shared {
@@ -176,10 +180,11 @@ impl Shared {
             control_wakers,
             core_wakers: (0..cores).map(|_| OnceLock::new()).collect(),
             started_at: Instant::now(),
-            next_client_id: AtomicU64::new(1),
+            next_client_id: AtomicU64::new(0),
             transport: OnceLock::new(),
             pg_host: OnceLock::new(),
             pg_hosted: (0..cores).map(|_| AtomicBool::new(false)).collect(),
+            tracking: (0..cores).map(|_| tracking::TrackingLane::new()).collect(),
         }
     }
 
@@ -200,6 +205,34 @@ impl Shared {
 
     pub fn cores(&self) -> usize {
         self.lanes.len()
+    }
+
+    /// A connection of core `core` starts tracking keys: from now on the writer queues
+    /// invalidations for that core. Call before reading the store for it (see [`tracking`]'s
+    /// ordering).
+    pub fn tracking_enter(&self, core: usize) {
+        if let Some(lane) = self.tracking.get(core) {
+            lane.enter();
+        }
+    }
+
+    /// A connection counted by [`Shared::tracking_enter`] stopped tracking (off, reset, closed).
+    pub fn tracking_leave(&self, core: usize) {
+        if let Some(lane) = self.tracking.get(core) {
+            lane.leave();
+        }
+    }
+
+    /// Connections of core `core` with tracking on.
+    pub fn tracking_clients(&self, core: usize) -> usize {
+        self.tracking.get(core).map_or(0, |l| l.clients())
+    }
+
+    /// The core whose connection has client id `id` (ids are handed out per core, interleaved:
+    /// `CorePort::next_client_id`).
+    pub fn core_of_client(&self, id: u64) -> Option<usize> {
+        let core = usize::try_from(id.checked_sub(1)? % self.cores() as u64).ok()?;
+        Some(core)
     }
 
     /// The store's read side.

@@ -8,7 +8,8 @@ use crate::keyspace::{KeySpace, KeySpaceCell};
 use crate::store::StoreReader;
 
 use super::{
-    CoreStats, MissReply, MissRequest, PgHost, PgReply, PgRequest, Replication, Shared, Wake,
+    CoreStats, Invalidation, MissReply, MissRequest, PgHost, PgReply, PgRequest, Replication,
+    Shared, Wake,
 };
 
 /// One core's side of the plane, owned by that core's thread.
@@ -87,9 +88,10 @@ impl CorePort {
         self.shared.replication.applied_lsn()
     }
 
-    /// A client id, unique for the process lifetime.
+    /// A client id, unique for the process lifetime; [`Shared::core_of_client`] tells its core.
     pub fn next_client_id(&self) -> u64 {
-        self.shared.next_client_id.fetch_add(1, Ordering::Relaxed)
+        let n = self.shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+        n * self.shared.cores() as u64 + self.id as u64 + 1
     }
 
     /// Registers what wakes this core from its sleep (once, at start).
@@ -162,7 +164,31 @@ impl CorePort {
     #[inline]
     pub fn replies_waiting(&self) -> bool {
         let lanes = &self.shared.lanes[self.id];
-        !lanes.replies.is_empty() || !lanes.pg_replies.is_empty()
+        !lanes.replies.is_empty()
+            || !lanes.pg_replies.is_empty()
+            || self.shared.tracking[self.id].waiting()
+    }
+
+    /// The next invalidation for this core.
+    #[inline]
+    pub fn recv_invalidation(&self) -> Option<Invalidation> {
+        self.shared.tracking[self.id].pop()
+    }
+
+    /// Whether invalidations for this core were lost to a full queue since the last call: the
+    /// core must then invalidate everything it tracks.
+    #[inline]
+    pub fn tracking_overflowed(&self) -> bool {
+        self.shared.tracking[self.id].take_overflow()
+    }
+
+    /// Hands an invalidation (`None`: of everything) to redirect target `client` on core
+    /// `core` and wakes it.
+    pub fn deliver_invalidation(&self, core: usize, client: u64, key: Option<Box<[u8]>>) {
+        if let Some(lane) = self.shared.tracking.get(core) {
+            lane.push(Invalidation::Deliver { client, key });
+            self.shared.wake_core(core);
+        }
     }
 
     /// How many replies of one kind a turn takes at most (the queue's bound).
@@ -239,6 +265,25 @@ impl ControlPort {
     pub fn send_pg_reply(&self, core: usize, reply: PgReply) {
         if let Some(lanes) = self.shared.lanes.get(core) {
             lanes.pg_replies.push(reply);
+            self.shared.wake_core(core);
+        }
+    }
+
+    /// Tells every core with tracking clients what changed, and wakes it. Call after the
+    /// changes are in the store. A core whose queue is full forgets everything it tracks
+    /// instead (a null invalidation to its clients).
+    pub fn invalidate(&self, changes: &[Invalidation]) {
+        if changes.is_empty() {
+            return;
+        }
+        super::tracking::writer_fence();
+        for (core, lane) in self.shared.tracking.iter().enumerate() {
+            if !lane.active() {
+                continue;
+            }
+            for change in changes {
+                lane.push(change.clone());
+            }
             self.shared.wake_core(core);
         }
     }

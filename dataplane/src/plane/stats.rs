@@ -23,6 +23,16 @@ pub struct CoreStats {
     pub protocol_errors: AtomicU64,
     /// RESP requests answered `-BUSY` because the core's miss queue was full.
     pub resp_queue_full: AtomicU64,
+    /// Client-tracking invalidation messages sent to connections (issue 18).
+    pub tracking_invalidations: AtomicU64,
+    /// Times the core's invalidation queue overflowed (each a null invalidation).
+    pub tracking_overflows: AtomicU64,
+    /// Gauge: (key, client) pairs in the core's tracking table.
+    pub tracking_keys: AtomicU64,
+    /// Keys the tracking table invalidated because it was full.
+    pub tracking_evicted: AtomicU64,
+    /// Gauge: connections of the core with tracking on.
+    pub tracking_clients: AtomicU64,
     /// PostgreSQL requests a full queue to the control plane refused: the step waits for a
     /// later turn (nothing is lost), or a point lookup's background fill is skipped.
     pub pg_queue_full: AtomicU64,

@@ -57,6 +57,7 @@ pub use args::Args;
 pub use command::{
     compose_command_count, compose_command_docs, compose_command_info, compose_command_table,
     is_write_command, parse_command, ClientSub, ClusterSub, Command, CommandError, CommandSub,
+    TrackingArgs,
 };
 pub use compose::{
     compose_array_header, compose_bulk, compose_bulk_header, compose_error, compose_integer,

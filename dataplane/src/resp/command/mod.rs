@@ -28,12 +28,13 @@ mod ping;
 mod quit;
 mod reset;
 mod select;
+mod subscribe;
 mod write;
 
 #[cfg(test)]
 mod test_util;
 
-pub use client::ClientSub;
+pub use client::{ClientSub, TrackingArgs};
 pub use cluster::ClusterSub;
 pub use command::{
     compose_command_count, compose_command_docs, compose_command_info, compose_command_table,
@@ -108,6 +109,18 @@ pub enum Command<'a> {
     Reset,
     /// A known Redis write command (pgline is read-only); arguments are not checked.
     Write {
+        name: &'a [u8],
+    },
+    /// `SUBSCRIBE channel ...` (only `__redis__:invalidate` is served).
+    Subscribe {
+        channels: Args<'a>,
+    },
+    /// `UNSUBSCRIBE [channel ...]`.
+    Unsubscribe {
+        channels: Args<'a>,
+    },
+    /// `PSUBSCRIBE`, `PUNSUBSCRIBE`, `SSUBSCRIBE`, `SUNSUBSCRIBE`, `PUBSUB` (refused).
+    PubSubOther {
         name: &'a [u8],
     },
     /// `CONFIG GET pattern ...`.
@@ -193,6 +206,11 @@ pub fn parse_command<'a>(args: Args<'a>) -> Result<Command<'a>, CommandError> {
         b"CONFIG" => config::parse(args),
         b"QUIT" => quit::parse(args),
         b"RESET" => reset::parse(args),
+        b"SUBSCRIBE" => subscribe::parse_subscribe(args),
+        b"UNSUBSCRIBE" => subscribe::parse_unsubscribe(args),
+        b"PSUBSCRIBE" | b"PUNSUBSCRIBE" | b"SSUBSCRIBE" | b"SUNSUBSCRIBE" | b"PUBSUB" => {
+            Ok(Command::PubSubOther { name })
+        }
         upper if write::is_upper_write(upper) => Ok(Command::Write { name }),
         _ => Ok(Command::Unknown {
             name,

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod admin;
+pub mod advise;
 pub mod api;
 pub mod catalog;
 pub mod clock;

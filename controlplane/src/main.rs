@@ -41,6 +41,8 @@ enum Command {
     Flush(FlushArgs),
     /// Per-statement statistics of the PostgreSQL front (GET /v1/queries).
     Queries(ClientArgs),
+    /// What pgline would serve of the origin's workload (pg_stat_statements; GET /v1/advice).
+    Advise(cli::advise::AdviseArgs),
     /// Pre-flight checks of this host and the origin (no running pgline needed).
     Check(CheckArgs),
     /// The client NIC's PCI device: bind it to vfio-pci/uio_pci_generic, or show its driver.
@@ -85,6 +87,7 @@ fn main() -> ExitCode {
         Command::Tables { action } => return cli::ops::tables(action),
         Command::Flush(args) => return cli::ops::flush(args),
         Command::Queries(args) => return cli::ops::queries(args),
+        Command::Advise(args) => return cli::advise::run(args),
         Command::Check(args) => return cli::check::run(args),
         Command::Nic { action } => return cli::nic::run(action),
     };

@@ -23,6 +23,7 @@ use crate::pgfront::RelayState;
 use crate::wal::ReplicationState;
 use crate::writer::{AdminCmd, EntryCounts};
 
+mod advise;
 mod cluster;
 mod warm;
 

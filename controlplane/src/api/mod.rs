@@ -24,6 +24,7 @@
 //! `/metrics` (Prometheus text, [`crate::metrics::render`]) mounts here too, beside `/v1`,
 //! following `api.open_reads`.
 
+mod advice;
 pub mod auth;
 mod cache;
 mod cluster;
@@ -138,6 +139,7 @@ fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(cache::flush))
         .routes(routes!(cache::key_info))
         .routes(routes!(system::queries))
+        .routes(routes!(advice::advice))
         .routes(routes!(tls::reload))
         .routes(routes!(cluster::get_cluster, cluster::put_cluster))
         .routes(routes!(system::openapi_json))

@@ -4,6 +4,7 @@
 //! Output: human-readable tables by default, the API's raw JSON with `--json`. Exit codes: 0
 //! done, 1 the API (or a check) said no or could not be reached, 2 bad usage or configuration.
 
+pub mod advise;
 pub mod api;
 pub mod check;
 pub mod nic;

@@ -17,6 +17,7 @@ mod adversarial_relay;
 mod api_e2e;
 mod check;
 mod cli;
+mod client_tracking;
 mod cluster_e2e;
 mod ddl_coherence;
 mod failover;

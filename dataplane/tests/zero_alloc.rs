@@ -147,10 +147,27 @@ fn round_trip(s: &mut TcpStream, request: &[u8], buf: &mut [u8], reply_len: usiz
 
 #[test]
 fn hits_allocate_nothing() {
+    measure_hits(false);
+}
+
+/// With client tracking on (issue 18), a read of a key already in the core's tracking table
+/// allocates nothing either: the warm-up remembers every key the measured rounds read.
+#[test]
+fn tracked_hits_allocate_nothing() {
+    measure_hits(true);
+}
+
+fn measure_hits(tracking: bool) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (engine, shared) = start();
     let mut s = TcpStream::connect(engine.local_addr()).unwrap();
     s.set_nodelay(true).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    if tracking {
+        let on = b"*3\r\n$6\r\nCLIENT\r\n$8\r\nTRACKING\r\n$2\r\nON\r\n";
+        round_trip(&mut s, on, &mut buf, 5);
+        assert_eq!(&buf[..5], b"+OK\r\n");
+    }
 
     // Requests and their exact replies, built before measuring.
     let mut gets = Vec::new();
@@ -181,7 +198,6 @@ fn hits_allocate_nothing() {
 *4\r\n$5\r\nHMGET\r\n$9\r\nkv:999999\r\n$2\r\nid\r\n$1\r\nx\r\n\
 *2\r\n$3\r\nGET\r\n$9\r\nkv:999999\r\n";
     let hget_reply = b"$2\r\n42\r\n*2\r\n$-1\r\n$-1\r\n$-1\r\n";
-    let mut buf = vec![0u8; 1 << 20];
 
     // Warm up: buffers grow to their steady-state sizes.
     for _ in 0..200 {
@@ -213,9 +229,18 @@ fn hits_allocate_nothing() {
     assert_eq!(&buf[..hget_reply.len()], &hget_reply[..]);
     let requests = rounds * (64 + 2 + 3);
     eprintln!(
-        "{requests} hit requests ({} keys), {allocs} heap allocations",
+        "{requests} hit requests ({} keys), tracking {tracking}, {allocs} heap allocations",
         rounds * (64 + 16 + 64 + 3)
     );
+    if tracking {
+        // Every distinct key read was remembered (kv:999999 too: an absent row is tracked).
+        let mut read: std::collections::HashSet<u32> =
+            (0..64u32).map(|i| (i * 37) % ROWS).collect();
+        read.extend((0..16u32).map(|i| i * 61));
+        read.extend([42, 999_999]);
+        let keys = shared.stats(0).tracking_keys.load(Ordering::Relaxed);
+        assert_eq!(keys, read.len() as u64, "the reads were remembered");
+    }
     assert_eq!(
         allocs, 0,
         "the hit path allocated {allocs} times over {requests} requests"
@@ -224,7 +249,7 @@ fn hits_allocate_nothing() {
     // measured window, so with no allocation). The last turn's may land after its reply.
     let (buckets, sum_ns) = shared.stats(0).service_time.snapshot();
     let observed: u64 = buckets.iter().sum();
-    let sent = ((200 + rounds + 1) * (64 + 2 + 3)) as u64;
+    let sent = ((200 + rounds + 1) * (64 + 2 + 3) + usize::from(tracking)) as u64;
     assert!(
         observed <= sent && observed + 64 >= sent,
         "{observed} observations for {sent} requests"

@@ -358,6 +358,73 @@ async fn the_table_is_bounded_and_a_lost_stream_invalidates_everything() {
     p.shutdown().await;
 }
 
+/// The id of a RESP connection: ids are `n * cores + core + 1`, so with two cores the parity
+/// tells the connection's core.
+async fn client_id(r: &mut Raw) -> u64 {
+    let id = String::from_utf8(r.cmd(&["CLIENT", "ID"]).await).unwrap();
+    id.trim_start_matches(':').trim().parse().unwrap()
+}
+
+/// Connects until a connection lands on `core` (of two).
+async fn on_core(p: &pgline_controlplane::server::Pgline, core: u64) -> (Raw, u64) {
+    for _ in 0..64 {
+        let mut r = Raw::connect(p).await;
+        let id = client_id(&mut r).await;
+        if (id - 1) % 2 == core {
+            return (r, id);
+        }
+    }
+    panic!("no connection landed on core {core} in 64 tries");
+}
+
+/// With two cores, tracking state lives on each connection's own core: a change reaches tracking
+/// clients on both, and a redirect to a subscriber on the other core crosses to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidations_reach_every_core_and_redirects_cross_cores() {
+    let db = TestDb::create("tracking_cores").await;
+    let origin = db.client().await;
+    origin.batch_execute(SCHEMA).await.unwrap();
+    let p = lab::start(lab::config(&db, 2)).await;
+
+    let (mut sub, sub_id) = on_core(&p, 0).await;
+    assert_eq!(
+        sub.cmd(&["SUBSCRIBE", "__redis__:invalidate"]).await,
+        b"*3\r\n$9\r\nsubscribe\r\n$20\r\n__redis__:invalidate\r\n:1\r\n"
+    );
+    let (mut data, _) = on_core(&p, 1).await;
+    assert_eq!(
+        data.cmd(&["CLIENT", "TRACKING", "on", "redirect", &sub_id.to_string()])
+            .await,
+        b"+OK\r\n"
+    );
+    // One RESP3 tracking client on each core, both reading the same key.
+    let mut resp3_on = Vec::new();
+    for core in 0..2 {
+        let (mut r, _) = on_core(&p, core).await;
+        assert!(r.cmd(&["HELLO", "3"]).await.starts_with(b"%7\r\n"));
+        assert_eq!(r.cmd(&["CLIENT", "TRACKING", "on"]).await, b"+OK\r\n");
+        resp3_on.push(r);
+    }
+    for r in [&mut data].into_iter().chain(resp3_on.iter_mut()) {
+        assert!(r.cmd(&["GET", "users:5"]).await.starts_with(b"$"));
+    }
+    origin
+        .batch_execute("UPDATE users SET name = 'c' WHERE id = 5")
+        .await
+        .unwrap();
+    assert_eq!(
+        sub.frame().await,
+        message("users:5"),
+        "redirected across cores"
+    );
+    for r in &mut resp3_on {
+        assert_eq!(r.frame().await, push("users:5"));
+    }
+    let clients = show(&data.cmd(&["INFO", "clients"]).await);
+    assert!(clients.contains("tracking_clients:3"), "{clients}");
+    p.shutdown().await;
+}
+
 /// redis-py's client cache (RESP3, default mode) and valkey-glide's (server-assisted: BCAST)
 /// read through their caches while the origin is written to; no read may return a row older than
 /// the bound after a committed change, and at the end every cached value is the origin's.

@@ -54,11 +54,13 @@ fi
 step "HTTP API: schemathesis against /v1/openapi.json of a live pgline"
 deploy/lab/schemathesis.sh
 
-step "benchmark smokes: userspace wire, PostgreSQL front (and pgbench vs PgBouncer), TLS, scenario matrix, fleet"
+step "benchmark smokes: userspace wire, PostgreSQL front (and pgbench vs PgBouncer), TLS, client-side caching, scenario matrix, fleet"
 bench/wire.sh --smoke
 bench/pgwire.sh --smoke
 bench/pgwire.sh --pgbench --smoke
 bench/tls.sh --smoke
+# Client-side caching (issue 18): redis-py with and without its cache, pgline beside Valkey.
+bench/tracking.sh --smoke
 bench/scenarios/run.sh --smoke all
 # The fleet (issue 17): GET/s of six cluster-mode nodes beside one, and the origin's CPU per
 # consumer with slots on a PostgreSQL 18 primary and on its standby (pg18.sh's binaries, above).

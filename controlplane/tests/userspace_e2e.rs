@@ -1,7 +1,8 @@
 //! End to end over the userspace transport: a real pgline (control plane, origin, WAL) whose
 //! dataplane core runs the userspace TCP stack on one end of the in-memory port pair; the test
 //! is a client `net::Stack` on the other end, speaking raw RESP. GET/MGET hits and misses,
-//! pipelined requests answered in order, a malformed request closing only its connection.
+//! pipelined requests answered in order, a malformed request closing only its connection;
+//! client-tracking pushes (issue 18).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -199,6 +200,58 @@ async fn userspace(cores: usize) {
     assert_eq!(total(|s| &s.connections_open), cores as u64);
     check_status_transport(&p, cores).await;
     p.shutdown().await;
+}
+
+/// Client tracking (issue 18) over the userspace transport: a RESP3 client that read a key gets
+/// its `invalidate` push after an UPDATE at the origin, and a flush sends a null one. The core's
+/// poll loop on this transport delivers pushes the way the kernel one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracking_over_the_userspace_stack() {
+    let db = TestDb::create("userspace_tracking").await;
+    let origin = Arc::new(db.client().await);
+    origin
+        .batch_execute(
+            "CREATE TABLE items (id int8 PRIMARY KEY, name text);
+             INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 10) g;",
+        )
+        .await
+        .unwrap();
+    let mut cfg = lab::config(&db, 1);
+    cfg.resp.listen = format!("127.0.0.1:{PORT}");
+    cfg.nic.mode = pgline_controlplane::config::NicMode::Mem;
+    cfg.nic.ip = SERVER_IP.to_string();
+    let p = Arc::new(lab::start(cfg).await);
+    let queue = p.take_mem_ports().pop().expect("one port");
+    let runtime = tokio::runtime::Handle::current();
+    let (o, pl) = (origin.clone(), p.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut w = Wire::new(queue);
+        let a = w.connect();
+        w.send(a, &encode(&["HELLO", "3"]));
+        assert!(w.frames(a, 1)[0].starts_with(b"%7\r\n"));
+        w.send(a, &encode(&["CLIENT", "TRACKING", "on"]));
+        assert_eq!(w.frames(a, 1)[0], b"+OK\r\n");
+        for key in ["items:1", "items:2"] {
+            w.send(a, &encode(&["GET", key]));
+            assert!(w.frames(a, 1)[0].starts_with(b"$"));
+        }
+        runtime
+            .block_on(o.batch_execute("UPDATE items SET name = 'new' WHERE id = 2"))
+            .unwrap();
+        let mut push = b">2\r\n$10\r\ninvalidate\r\n*1\r\n".to_vec();
+        push.extend(bulk("items:2"));
+        assert_eq!(show(&w.frames(a, 1)[0]), show(&push));
+        w.send(a, &encode(&["GET", "items:2"]));
+        assert!(show(&w.frames(a, 1)[0]).contains("new"));
+        runtime.block_on(pl.admin().flush_all());
+        assert_eq!(w.frames(a, 1)[0], b">2\r\n$10\r\ninvalidate\r\n_\r\n");
+    })
+    .await
+    .expect("client thread");
+    Arc::into_inner(p)
+        .expect("the client thread is done")
+        .shutdown()
+        .await;
 }
 
 /// `GET /v1/status` names the transport each core runs: here the userspace stack on the

@@ -378,7 +378,9 @@ async fn on_core(p: &pgline_controlplane::server::Pgline, core: u64) -> (Raw, u6
 }
 
 /// With two cores, tracking state lives on each connection's own core: a change reaches tracking
-/// clients on both, and a redirect to a subscriber on the other core crosses to it.
+/// clients on both, a redirect to a subscriber on the other core crosses to it, and a redirect
+/// target on the other core is checked as one on the same core is (never issued: refused; gone:
+/// `tracking-redir-broken`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalidations_reach_every_core_and_redirects_cross_cores() {
     let db = TestDb::create("tracking_cores").await;
@@ -422,6 +424,39 @@ async fn invalidations_reach_every_core_and_redirects_cross_cores() {
     }
     let clients = show(&data.cmd(&["INFO", "clients"]).await);
     assert!(clients.contains("tracking_clients:3"), "{clients}");
+
+    // A redirect to an id on the other core that was never handed out is refused, as Redis.
+    let (mut e, _) = on_core(&p, 1).await;
+    let got = show(
+        &e.cmd(&["CLIENT", "TRACKING", "on", "redirect", "999999"])
+            .await,
+    );
+    assert!(
+        got.starts_with("-ERR The client ID you want redirect to does not exist"),
+        "{got}"
+    );
+    // A target on the other core that goes away: the tracking client is told at its next
+    // invalidation, and TRACKINGINFO says so.
+    let (mut gone, gone_id) = on_core(&p, 0).await;
+    gone.cmd(&["PING"]).await;
+    let (mut orphan, _) = on_core(&p, 1).await;
+    assert!(orphan.cmd(&["HELLO", "3"]).await.starts_with(b"%7\r\n"));
+    orphan
+        .cmd(&["CLIENT", "TRACKING", "on", "redirect", &gone_id.to_string()])
+        .await;
+    orphan.cmd(&["GET", "users:6"]).await;
+    drop(gone);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    origin
+        .batch_execute("UPDATE users SET name = 'g' WHERE id = 6")
+        .await
+        .unwrap();
+    assert_eq!(
+        orphan.frame().await,
+        format!(">2\r\n$21\r\ntracking-redir-broken\r\n:{gone_id}\r\n").into_bytes()
+    );
+    let info = show(&orphan.cmd(&["CLIENT", "TRACKINGINFO"]).await);
+    assert!(info.contains("broken_redirect"), "{info}");
     p.shutdown().await;
 }
 

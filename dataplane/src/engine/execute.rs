@@ -638,9 +638,10 @@ impl Exec<'_> {
                 .is_some_and(|id| {
                     match self.shared.core_of_client(id) {
                         Some(core) if core == self.core => self.tracking.slot_of(id).is_some(),
-                        // Another core's connection: it is checked when a message goes to it
-                        // (a message to a closed one is dropped).
-                        Some(_) => true,
+                        // Another core's connection: an id never handed out is refused here; one
+                        // closed since is found when a message goes to it, and the redirect is
+                        // then reported broken.
+                        Some(_) => self.shared.client_id_issued(id),
                         None => false,
                     }
                 });

@@ -401,6 +401,23 @@ impl<T> Slots<T> {
             let (client, message, direct) = match notice {
                 Notice::Tracked { client, message } => (*client, message, false),
                 Notice::Direct { client, message } => (*client, message, true),
+                Notice::Redirected {
+                    client,
+                    message,
+                    from,
+                } => {
+                    if worker.tracking.slot_of(*client).is_none() {
+                        worker.port.report_redirect_broken(*from, *client);
+                        continue;
+                    }
+                    (*client, message, true)
+                }
+                Notice::RedirectBroken { client, target } => {
+                    if let Some(slot) = worker.tracking.slot_of(*client) {
+                        self.redirect_broken(slot, *client, *target, worker);
+                    }
+                    continue;
+                }
             };
             let Some(slot) = worker.tracking.slot_of(client) else {
                 continue;
@@ -457,30 +474,48 @@ impl<T> Slots<T> {
                     tracking::Message::Key(k) => Some(k.clone()),
                     tracking::Message::Null => None,
                 };
-                worker.port.deliver_invalidation(core, redirect, key);
+                worker
+                    .port
+                    .deliver_invalidation(core, redirect, key, client);
                 None
             }
             _ => match worker.tracking.slot_of(redirect) {
                 Some(target) => Some(target),
                 None => {
-                    let conn = &mut entry.conn;
-                    if let Some(mode) = conn
-                        .session
-                        .tracking
-                        .as_deref_mut()
-                        .and_then(|t| t.mode.as_mut())
-                    {
-                        mode.broken_redirect = true;
-                    }
-                    if conn.session.proto == crate::resp::Protocol::Resp3 {
-                        let mut frame = Vec::new();
-                        tracking::compose_redirect_broken(redirect, &mut frame);
-                        deliver(conn, &frame, worker.cfg.max_reply_backlog);
-                        self.activate(slot);
-                    }
+                    self.redirect_broken(slot, client, redirect, worker);
                     None
                 }
             },
+        }
+    }
+
+    /// Tracking client `client` in `slot` redirects to `target`, which is gone: its redirect is
+    /// marked broken and, on RESP3, it is told with a `tracking-redir-broken` push (once per
+    /// message that could not be delivered, as Redis). Nothing if the client has since changed
+    /// its redirect.
+    fn redirect_broken(&mut self, slot: usize, client: u64, target: u64, worker: &Worker) {
+        let Some(entry) = self.get_mut(slot) else {
+            return;
+        };
+        let conn = &mut entry.conn;
+        if conn.session.client_id != client {
+            return;
+        }
+        let Some(mode) = conn
+            .session
+            .tracking
+            .as_deref_mut()
+            .and_then(|t| t.mode.as_mut())
+            .filter(|m| m.redirect == target)
+        else {
+            return;
+        };
+        mode.broken_redirect = true;
+        if conn.session.proto == crate::resp::Protocol::Resp3 {
+            let mut frame = Vec::new();
+            tracking::compose_redirect_broken(target, &mut frame);
+            deliver(conn, &frame, worker.cfg.max_reply_backlog);
+            self.activate(slot);
         }
     }
 

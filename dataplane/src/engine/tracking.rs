@@ -119,8 +119,19 @@ pub(crate) enum Message {
 /// target on this core named by another core).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Notice {
+    /// For a tracking client: to it, or to its redirect target.
     Tracked { client: u64, message: Message },
+    /// To this connection itself.
     Direct { client: u64, message: Message },
+    /// To redirect target `client`, from tracking client `from` on another core (reported back
+    /// if `client` is gone).
+    Redirected {
+        client: u64,
+        message: Message,
+        from: u64,
+    },
+    /// Tracking client `client`'s redirect target `target`, on another core, is gone.
+    RedirectBroken { client: u64, target: u64 },
 }
 
 struct Entry {
@@ -328,10 +339,14 @@ impl CoreTracking {
                 }
             }
             Invalidation::All => self.forget_all(),
-            Invalidation::Deliver { client, key } => self.notices.push(Notice::Direct {
+            Invalidation::Deliver { client, key, from } => self.notices.push(Notice::Redirected {
                 client,
                 message: key.map_or(Message::Null, Message::Key),
+                from,
             }),
+            Invalidation::RedirectBroken { client, target } => {
+                self.notices.push(Notice::RedirectBroken { client, target })
+            }
         }
     }
 
@@ -447,13 +462,20 @@ mod tests {
         let mut v: Vec<(u64, String)> = notices
             .iter()
             .map(|n| match n {
-                Notice::Tracked { client, message } | Notice::Direct { client, message } => (
+                Notice::Tracked { client, message }
+                | Notice::Direct { client, message }
+                | Notice::Redirected {
+                    client, message, ..
+                } => (
                     *client,
                     match message {
                         Message::Key(k) => String::from_utf8_lossy(k).into_owned(),
                         Message::Null => "<null>".into(),
                     },
                 ),
+                Notice::RedirectBroken { client, target } => {
+                    (*client, format!("<broken {target}>"))
+                }
             })
             .collect();
         v.sort();

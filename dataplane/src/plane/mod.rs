@@ -235,6 +235,13 @@ impl Shared {
         Some(core)
     }
 
+    /// Whether client id `id` has been handed out (its connection may have closed since).
+    pub fn client_id_issued(&self, id: u64) -> bool {
+        id.checked_sub(1).is_some_and(|n| {
+            n / (self.cores() as u64) < self.next_client_id.load(Ordering::Relaxed)
+        })
+    }
+
     /// The store's read side.
     pub fn store(&self) -> &StoreReader {
         &self.store

@@ -182,11 +182,28 @@ impl CorePort {
         self.shared.tracking[self.id].take_overflow()
     }
 
-    /// Hands an invalidation (`None`: of everything) to redirect target `client` on core
-    /// `core` and wakes it.
-    pub fn deliver_invalidation(&self, core: usize, client: u64, key: Option<Box<[u8]>>) {
+    /// Hands an invalidation (`None`: of everything) from tracking client `from` to its
+    /// redirect target `client` on core `core` and wakes it.
+    pub fn deliver_invalidation(
+        &self,
+        core: usize,
+        client: u64,
+        key: Option<Box<[u8]>>,
+        from: u64,
+    ) {
         if let Some(lane) = self.shared.tracking.get(core) {
-            lane.push(Invalidation::Deliver { client, key });
+            lane.push(Invalidation::Deliver { client, key, from });
+            self.shared.wake_core(core);
+        }
+    }
+
+    /// Tells tracking client `client`'s core that its redirect target `target` is gone.
+    pub fn report_redirect_broken(&self, client: u64, target: u64) {
+        let Some(core) = self.shared.core_of_client(client) else {
+            return;
+        };
+        if let Some(lane) = self.shared.tracking.get(core) {
+            lane.push(Invalidation::RedirectBroken { client, target });
             self.shared.wake_core(core);
         }
     }

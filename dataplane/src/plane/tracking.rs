@@ -6,7 +6,8 @@
 //! ([`Invalidation::All`]: a flush, a lost stream). Each core matches them against its own
 //! tracking table and pushes `invalidate` messages to its clients (`engine::tracking`). A core
 //! also forwards an invalidation meant for a redirect target on another core through that core's
-//! queue ([`Invalidation::Deliver`]).
+//! queue ([`Invalidation::Deliver`]); a target found gone is reported back the same way
+//! ([`Invalidation::RedirectBroken`]).
 //!
 //! # Bounds and loss
 //! Each core's queue is bounded ([`QUEUE_CAPACITY`]). A push that does not fit is not retried:
@@ -36,9 +37,16 @@ pub enum Invalidation {
     Table(u32),
     /// Everything may have changed (flush, lost stream, lag past the bound).
     All,
-    /// A message for redirect target `client` on this core, from a tracking client on another
-    /// core: the key to invalidate, or `None` for everything.
-    Deliver { client: u64, key: Option<Box<[u8]>> },
+    /// A message for redirect target `client` on this core, from tracking client `from` on
+    /// another core: the key to invalidate, or `None` for everything.
+    Deliver {
+        client: u64,
+        key: Option<Box<[u8]>>,
+        from: u64,
+    },
+    /// Tracking client `client` on this core redirects to `target`, which another core found
+    /// gone: its redirect is broken.
+    RedirectBroken { client: u64, target: u64 },
 }
 
 /// One core's end of the tracking channel.

@@ -312,7 +312,9 @@ impl Notes {
             out.push(format!(
                 "{} calls of transaction control (BEGIN, COMMIT, ...): reads inside a \
                  transaction block always go to the origin, and which statements ran inside \
-                 one is not in pg_stat_statements, so the served share is an upper bound",
+                 one is not in pg_stat_statements, so the served share is an upper bound (the \
+                 count is a floor: PostgreSQL 15 records a BEGIN or COMMIT run as a prepared \
+                 statement once, however often it runs)",
                 self.transaction_calls
             ));
         }

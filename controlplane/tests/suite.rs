@@ -14,6 +14,7 @@ mod adversarial_catalog;
 mod adversarial_identity;
 mod adversarial_limits;
 mod adversarial_relay;
+mod advise_e2e;
 mod api_e2e;
 mod check;
 mod cli;

@@ -8,6 +8,7 @@
 //! - [`pg`]: a raw PostgreSQL protocol client (SCRAM-SHA-256 login, whole backend messages
 //!   out), for tests that compare bytes or send what a driver would not; its [`pg::Login`] is
 //!   the tests' one SCRAM client, also used by the dataplane's tests over their own sockets.
+//! - [`pgbench`]: PostgreSQL's own `pgbench` against the origin or pgline's PostgreSQL port.
 //! - [`pair`]: a primary + physical standby (`deploy/lab/pair.sh`) for the failover and
 //!   standby-tailing tests.
 //! - [`pki`]: a throw-away CA with server and client certificates (current or expired) as PEM
@@ -28,6 +29,7 @@ pub mod lab;
 pub mod origin;
 pub mod pair;
 pub mod pg;
+pub mod pgbench;
 pub mod pki;
 #[cfg(feature = "pgline")]
 pub mod resp;

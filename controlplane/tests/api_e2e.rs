@@ -37,6 +37,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/flush"),
     ("get", "/v1/keys/{key}"),
     ("get", "/v1/queries"),
+    ("get", "/v1/advice"),
     ("post", "/v1/tls/reload"),
     ("get", "/v1/cluster"),
     ("put", "/v1/cluster"),

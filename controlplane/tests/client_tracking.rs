@@ -425,6 +425,28 @@ async fn invalidations_reach_every_core_and_redirects_cross_cores() {
     let clients = show(&data.cmd(&["INFO", "clients"]).await);
     assert!(clients.contains("tracking_clients:3"), "{clients}");
 
+    // A null invalidation (here a flush) reaches a redirect target that neither tracks nor
+    // subscribes, on the other core.
+    let (mut plain3, plain3_id) = on_core(&p, 0).await;
+    assert!(plain3.cmd(&["HELLO", "3"]).await.starts_with(b"%7\r\n"));
+    let (mut via, _) = on_core(&p, 1).await;
+    assert_eq!(
+        via.cmd(&[
+            "CLIENT",
+            "TRACKING",
+            "on",
+            "redirect",
+            &plain3_id.to_string()
+        ])
+        .await,
+        b"+OK\r\n"
+    );
+    p.admin().flush_all().await;
+    assert_eq!(plain3.frame().await, NULL_PUSH);
+    for r in &mut resp3_on {
+        assert_eq!(r.frame().await, NULL_PUSH);
+    }
+
     // A redirect to an id on the other core that was never handed out is refused, as Redis.
     let (mut e, _) = on_core(&p, 1).await;
     let got = show(

@@ -400,7 +400,16 @@ impl<T> Slots<T> {
         for notice in &notices {
             let (client, message, direct) = match notice {
                 Notice::Tracked { client, message } => (*client, message, false),
-                Notice::Direct { client, message } => (*client, message, true),
+                Notice::Direct { client, message } => {
+                    // A null for a tracking client that redirects goes to its target (which
+                    // may neither track nor subscribe, and would otherwise miss it).
+                    let redirects = matches!(message, tracking::Message::Null)
+                        && worker
+                            .tracking
+                            .slot_of(*client)
+                            .is_some_and(|slot| self.redirects(slot, *client));
+                    (*client, message, !redirects)
+                }
                 Notice::Redirected {
                     client,
                     message,
@@ -487,6 +496,19 @@ impl<T> Slots<T> {
                 }
             },
         }
+    }
+
+    /// Whether connection `client` in `slot` tracks with a redirect.
+    fn redirects(&mut self, slot: usize, client: u64) -> bool {
+        self.get_mut(slot).is_some_and(|e| {
+            e.conn.session.client_id == client
+                && e.conn
+                    .session
+                    .tracking
+                    .as_deref()
+                    .and_then(|t| t.mode.as_ref())
+                    .is_some_and(|m| m.redirect != 0)
+        })
     }
 
     /// Tracking client `client` in `slot` redirects to `target`, which is gone: its redirect is

@@ -315,6 +315,21 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         "Wrong passwords given over RESP (AUTH, HELLO ... AUTH).",
         |s| &s.auth_failures,
     ),
+    (
+        "pgline_core_tracking_invalidations",
+        "Client-tracking invalidation messages sent to connections (RESP3 pushes, RESP2 __redis__:invalidate messages).",
+        |s| &s.tracking_invalidations,
+    ),
+    (
+        "pgline_core_tracking_evicted_keys",
+        "Keys the core's tracking table invalidated because it was full (resp.tracking_table_max_keys).",
+        |s| &s.tracking_evicted,
+    ),
+    (
+        "pgline_core_tracking_queue_overflows",
+        "Times the core's invalidation queue was full: its tracking clients got a null invalidation (forget everything).",
+        |s| &s.tracking_overflows,
+    ),
 ];
 
 /// Everything one scrape reports, owned (the registry wants a `'static` collector).
@@ -336,6 +351,8 @@ struct CoreSample {
     connections_open: u64,
     connections_open_pg: u64,
     reply_memory_bytes: u64,
+    tracking_clients: u64,
+    tracking_keys: u64,
     miss_queue_depth: usize,
     reply_queue_depth: usize,
     pg_request_queue_depth: usize,
@@ -389,6 +406,8 @@ impl Sample {
                     connections_open: stats.connections_open.load(Ordering::Relaxed),
                     connections_open_pg: stats.connections_open_pg.load(Ordering::Relaxed),
                     reply_memory_bytes: stats.reply_memory_bytes.load(Ordering::Relaxed),
+                    tracking_clients: stats.tracking_clients.load(Ordering::Relaxed),
+                    tracking_keys: stats.tracking_keys.load(Ordering::Relaxed),
                     miss_queue_depth: queues.misses,
                     reply_queue_depth: queues.replies,
                     pg_request_queue_depth: queues.pg_requests,
@@ -486,7 +505,7 @@ impl Sample {
                 self.cores.iter().map(|c| c.counters[i]),
             )?;
         }
-        let gauges: [(&str, &str, CoreGauge); 8] = [
+        let gauges: [(&str, &str, CoreGauge); 10] = [
             (
                 "pgline_core_connections_open",
                 "Client connections open now.",
@@ -501,6 +520,16 @@ impl Sample {
                 "pgline_core_reply_memory_bytes",
                 "Buffer memory the core's client connections hold beyond their initial buffers (capped by resp.max_reply_memory over the cores).",
                 |c| c.reply_memory_bytes,
+            ),
+            (
+                "pgline_core_tracking_clients",
+                "RESP connections of the core with client tracking on.",
+                |c| c.tracking_clients,
+            ),
+            (
+                "pgline_core_tracking_keys",
+                "(key, client) pairs in the core's client-tracking table.",
+                |c| c.tracking_keys,
             ),
             (
                 "pgline_core_miss_queue_depth",

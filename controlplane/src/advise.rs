@@ -74,6 +74,9 @@ pub struct Context {
     /// Statements and their sums over all of `pg_stat_statements` for the database, not only
     /// the ones read.
     pub all: Totals,
+    /// Statements beyond those read whose text may be transaction control: only counted for
+    /// the transaction caveat, when the cores classify them so.
+    pub beyond: Vec<StatementRow>,
 }
 
 /// How pgline would answer a statement.
@@ -237,6 +240,14 @@ pub fn advise(rows: &[StatementRow], ks: &KeySpace, ctx: &Context, hit_ratio: f6
             reason: judged.reason,
             detail: judged.detail,
         });
+    }
+    // Transaction control beyond the statements read still tells that reads ran in blocks.
+    for row in &ctx.beyond {
+        if let ServeClass::Pass(NotServed::Pass(PassReason::Transaction)) =
+            serve_class(&row.query, ks)
+        {
+            notes.transaction_calls = notes.transaction_calls.saturating_add(row.calls);
+        }
     }
     let share = |t: Totals| Share {
         totals: t,

@@ -143,6 +143,21 @@ fn session_conditions_and_bounds() {
         .iter()
         .any(|c| c.contains("5 calls of transaction control")));
     assert!(a.caveats.iter().any(|c| c.contains("raise limit")));
+    // Transaction control beyond the statements read still counts for the caveat, and only
+    // what the cores classify as such; it is not in the sums.
+    c.beyond = vec![
+        row("COMMIT", 7, 0.01),
+        row("end_of_day_report()", 100, 0.01),
+    ];
+    let b = advise(&rows, &keyspace(), &c, 1.0);
+    assert!(
+        b.caveats
+            .iter()
+            .any(|c| c.contains("12 calls of transaction control")),
+        "{:?}",
+        b.caveats
+    );
+    assert_eq!(b.read, a.read);
     // Nothing read: no division by zero.
     let empty = advise(&[], &keyspace(), &ctx(), 2.0);
     assert_eq!(empty.estimate.hit_ratio, 1.0);

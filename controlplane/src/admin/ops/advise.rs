@@ -16,14 +16,24 @@ use crate::advise::{advise, Advice, Context, StatementRow, Totals, MAX_LIMIT, MA
 /// Longest the origin may take to answer the advisor's reads.
 pub const ADVISE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The top-level statements of the current database, busiest first. `$2` bounds the text sent.
+/// The top-level statements of the current database, busiest first: the `$1` read (last column
+/// true), then up to [`TRANSACTION_CANDIDATES`] more whose text may be transaction control
+/// (cheap, so rarely among the busiest, yet what tells that reads ran inside transaction blocks;
+/// the cores' classifier decides). `$2` bounds the text sent.
 const STATEMENTS_SQL: &str = "SELECT CASE WHEN octet_length(s.query) > $2 THEN left(s.query, 200) \
          ELSE s.query END, r.rolname::text, s.calls, s.total_exec_time, \
-         octet_length(s.query) > $2 \
-     FROM pg_stat_statements s LEFT JOIN pg_roles r ON r.oid = s.userid \
-     WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND s.toplevel \
-     ORDER BY s.total_exec_time DESC, s.calls DESC LIMIT $1";
+         octet_length(s.query) > $2, s.n <= $1 \
+     FROM (SELECT *, row_number() OVER (ORDER BY total_exec_time DESC, calls DESC) AS n \
+           FROM pg_stat_statements \
+           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND toplevel) s \
+     LEFT JOIN pg_roles r ON r.oid = s.userid \
+     WHERE s.n <= $1 \
+        OR s.query ~* '^\\s*(begin|start|commit|end|rollback|abort)' \
+     ORDER BY s.n LIMIT $1 + 1000";
+
+/// Statements beyond the limit read as possible transaction control (see [`STATEMENTS_SQL`]).
+const TRANSACTION_CANDIDATES: usize = 1000;
 
 /// The sums over every top-level statement of the current database.
 const TOTALS_SQL: &str = "SELECT count(*), coalesce(sum(calls), 0)::int8, \
@@ -63,15 +73,19 @@ impl Admin {
                 .query(STATEMENTS_SQL, &[&(limit as i64), &(MAX_TEXT_BYTES as i32)])
                 .await
                 .map_err(stat_error)?;
-            let rows: Vec<StatementRow> = rows
-                .iter()
-                .map(|r| StatementRow {
-                    query: r.get::<_, Option<String>>(0).unwrap_or_default(),
-                    user: r.get(1),
-                    calls: r.get::<_, i64>(2).max(0) as u64,
-                    total_exec_ms: r.get(3),
-                    too_long: r.get(4),
-                })
+            let (top, beyond): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.get::<_, bool>(5));
+            let row = |r: &tokio_postgres::Row| StatementRow {
+                query: r.get::<_, Option<String>>(0).unwrap_or_default(),
+                user: r.get(1),
+                calls: r.get::<_, i64>(2).max(0) as u64,
+                total_exec_ms: r.get(3),
+                too_long: r.get(4),
+            };
+            let rows: Vec<StatementRow> = top.into_iter().map(row).collect();
+            ctx.beyond = beyond
+                .into_iter()
+                .take(TRANSACTION_CANDIDATES)
+                .map(row)
                 .collect();
             let cached: Vec<String> = self
                 .catalog

@@ -482,6 +482,86 @@ async fn invalidations_reach_every_core_and_redirects_cross_cores() {
     p.shutdown().await;
 }
 
+/// BCAST prefixes are bounded per client (count and bytes) and per core (the core matches each
+/// change against all of them): past a bound `CLIENT TRACKING` is refused and nothing changes;
+/// a closed client's prefixes are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bcast_prefixes_are_bounded_per_client_and_per_core() {
+    let db = TestDb::create("tracking_prefixes").await;
+    let origin = db.client().await;
+    origin.batch_execute(SCHEMA).await.unwrap();
+    let p = lab::start(lab::config(&db, 1)).await;
+    let err = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+
+    let mut big = resp3(&p).await;
+    let long = "a".repeat(70_000);
+    let got = err(big
+        .cmd(&["CLIENT", "TRACKING", "on", "bcast", "prefix", &long])
+        .await);
+    assert!(
+        got.starts_with("-ERR pgline: a client's prefixes total at most 65536 bytes"),
+        "{got}"
+    );
+    let mut args = vec!["CLIENT", "TRACKING", "on", "bcast"];
+    let many: Vec<String> = (0..1025).map(|i| format!("p{i:05}:")).collect();
+    for p in &many {
+        args.extend(["prefix", p.as_str()]);
+    }
+    let got = err(big.cmd(&args).await);
+    assert!(
+        got.starts_with("-ERR pgline: at most 1024 prefixes per client"),
+        "{got}"
+    );
+    assert_eq!(
+        big.cmd(&["CLIENT", "GETREDIR"]).await,
+        b":-1\r\n",
+        "still off"
+    );
+
+    // 64 clients of 1,024 prefixes fill the core's 65,536.
+    let mut full = Vec::new();
+    for c in 0..64 {
+        let mut r = resp3(&p).await;
+        let prefixes: Vec<String> = (0..1024).map(|i| format!("c{c}:{i:04}:")).collect();
+        let mut args = vec!["CLIENT", "TRACKING", "on", "bcast"];
+        for p in &prefixes {
+            args.extend(["prefix", p.as_str()]);
+        }
+        assert_eq!(r.cmd(&args).await, b"+OK\r\n", "client {c}");
+        full.push(r);
+    }
+    let got = err(big
+        .cmd(&["CLIENT", "TRACKING", "on", "bcast", "prefix", "users:"])
+        .await);
+    assert!(
+        got.starts_with(
+            "-ERR pgline: the BCAST clients of this connection's core hold 65536 prefixes"
+        ),
+        "{got}"
+    );
+    // A client closes: its prefixes are given back.
+    drop(full.pop());
+    let mut ok = false;
+    for _ in 0..50 {
+        let got = big
+            .cmd(&["CLIENT", "TRACKING", "on", "bcast", "prefix", "users:"])
+            .await;
+        if got == b"+OK\r\n" {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "the closed client's prefixes were given back");
+    // And BCAST still works for everyone: a change of users:3 reaches `big`.
+    origin
+        .batch_execute("UPDATE users SET name = 'p' WHERE id = 3")
+        .await
+        .unwrap();
+    assert_eq!(big.frame().await, push("users:3"));
+    p.shutdown().await;
+}
+
 /// redis-py's client cache (RESP3, default mode) and valkey-glide's (server-assisted: BCAST)
 /// read through their caches while the origin is written to; no read may return a row older than
 /// the bound after a committed change, and at the end every cached value is the origin's.

@@ -22,7 +22,10 @@ use crate::store::Lookup;
 use super::conn::Session;
 use super::deferred::{compose_all_fields, compose_field, Deferred, Part};
 use super::info;
-use super::tracking::{ClientTracking, CoreTracking, Mode, INVALIDATE_CHANNEL, MAX_PREFIXES};
+use super::tracking::{
+    ClientTracking, CoreTracking, Mode, INVALIDATE_CHANNEL, MAX_CORE_PREFIXES, MAX_PREFIXES,
+    MAX_PREFIX_BYTES,
+};
 
 /// Everything a command may read while it executes on a core.
 pub(crate) struct Exec<'a> {
@@ -668,6 +671,19 @@ impl Exec<'_> {
                 ));
             }
             seen.push(p);
+        }
+        if seen.iter().map(|p| p.len()).sum::<usize>() > MAX_PREFIX_BYTES {
+            return Err(format!(
+                "ERR pgline: a client's prefixes total at most {MAX_PREFIX_BYTES} bytes"
+            ));
+        }
+        if args.bcast
+            && self.tracking.bcast_prefixes_besides(session.client_id) + seen.len()
+                > MAX_CORE_PREFIXES
+        {
+            return Err(format!(
+                "ERR pgline: the BCAST clients of this connection's core hold {MAX_CORE_PREFIXES} prefixes, the most a core matches each change against"
+            ));
         }
         Ok(())
     }

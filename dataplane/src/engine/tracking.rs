@@ -58,6 +58,11 @@ use crate::resp::{compose_bulk, compose_bulk_header, Protocol};
 
 /// Prefixes one BCAST client may register.
 pub(crate) const MAX_PREFIXES: usize = 1024;
+/// Bytes of prefixes one BCAST client may register (a request may be megabytes long).
+pub(crate) const MAX_PREFIX_BYTES: usize = 64 * 1024;
+/// Prefixes all BCAST clients of one core may register together: each change of a row is
+/// matched against them, so this bounds the core's work per change.
+pub(crate) const MAX_CORE_PREFIXES: usize = 64 * 1024;
 /// The channel RESP2 clients subscribe to for invalidations.
 pub(crate) const INVALIDATE_CHANNEL: &[u8] = b"__redis__:invalidate";
 
@@ -153,7 +158,10 @@ pub(crate) struct CoreTracking {
     max_pairs: usize,
     max_bytes: usize,
     /// Client ids in BCAST mode on this core.
-    bcast: Vec<u64>,
+    /// BCAST clients, with how many prefixes each registered.
+    bcast: Vec<(u64, usize)>,
+    /// Their prefixes together (bounded by [`MAX_CORE_PREFIXES`]).
+    bcast_prefixes: usize,
     /// Every connection of this core that tracks or is subscribed: client id -> slot.
     listeners: FxHashMap<u64, usize>,
     /// Every connection of this core: client id -> slot (redirect targets are looked up here).
@@ -178,6 +186,7 @@ impl CoreTracking {
             max_pairs: max_pairs.max(1),
             max_bytes: max_bytes.max(1),
             bcast: Vec::new(),
+            bcast_prefixes: 0,
             listeners: FxHashMap::default(),
             conns: FxHashMap::default(),
             serving: true,
@@ -201,7 +210,28 @@ impl CoreTracking {
     pub fn conn_closed(&mut self, client: u64) {
         self.conns.remove(&client);
         self.listeners.remove(&client);
-        self.bcast.retain(|&c| c != client);
+        self.set_bcast(client, None);
+    }
+
+    /// Prefixes the core's BCAST clients other than `client` registered.
+    pub fn bcast_prefixes_besides(&self, client: u64) -> usize {
+        let own = self
+            .bcast
+            .iter()
+            .find(|(c, _)| *c == client)
+            .map_or(0, |b| b.1);
+        self.bcast_prefixes - own
+    }
+
+    /// `client` is a BCAST client with `prefixes` prefixes, or (`None`) is not one.
+    fn set_bcast(&mut self, client: u64, prefixes: Option<usize>) {
+        if let Some(i) = self.bcast.iter().position(|(c, _)| *c == client) {
+            self.bcast_prefixes -= self.bcast.swap_remove(i).1;
+        }
+        if let Some(n) = prefixes {
+            self.bcast.push((client, n));
+            self.bcast_prefixes += n;
+        }
     }
 
     /// The slot of a connection of this core.
@@ -217,13 +247,12 @@ impl CoreTracking {
         } else {
             self.listeners.remove(&client);
         }
-        let bcast = tracking.mode.as_ref().is_some_and(|m| m.bcast);
-        let listed = self.bcast.contains(&client);
-        if bcast && !listed {
-            self.bcast.push(client);
-        } else if !bcast && listed {
-            self.bcast.retain(|&c| c != client);
-        }
+        let bcast = tracking
+            .mode
+            .as_ref()
+            .filter(|m| m.bcast)
+            .map(|m| m.prefixes.len());
+        self.set_bcast(client, bcast);
     }
 
     /// Remembers that `client` read `key` (table `table`, pk text `pk`).
@@ -331,7 +360,7 @@ impl CoreTracking {
                         self.forget_readers(entry);
                     }
                 }
-                for &client in &self.bcast {
+                for &(client, _) in &self.bcast {
                     self.notices.push(Notice::Tracked {
                         client,
                         message: Message::Null,
@@ -358,7 +387,7 @@ impl CoreTracking {
             key.extend_from_slice(name);
             key.push(b':');
             key.extend_from_slice(pk);
-            for &client in &self.bcast {
+            for &(client, _) in &self.bcast {
                 let slot = self.listeners.get(&client).copied();
                 let wanted = match slot.and_then(|slot| prefixes.prefixes(client, slot)) {
                     None => false,

@@ -2,13 +2,12 @@
 //! consistency (a session never reads older than it wrote), cancel through pgline, and
 //! `pgbench` (select-only from cache, TPC-B-like through pass-through).
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgline_controlplane::server::Pgline;
 use pgline_testkit::TestDb;
-use pgline_testkit::{lab, origin};
+use pgline_testkit::{lab, origin, pgbench};
 use tokio_postgres::NoTls;
 
 /// A `key=value` connection string to pgline's PostgreSQL port for the test database.
@@ -181,21 +180,6 @@ async fn cancel_reaches_the_origin_backend() {
     p.shutdown().await;
 }
 
-fn pgbench(args: &[&str], conn_env: &[(&str, String)]) -> String {
-    let out = Command::new("pgbench")
-        .args(args)
-        .envs(conn_env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("pgbench is installed");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "pgbench {args:?} failed:\n{text}");
-    text
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_runs_through_pgline() {
     let db = TestDb::create("pgw_pgbench").await;
@@ -207,7 +191,7 @@ async fn pgbench_runs_through_pgline() {
         ("PGPASSWORD", password.clone()),
         ("PGDATABASE", db.name.clone()),
     ];
-    pgbench(&["-i", "-s", "1", "-q"], &origin_env);
+    pgbench::run(&["-i", "-s", "1", "-q"], &origin_env);
     let p = lab::start(lab::config(&db, 1)).await;
     let addr = p.pg_addr().unwrap();
     let pgline_env = vec![
@@ -219,7 +203,7 @@ async fn pgbench_runs_through_pgline() {
     ];
     for mode in ["prepared", "simple"] {
         let hits = p.shared.total(|s| &s.keys_hit);
-        let out = pgbench(&["-S", "-n", "-M", mode, "-c", "4", "-T", "3"], &pgline_env);
+        let out = pgbench::run(&["-S", "-n", "-M", mode, "-c", "4", "-T", "3"], &pgline_env);
         assert!(out.contains("number of failed transactions: 0"), "{out}");
         eprintln!(
             "pgbench -S -M {mode}: {} reads from cache\n{}",
@@ -230,7 +214,7 @@ async fn pgbench_runs_through_pgline() {
                 .join("\n")
         );
     }
-    let out = pgbench(
+    let out = pgbench::run(
         &["-n", "-M", "prepared", "-c", "4", "-t", "300"],
         &pgline_env,
     );

@@ -241,6 +241,20 @@ async fn measure(l: &Lab, args: &[&str], statements_per_txn: u64, setup: u64) ->
 }
 
 /// The advisor's served share of calls and a one-line summary of it.
+/// Prints the comparison and asserts the advisor's share is within [`TOLERANCE_PCT`] of the
+/// measured one.
+fn within_tolerance(workload: &str, advised: f64, measured: f64, sent: u64) {
+    eprintln!(
+        "  {workload}: advisor {advised:.2}% served, pgline {measured:.2}% hits of {sent} \
+         statements, |difference| {:.2} points (tolerance {TOLERANCE_PCT})",
+        (advised - measured).abs()
+    );
+    assert!(
+        (advised - measured).abs() <= TOLERANCE_PCT,
+        "{workload}: advisor {advised:.2}% vs measured {measured:.2}%"
+    );
+}
+
 fn served_pct(advice: &Value) -> f64 {
     let pct = advice["served"]["calls_pct"]
         .as_f64()
@@ -309,15 +323,7 @@ async fn pgbench_select_only_served_share_matches_the_hit_share() {
         "the point lookup's calls"
     );
     let (measured, sent) = measure(&l, &["-S", "-t", &n], 1, PGBENCH_SETUP_STATEMENTS).await;
-    eprintln!(
-        "  pgbench -S: advisor {advised:.2}% served, pgline {measured:.2}% hits of {sent} \
-         statements, |difference| {:.2} points (tolerance {TOLERANCE_PCT})",
-        (advised - measured).abs()
-    );
-    assert!(
-        (advised - measured).abs() <= TOLERANCE_PCT,
-        "advisor {advised:.2}% vs measured {measured:.2}%"
-    );
+    within_tolerance("pgbench -S", advised, measured, sent);
     l.p.shutdown().await;
 }
 
@@ -446,14 +452,6 @@ async fn saas_dashboard_served_share_matches_the_hit_share() {
         "the page's 8 statements are result-cache reads"
     );
     let (measured, sent) = measure(&l, &["-f", script, "-t", &pages], 8, 0).await;
-    eprintln!(
-        "  dashboard: advisor {advised:.2}% served, pgline {measured:.2}% hits of {sent} \
-         statements, |difference| {:.2} points (tolerance {TOLERANCE_PCT})",
-        (advised - measured).abs()
-    );
-    assert!(
-        (advised - measured).abs() <= TOLERANCE_PCT,
-        "advisor {advised:.2}% vs measured {measured:.2}%"
-    );
+    within_tolerance("dashboard", advised, measured, sent);
     l.p.shutdown().await;
 }

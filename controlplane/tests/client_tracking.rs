@@ -562,6 +562,63 @@ async fn bcast_prefixes_are_bounded_per_client_and_per_core() {
     p.shutdown().await;
 }
 
+/// In cluster mode a key may carry a hash tag anywhere (`{users}:42`, `users:{42}`): a BCAST
+/// client's tagged reads are remembered and invalidated under the spelling it read, beside the
+/// untagged names its prefixes match.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bcast_in_cluster_mode_invalidates_the_tagged_spellings_read() {
+    use pgline_controlplane::config::{ClusterConfig, ClusterNodeConfig, ClusterShardConfig};
+    let db = TestDb::create("tracking_cluster").await;
+    let origin = db.client().await;
+    origin.batch_execute(SCHEMA).await.unwrap();
+    let mut cfg = lab::config(&db, 1);
+    cfg.cluster = ClusterConfig {
+        node: "n1".into(),
+        nodes: vec![ClusterNodeConfig {
+            name: "n1".into(),
+            addr: "127.0.0.1:6380".into(),
+            id: String::new(),
+            api: String::new(),
+        }],
+        shards: vec![ClusterShardConfig {
+            name: "s1".into(),
+            slots: vec!["0-16383".into()],
+            nodes: vec!["n1".into()],
+        }],
+        ..ClusterConfig::default()
+    };
+    let p = lab::start(cfg).await;
+    let mut b = resp3(&p).await;
+    assert_eq!(
+        b.cmd(&["CLIENT", "TRACKING", "on", "bcast", "prefix", "users:"])
+            .await,
+        b"+OK\r\n"
+    );
+    for key in ["{users}:42", "users:{42}", "users:43"] {
+        let got = b.cmd(&["GET", key]).await;
+        assert!(got.starts_with(b"$"), "{key}: {}", show(&got));
+    }
+    origin
+        .batch_execute("UPDATE users SET name = 't' WHERE id = 42")
+        .await
+        .unwrap();
+    let mut got = vec![
+        show(&b.frame().await),
+        show(&b.frame().await),
+        show(&b.frame().await),
+    ];
+    got.sort();
+    let mut want = vec![
+        show(&push("{users}:42")),
+        show(&push("users:{42}")),
+        show(&push("users:42")),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(nothing(&mut b, Duration::from_millis(300)).await, Ok(()));
+    p.shutdown().await;
+}
+
 /// redis-py's client cache (RESP3, default mode) and valkey-glide's (server-assisted: BCAST)
 /// read through their caches while the origin is written to; no read may return a row older than
 /// the bound after a committed change, and at the end every cached value is the origin's.

@@ -121,13 +121,17 @@ impl Exec<'_> {
 
     /// Remembers the keys a read command names for a tracking client (a key of no cached table
     /// is not remembered: only a new key space can change its answer, and that invalidates
-    /// everything).
-    fn track_reads(&mut self, cmd: Command<'_>, client: u64) {
+    /// everything). `tagged_only`: only keys with a hash tag (cluster mode), the spellings a
+    /// BCAST client's invalidations cannot derive from its prefixes.
+    fn track_reads(&mut self, cmd: Command<'_>, client: u64, tagged_only: bool) {
         let mut one = |key: &[u8]| {
             let resolved = match self.topology {
                 Some(_) => untag(key, self.untag),
                 None => key,
             };
+            if tagged_only && resolved.len() == key.len() {
+                return;
+            }
             if let Some((table, pk)) = self.keyspace.resolve(resolved) {
                 self.tracking.record(client, key, table, pk);
             }
@@ -188,10 +192,14 @@ impl Exec<'_> {
         }
         if let Some(t) = session.tracking.as_deref() {
             // While hits are off a BCAST client's reads are remembered too, to be invalidated
-            // right after their replies (no WAL change would reach them).
-            let bcast_bypass = !self.serve_hits && t.mode.as_ref().is_some_and(|m| m.bcast);
-            if t.records() || bcast_bypass {
-                self.track_reads(cmd, session.client_id);
+            // right after their replies (no WAL change would reach them). In cluster mode its
+            // tagged reads are always remembered: `orders:{7}:1001` is one of countless
+            // spellings of a row that no prefix match can produce.
+            let bcast = t.mode.as_ref().is_some_and(|m| m.bcast);
+            if t.records() || (bcast && !self.serve_hits) {
+                self.track_reads(cmd, session.client_id, false);
+            } else if bcast && self.topology.is_some() {
+                self.track_reads(cmd, session.client_id, true);
             }
         }
         match cmd {

@@ -20,8 +20,9 @@
 //!   `CLIENT CACHING no`.
 //! - `BCAST [PREFIX p ...]`: nothing is remembered; every change of a key that starts with one
 //!   of the prefixes (any key without prefixes) is sent. A row's keys are its table's names
-//!   (`users:42`, `public.users:42`, configured prefixes); tagged spellings (`{users}:42`) are
-//!   not derived.
+//!   (`users:42`, `public.users:42`, configured prefixes). Tagged spellings (`{users}:42`,
+//!   cluster mode) cannot be derived, so a BCAST client's tagged reads are remembered as in the
+//!   default mode.
 //! - `NOLOOP` is accepted and changes nothing: pgline has no writes of its own.
 //!
 //! # Nothing stale

@@ -158,11 +158,9 @@ pub(crate) struct CoreTracking {
     bytes: usize,
     max_pairs: usize,
     max_bytes: usize,
-    /// Client ids in BCAST mode on this core.
-    /// BCAST clients, with how many prefixes each registered.
+    /// BCAST clients of this core, with how many prefixes each registered (together at most
+    /// [`MAX_CORE_PREFIXES`]).
     bcast: Vec<(u64, usize)>,
-    /// Their prefixes together (bounded by [`MAX_CORE_PREFIXES`]).
-    bcast_prefixes: usize,
     /// Every connection of this core that tracks or is subscribed: client id -> slot.
     listeners: FxHashMap<u64, usize>,
     /// Every connection of this core: client id -> slot (redirect targets are looked up here).
@@ -187,7 +185,6 @@ impl CoreTracking {
             max_pairs: max_pairs.max(1),
             max_bytes: max_bytes.max(1),
             bcast: Vec::new(),
-            bcast_prefixes: 0,
             listeners: FxHashMap::default(),
             conns: FxHashMap::default(),
             serving: true,
@@ -216,22 +213,18 @@ impl CoreTracking {
 
     /// Prefixes the core's BCAST clients other than `client` registered.
     pub fn bcast_prefixes_besides(&self, client: u64) -> usize {
-        let own = self
-            .bcast
+        self.bcast
             .iter()
-            .find(|(c, _)| *c == client)
-            .map_or(0, |b| b.1);
-        self.bcast_prefixes - own
+            .filter(|(c, _)| *c != client)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// `client` is a BCAST client with `prefixes` prefixes, or (`None`) is not one.
     fn set_bcast(&mut self, client: u64, prefixes: Option<usize>) {
-        if let Some(i) = self.bcast.iter().position(|(c, _)| *c == client) {
-            self.bcast_prefixes -= self.bcast.swap_remove(i).1;
-        }
+        self.bcast.retain(|(c, _)| *c != client);
         if let Some(n) = prefixes {
             self.bcast.push((client, n));
-            self.bcast_prefixes += n;
         }
     }
 

@@ -400,6 +400,43 @@ mod tests {
         }
     }
 
+    /// The writer queues invalidations only to a core with tracking clients; past the queue's
+    /// bound nothing more is queued and the core is told once to forget everything.
+    #[test]
+    fn invalidations_are_bounded_and_overflow_is_told_once() {
+        use crate::plane::tracking::{Invalidation, QUEUE_CAPACITY};
+        let (shared, _, _) = plane();
+        let (control, core) = (shared.control_port(), shared.core_port(0));
+        let change = |i: usize| Invalidation::Key {
+            table: 1,
+            pk: i.to_string().into_bytes().into(),
+        };
+        control.invalidate(&[change(0)]);
+        assert_eq!(
+            core.recv_invalidation(),
+            None,
+            "no tracking client: nothing queued"
+        );
+        shared.tracking_enter(0);
+        let changes: Vec<_> = (0..QUEUE_CAPACITY + 10).map(change).collect();
+        control.invalidate(&changes);
+        let mut got = 0;
+        while let Some(inv) = core.recv_invalidation() {
+            assert_eq!(inv, change(got), "in order");
+            got += 1;
+        }
+        assert_eq!(got, QUEUE_CAPACITY);
+        assert!(core.tracking_overflowed());
+        assert!(!core.tracking_overflowed(), "told once");
+        control.invalidate(&[change(1)]);
+        assert_eq!(
+            core.recv_invalidation(),
+            Some(change(1)),
+            "the queue works again"
+        );
+        shared.tracking_leave(0);
+    }
+
     #[test]
     fn each_consumer_is_woken_once_per_turn_and_only_for_its_own_requests() {
         let (shared, misses, pgw) = plane();

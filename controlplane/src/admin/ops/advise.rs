@@ -30,10 +30,10 @@ const STATEMENTS_SQL: &str = "SELECT CASE WHEN octet_length(s.query) > $2 THEN l
      LEFT JOIN pg_roles r ON r.oid = s.userid \
      WHERE s.n <= $1 \
         OR s.query ~* '^\\s*(begin|start|commit|end|rollback|abort)' \
-     ORDER BY s.n LIMIT $1 + 1000";
+     ORDER BY s.n LIMIT $1 + $3";
 
 /// Statements beyond the limit read as possible transaction control (see [`STATEMENTS_SQL`]).
-const TRANSACTION_CANDIDATES: usize = 1000;
+const TRANSACTION_CANDIDATES: i64 = 1000;
 
 /// The sums over every top-level statement of the current database.
 const TOTALS_SQL: &str = "SELECT count(*), coalesce(sum(calls), 0)::int8, \
@@ -70,7 +70,14 @@ impl Admin {
             };
             ctx.database = t.get(3);
             let rows = client
-                .query(STATEMENTS_SQL, &[&(limit as i64), &(MAX_TEXT_BYTES as i32)])
+                .query(
+                    STATEMENTS_SQL,
+                    &[
+                        &(limit as i64),
+                        &(MAX_TEXT_BYTES as i32),
+                        &TRANSACTION_CANDIDATES,
+                    ],
+                )
                 .await
                 .map_err(stat_error)?;
             let (top, beyond): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.get::<_, bool>(5));
@@ -82,11 +89,7 @@ impl Admin {
                 too_long: r.get(4),
             };
             let rows: Vec<StatementRow> = top.into_iter().map(row).collect();
-            ctx.beyond = beyond
-                .into_iter()
-                .take(TRANSACTION_CANDIDATES)
-                .map(row)
-                .collect();
+            ctx.beyond = beyond.into_iter().map(row).collect();
             let cached: Vec<String> = self
                 .catalog
                 .snapshot()

@@ -183,24 +183,12 @@ async fn cancel_reaches_the_origin_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_runs_through_pgline() {
     let db = TestDb::create("pgw_pgbench").await;
-    let (host, port, user, password) = origin::origin_base();
-    let origin_env = vec![
-        ("PGHOST", host),
-        ("PGPORT", port.to_string()),
-        ("PGUSER", user.clone()),
-        ("PGPASSWORD", password.clone()),
-        ("PGDATABASE", db.name.clone()),
-    ];
-    pgbench::run(&["-i", "-s", "1", "-q"], &origin_env);
+    pgbench::run(
+        &["-i", "-s", "1", "-q"],
+        &pgbench::env(origin::origin_addr(), &db.name),
+    );
     let p = lab::start(lab::config(&db, 1)).await;
-    let addr = p.pg_addr().unwrap();
-    let pgline_env = vec![
-        ("PGHOST", addr.ip().to_string()),
-        ("PGPORT", addr.port().to_string()),
-        ("PGUSER", user),
-        ("PGPASSWORD", password),
-        ("PGDATABASE", db.name.clone()),
-    ];
+    let pgline_env = pgbench::env(p.pg_addr().unwrap(), &db.name);
     for mode in ["prepared", "simple"] {
         let hits = p.shared.total(|s| &s.keys_hit);
         let out = pgbench::run(&["-S", "-n", "-M", mode, "-c", "4", "-T", "3"], &pgline_env);

@@ -114,8 +114,11 @@ impl OriginConn {
     }
 
     /// Whether this idle connection has something to read nobody asked for, or was closed
-    /// (EOF, reset). A non-blocking read on the socket itself, so that input the runtime has
-    /// not been told about yet is seen too: a `MSG_PEEK` for plain TCP; under TLS the bytes are
+    /// (EOF, reset). For plain TCP: the runtime's readiness first, which costs no system call
+    /// (the last read of a reply was short, so tokio cleared it; its I/O driver polls at every
+    /// turn of the core that hosts this connection), then, only if it reports input, a
+    /// `MSG_PEEK` to tell input from a stale flag. A close the driver has not reported yet is
+    /// missed, as a close arriving just after the peek was before. Under TLS the bytes are
     /// taken and handed to the TLS session, since TLS records that carry no data (session
     /// tickets, key updates) are no reason to drop the connection; data is (and is kept in
     /// the read buffer), and so is the origin's close_notify.
@@ -125,6 +128,11 @@ impl OriginConn {
         }
         match &mut self.stream {
             OriginStream::Plain(tcp) => {
+                // A no-op waker: nobody waits here; the next read registers its own.
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if tcp.poll_read_ready(&mut cx).is_pending() {
+                    return false;
+                }
                 let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
                 // The socket is non-blocking (tokio's): nothing pending is WouldBlock.
                 match socket2::SockRef::from(&*tcp).peek(&mut probe) {

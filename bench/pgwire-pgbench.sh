@@ -5,6 +5,8 @@
 #   bench/pgwire-pgbench.sh            # full: scale 10 (1M accounts), 10 s cells, 1/8/32 clients
 #   bench/pgwire-pgbench.sh --smoke    # CI: scale 1, 1 s cells, 1/8 clients, checked
 #   SERVER_CPUS=0 bench/pgwire-pgbench.sh       # pinned: pgline and PgBouncer on CPU 0 only
+#   SERVER_CPUS=0 ORIGIN_CPUS=1 CLIENT_CPUS=1 bench/pgwire-pgbench.sh   # "appliance": the proxy
+#                                               # on a CPU of its own, origin and pgbench on another
 #   PGLINE_BIN=/path/to/other/pgline bench/pgwire-pgbench.sh   # any build ("before"/"after")
 #
 # Three columns, each cell run against each of them in turn (order reversed every other round):
@@ -38,9 +40,10 @@
 # JOBS (pgbench threads, 2, at most the clients), SAMPLING (pgbench --sampling-rate for the
 # latency log, 0.1; smoke 1), COLD_MEMORY (256MiB; smoke 16MiB), WARM_MEMORY (1GiB; smoke
 # 256MiB), SERVER_CPUS (unset: unpinned; else taskset for pgline and PgBouncer), CLIENT_CPUS
-# (unset; else taskset for pgbench), PGLINE_BIN, PGLINE_EXTRA (more `serve` arguments),
-# LABEL (tag in every row, default the binary's path), ports PGLINE_PORT (6397, RESP),
-# API_PORT (6398), PGWIRE_PORT (6433), BOUNCER_PORT (6434). PostgreSQL itself is never pinned.
+# (unset; else taskset for pgbench), ORIGIN_CPUS (unset; else every process of the local origin
+# is moved there for the run, and back to every CPU at its end), PGLINE_BIN, PGLINE_EXTRA (more
+# `serve` arguments), LABEL (tag in every row, default the binary's path), ports PGLINE_PORT
+# (6397, RESP), API_PORT (6398), PGWIRE_PORT (6433), BOUNCER_PORT (6434).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,7 +51,7 @@ SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) echo "usage: bench/pgwire-pgbench.sh [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
@@ -61,7 +64,7 @@ else
     WARM_MEMORY=${WARM_MEMORY:-1GiB}
 fi
 CELLS=${CELLS:-tpcb select1 txn10 cold warm} JOBS=${JOBS:-2}
-SERVER_CPUS=${SERVER_CPUS:-} CLIENT_CPUS=${CLIENT_CPUS:-}
+SERVER_CPUS=${SERVER_CPUS:-} CLIENT_CPUS=${CLIENT_CPUS:-} ORIGIN_CPUS=${ORIGIN_CPUS:-}
 PGLINE_PORT=${PGLINE_PORT:-6397} API_PORT=${API_PORT:-6398}
 PGWIRE_PORT=${PGWIRE_PORT:-6433} BOUNCER_PORT=${BOUNCER_PORT:-6434}
 DB=${DB:-pgline_pgbench_s$SCALE}
@@ -138,6 +141,22 @@ cleanup() {
     rm -rf "$TMPD"
 }
 trap cleanup EXIT
+
+# The origin's processes (its postmaster is the checkpointer's parent; backends forked later
+# inherit its CPUs), pinned for the run when ORIGIN_CPUS is set: the proxy's CPUs are then its
+# own, as on the appliance, and the origin column gets the same CPUs as the others.
+pin_origin() { # cpu list
+    local checkpointer postmaster
+    checkpointer=$(psql -qtA -d "$DB" -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
+    postmaster=$(ps -o ppid= -p "$checkpointer" | tr -d ' ')
+    for p in "$postmaster" $(pgrep -P "$postmaster"); do
+        taskset -a -p -c "$1" "$p" >/dev/null 2>&1 || true
+    done
+}
+if [ -n "$ORIGIN_CPUS" ]; then
+    pin_origin "$ORIGIN_CPUS"
+    trap 'pin_origin "0-$(($(nproc) - 1))"; cleanup' EXIT
+fi
 
 # PgBouncer, as a new user would set it up for transaction pooling.
 BOUNCER_DIR=$TMPD/pgbouncer
@@ -288,7 +307,7 @@ has_cell() { case " $CELLS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 echo "pgwire-pgbench.sh: $(date -u +%FT%TZ) $DB (scale $SCALE), ${DURATION}s cells, clients $CLIENTS, rounds $ROUNDS"
 echo "  pgline $LABEL ($("$PGLINE_BIN" --version 2>/dev/null | head -1)); $BOUNCER_VERSION; $(psql -qtA -d "$DB" -c 'SHOW server_version')"
-echo "  pgline and PgBouncer on CPUs: ${SERVER_CPUS:-any}; pgbench on CPUs: ${CLIENT_CPUS:-any}; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "  pgline and PgBouncer on CPUs: ${SERVER_CPUS:-any}; pgbench on CPUs: ${CLIENT_CPUS:-any}; origin on CPUs: ${ORIGIN_CPUS:-any}; $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # Pass-through and cold cells: one pgline with its defaults but the store budget.
 start_pgline "$COLD_MEMORY"

@@ -214,6 +214,7 @@ fn pgwire() -> PgwireSnapshot {
             pools: 2,
             pool_forgotten: 5,
             pool_refused: 1,
+            backend_steals: 12,
         },
     }
 }
@@ -239,6 +240,7 @@ fn pgwire_families_carry_the_relay_figures() {
         ("pgline_pgwire_pools", 2.0),
         ("pgline_pgwire_pool_forgotten_total", 5.0),
         ("pgline_pgwire_pool_refused_total", 1.0),
+        ("pgline_pgwire_backend_steals_total", 12.0),
     ] {
         assert_eq!(get(name), v, "{name}");
     }

@@ -890,6 +890,8 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
     let pid3 = first_values(&r.bytes)[0].clone();
     // Both stay reserved: none is idle.
     assert_eq!(d.relay.pool_counts(&role, &db.name), (0, 3));
+    let steals = || d.relay.origin_stats().backend_steals;
+    assert_eq!(steals(), 0);
     // Session 4 has no connection: it tries session 1's (the oldest reservation), finds
     // another search path, hands it back, and takes session 3's, which is clean.
     let r = d
@@ -900,6 +902,11 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
         .await;
     assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
     assert_eq!(path(&r), format!("{login_path} {pid3}"));
+    assert_eq!(
+        steals(),
+        2,
+        "two reserved backends read before one was used"
+    );
     // Session 1 still has its setting, on its own backend, from now on pinned.
     for _ in 0..2 {
         let r = d.query_unfenced(1, "SHOW search_path").await;
@@ -908,6 +915,7 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
     // Session 3's own reservation went to session 4; it takes that one back the same way.
     let r = d.query_unfenced(3, "SHOW search_path").await;
     assert_eq!(path(&r), login_path);
+    assert_eq!(steals(), 3);
     // A fenced batch reads the state: a clean backend goes back to the pool.
     let r = d.query(3, "SELECT 1").await;
     assert!(r.fence > 0);

@@ -44,6 +44,7 @@ pub struct OriginCounters {
     pub backend_dead: AtomicU64,
     pub pool_forgotten: AtomicU64,
     pub pool_refused: AtomicU64,
+    pub backend_steals: AtomicU64,
 }
 
 impl OriginCounters {
@@ -71,6 +72,8 @@ pub struct OriginStats {
     pub pool_forgotten: u64,
     /// Startups refused because `max_pools` pools were in use.
     pub pool_refused: u64,
+    /// Batches that took another session's reserved connection and read its state first.
+    pub backend_steals: u64,
 }
 
 /// The bound on origin connections in authentication.
@@ -150,6 +153,7 @@ impl Admission {
             pools: 0,
             pool_forgotten: get(&c.pool_forgotten),
             pool_refused: get(&c.pool_refused),
+            backend_steals: get(&c.backend_steals),
         }
     }
 }

@@ -264,6 +264,7 @@ impl Pool {
                     if !r.b.unusable() {
                         inner.last_used = Instant::now();
                         inner.checking.insert(r.owner);
+                        OriginCounters::add(&self.counters.backend_steals, 1);
                         return Ok((r.b, Taken::Steal { owner: r.owner }));
                     }
                     self.dead(&mut inner);

@@ -27,7 +27,8 @@
 #             accounts take ~320 MiB of store): misses and evictions throughout.
 #   warm      pgbench -S -M prepared on a second pgline (WARM_MEMORY, 1GiB) whose accounts were
 #             loaded by `pgline tables add --warm` and read once by a WARMUP run.
-# Every pgline cell also records the store hits and misses it caused (RESP INFO).
+# Every pgline cell also records the store hits and misses it caused (RESP INFO). Every cell
+# prints ">2ms=": the share of its clients' time spent in transactions over 2 ms (stalls).
 # Rows go to bench/results/pgbench-<UTC stamp>.jsonl (gitignored), the output to stdout; a
 # Markdown table with both ratios and each round's figures ends it
 # (bench/pgwire-pgbench-report.py, which also sets runs side by side: `... BEFORE.jsonl AFTER.jsonl`). The smoke (and any run)
@@ -51,7 +52,7 @@ SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
     *) echo "usage: bench/pgwire-pgbench.sh [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
@@ -269,7 +270,10 @@ row = {
     "tps": grab(r"^tps = ([0-9.]+)"), "xacts": grab(r"actually processed: (\d+)", int),
     "failed": grab(r"number of failed transactions: (\d+)", int) or 0,
     "lat_avg_ms": grab(r"^latency average = ([0-9.]+) ms"),
-    "p50_ms": q(0.50), "p99_ms": q(0.99), "lat_samples": len(lat),
+    "p50_ms": q(0.50), "p99_ms": q(0.99), "max_ms": lat[-1] / 1000.0 if lat else None,
+    # The share of the clients' time spent in transactions over 2 ms: stalls, not the body.
+    "slow_share": sum(l for l in lat if l > 2000) / sum(lat) if lat and sum(lat) else None,
+    "lat_samples": len(lat),
     "store_hits": h1 - h0, "store_misses": m1 - m0, "rc": int(rc),
     "load_before": float(load0), "load_after": float(open("/proc/loadavg").read().split()[0]),
     "duration_s": float(duration), "pgline": label, "server_cpus": cpus or None,
@@ -291,9 +295,9 @@ row["error"] = err
 with open(out, "a") as f:
     f.write(json.dumps(row) + "\n")
 hm = " hits=%d misses=%d" % (row["store_hits"], row["store_misses"]) if target == "pgline" else ""
-print("%-7s %-9s %-8s c=%-3s r%s %10.0f tps  p50=%7.3fms p99=%7.3fms%s  load %s->%.2f%s" % (
+print("%-7s %-9s %-8s c=%-3s r%s %10.0f tps  p50=%7.3fms p99=%7.3fms >2ms=%3.0f%%%s  load %s->%.2f%s" % (
     cell, target, mode, clients, rnd, row["tps"] or 0, row["p50_ms"] or 0, row["p99_ms"] or 0,
-    hm, load0, row["load_after"], "  ERROR: " + err if err else ""), flush=True)
+    100 * (row["slow_share"] or 0), hm, load0, row["load_after"], "  ERROR: " + err if err else ""), flush=True)
 sys.exit(1 if err else 0)
 EOF
 }

@@ -6,16 +6,19 @@
 #
 #   bench/pgwire-cost.sh                                  # select1, 8 and 32 clients, 3 rounds
 #   BINS="/tmp/old/pgline target/release/pgline" bench/pgwire-cost.sh   # builds side by side
+#   BINS="pgbouncer target/release/pgline" bench/pgwire-cost.sh     # against PgBouncer
 #
-# Environment: BINS (pgline binaries, default target/release/pgline; each round runs every one
-# in turn), CLIENTS ("8 32"), ROUNDS (3), DURATION (seconds counted, 5), SCRIPT (pgbench script,
-# bench/pgwire-select1.pgbench), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442).
+# Environment: BINS (pgline binaries, default target/release/pgline, or the word `pgbouncer`
+# for Debian's PgBouncer in transaction mode, bench/pgbouncer.sh; each round runs every one in
+# turn), CLIENTS ("8 32"), ROUNDS (3), DURATION (seconds counted, 5), SCRIPT (pgbench script,
+# bench/pgwire-select1.pgbench), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442), BOUNCER_PORT (6444).
 # One line per run: tps, pgline CPU µs per transaction, system calls per transaction (all, and
 # without sched_yield, which a spinning core makes when idle), eventfd/epoll calls per
 # transaction, and context switches per transaction. Needs `perf` (linux-perf) and root or
 # perf_event_paranoid <= 1; against the lab origin (deploy/lab/pg.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/pgbouncer.sh
 BINS=${BINS:-target/release/pgline}
 CLIENTS=${CLIENTS:-8 32}
 ROUNDS=${ROUNDS:-3}
@@ -24,6 +27,7 @@ SCRIPT=${SCRIPT:-bench/pgwire-select1.pgbench}
 PGWIRE_PORT=${PGWIRE_PORT:-6443}
 PGLINE_PORT=${PGLINE_PORT:-6441}
 API_PORT=${API_PORT:-6442}
+BOUNCER_PORT=${BOUNCER_PORT:-6444}
 DB=pgline_cost
 command -v perf >/dev/null || { echo "pgwire-cost.sh: needs perf (apt-get install linux-perf)" >&2; exit 1; }
 eval "$(deploy/lab/pg.sh env)"
@@ -32,6 +36,7 @@ psql -qtA -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$DB'" | gre
     || psql -q -d postgres -c "CREATE DATABASE $DB"
 ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
 TMPD=$(mktemp -d)
+chmod 755 "$TMPD" # PgBouncer runs as postgres
 PID=""
 cleanup() {
     [ -z "$PID" ] || kill "$PID" 2>/dev/null || true
@@ -40,9 +45,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-run() { # binary clients
-    local bin=$1 c=$2
-    "$bin" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" --memory 64MiB \
+start_pgline() { # binary: serves on PGWIRE_PORT, sets PID
+    "$1" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" --memory 64MiB \
         --set api.listen="\"127.0.0.1:$API_PORT\"" --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
         --set replication.slot="\"$DB\"" --set replication.publication="\"$DB\"" \
         --set log.level='"warn"' >"$TMPD/pgline.log" 2>&1 &
@@ -52,9 +56,19 @@ run() { # binary clients
         kill -0 "$PID" 2>/dev/null || { cat "$TMPD/pgline.log" >&2; exit 1; }
         sleep 0.1
     done
+}
+
+run() { # binary-or-pgbouncer clients
+    local bin=$1 c=$2 port=$PGWIRE_PORT
+    if [ "$bin" = pgbouncer ]; then
+        start_pgbouncer "$TMPD/pgbouncer" "$BOUNCER_PORT" "$DB"
+        PID=$BOUNCER_PID port=$BOUNCER_PORT
+    else
+        start_pgline "$bin"
+    fi
     sleep 1
     # pgbench runs a second longer than the count, which starts half a second in.
-    pgbench -n -f "$SCRIPT" -h 127.0.0.1 -p "$PGWIRE_PORT" -c "$c" -j 2 -T $((DURATION + 1)) \
+    pgbench -n -f "$SCRIPT" -h 127.0.0.1 -p "$port" -c "$c" -j 2 -T $((DURATION + 1)) \
         "$DB" >"$TMPD/pgbench.out" 2>&1 &
     local bench=$!
     sleep 0.5

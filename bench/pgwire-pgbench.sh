@@ -47,6 +47,7 @@
 # (6397, RESP), API_PORT (6398), PGWIRE_PORT (6433), BOUNCER_PORT (6434).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/pgbouncer.sh
 
 SMOKE=0
 case "${1:-}" in
@@ -159,45 +160,8 @@ if [ -n "$ORIGIN_CPUS" ]; then
     trap 'pin_origin "0-$(($(nproc) - 1))"; cleanup' EXIT
 fi
 
-# PgBouncer, as a new user would set it up for transaction pooling.
-BOUNCER_DIR=$TMPD/pgbouncer
-mkdir -p "$BOUNCER_DIR"
-printf '"%s" "%s"\n' "$PGUSER" "$PGPASSWORD" >"$BOUNCER_DIR/userlist.txt"
-cat >"$BOUNCER_DIR/pgbouncer.ini" <<INI
-[databases]
-$DB = host=$PGHOST port=$PGPORT dbname=$DB
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $BOUNCER_PORT
-unix_socket_dir =
-auth_type = scram-sha-256
-auth_file = $BOUNCER_DIR/userlist.txt
-pool_mode = transaction
-default_pool_size = 20
-max_client_conn = 200
-ignore_startup_parameters = extra_float_digits
-logfile = $BOUNCER_DIR/pgbouncer.log
-log_connections = 0
-log_disconnections = 0
-INI
-BOUNCER_USER=()
-if [ "$(id -u)" = 0 ]; then
-    chown -R postgres "$BOUNCER_DIR"
-    BOUNCER_USER=(-u postgres) # pgbouncer refuses to run as root
-fi
-"${PIN_SERVER[@]}" "$BOUNCER" "${BOUNCER_USER[@]}" "$BOUNCER_DIR/pgbouncer.ini" >"$BOUNCER_DIR/stdout" 2>&1 &
-BOUNCER_PID=$!
-for _ in $(seq 1 100); do
-    pg_isready -q -h 127.0.0.1 -p "$BOUNCER_PORT" -d "$DB" && break
-    kill -0 "$BOUNCER_PID" 2>/dev/null || break
-    sleep 0.1
-done
-if ! psql -qtA -h 127.0.0.1 -p "$BOUNCER_PORT" -d "$DB" -c "SELECT 1" >/dev/null 2>&1; then
-    echo "pgwire-pgbench.sh: PgBouncer did not start; its log:" >&2
-    cat "$BOUNCER_DIR/stdout" "$BOUNCER_DIR/pgbouncer.log" >&2 2>/dev/null || true
-    exit 1
-fi
+# PgBouncer, as a new user would set it up for transaction pooling (bench/pgbouncer.sh).
+start_pgbouncer "$TMPD/pgbouncer" "$BOUNCER_PORT" "$DB" "${PIN_SERVER[@]}"
 BOUNCER_VERSION=$("$BOUNCER" --version | head -1)
 
 start_pgline() { # memory extra-args...

@@ -11,10 +11,11 @@
 # Environment: BINS (pgline binaries, default target/release/pgline, or the word `pgbouncer`
 # for Debian's PgBouncer in transaction mode, bench/pgbouncer.sh; each round runs every one in
 # turn), CLIENTS ("8 32"), ROUNDS (3), DURATION (seconds counted, 5), SCRIPT (pgbench script,
-# bench/pgwire-select1.pgbench), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442), BOUNCER_PORT (6444).
-# One line per run: tps, pgline CPU µs per transaction, system calls per transaction (all, and
-# without sched_yield, which a spinning core makes when idle), eventfd/epoll calls per
-# transaction, and context switches per transaction. Needs `perf` (linux-perf) and root or
+# bench/pgwire-select1.pgbench), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442),
+# BOUNCER_PORT (6444).
+# One line per run: tps, the proxy's CPU µs per transaction, system calls per transaction
+# (all, and without sched_yield, which a spinning core makes when idle), eventfd/epoll calls
+# per transaction, and context switches per transaction. Needs `perf` (linux-perf) and root or
 # perf_event_paranoid <= 1; against the lab origin (deploy/lab/pg.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

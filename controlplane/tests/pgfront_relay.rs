@@ -73,6 +73,17 @@ impl Driver {
         messages: Vec<u8>,
         fence: bool,
     ) -> u64 {
+        self.push_marked(session, kind, messages, fence, false)
+    }
+
+    fn push_marked(
+        &self,
+        session: u64,
+        kind: PgRequestKind,
+        messages: Vec<u8>,
+        fence: bool,
+        state_free: bool,
+    ) -> u64 {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let flow = (kind == PgRequestKind::Startup).then(|| {
             let f = Arc::new(PgFlow::default());
@@ -88,6 +99,7 @@ impl Driver {
             messages,
             cache: None,
             fence,
+            state_free,
             flow,
         };
         assert!(self.port.send_pg(req).is_ok());
@@ -148,6 +160,13 @@ impl Driver {
     async fn query_unfenced(&self, session: u64, sql: &str) -> Reply {
         let m = msgs(|b| frontend::query(sql, b).unwrap());
         let seq = self.push_fenced(session, PgRequestKind::Batch, m, false);
+        self.reply(session, seq).await
+    }
+
+    /// A batch the core marked as unable to change session state (`PgRequest::state_free`).
+    async fn query_state_free(&self, session: u64, sql: &str) -> Reply {
+        let m = msgs(|b| frontend::query(sql, b).unwrap());
+        let seq = self.push_marked(session, PgRequestKind::Batch, m, false, true);
         self.reply(session, seq).await
     }
 
@@ -614,6 +633,7 @@ async fn control_waker_drives_the_relay_and_the_front_can_be_off() {
         messages: msgs(|b| frontend::cancel_request(1, 2, b)),
         cache: None,
         fence: false,
+        state_free: false,
         flow: None,
     };
     assert!(port.send_pg(req).is_ok());
@@ -936,6 +956,64 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
     for s in [2, 3, 4] {
         assert_eq!(d.query(s, "COMMIT").await.end, PgReplyEnd::Ready(b'I'));
     }
+    teardown(db, d, &role).await;
+}
+
+/// A batch the core marks state-free (one statement of constants) puts a backend it took in
+/// the login state back into the pool without a state read, so that sessions outnumbering the
+/// backends do not steal each other's; a backend whose state is not known stays reserved
+/// whatever the mark says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_free_batches_give_a_clean_backend_back_to_the_pool() {
+    let (db, d, role) = setup_with("pgf_state_free", |cfg| cfg.pgwire.pool_size = 2).await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION shift_path() RETURNS text LANGUAGE sql AS \
+             $$ SELECT pg_catalog.set_config('search_path', 'elsewhere, public', false) $$;
+             GRANT EXECUTE ON FUNCTION shift_path() TO {role};"
+        ))
+        .await
+        .unwrap();
+    for s in 1..=3 {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (2, 2));
+    let steals = || d.relay.origin_stats().backend_steals;
+    // Unmarked, a batch leaves its backend reserved; marked, it goes back to the pool.
+    let r = d.query_unfenced(1, "SELECT 1").await;
+    assert_eq!((r.end, r.fence), (PgReplyEnd::Ready(b'I'), 0));
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (1, 2));
+    for round in 0..3 {
+        for s in [2, 3] {
+            let r = d.query_state_free(s, "SELECT 1").await;
+            assert_eq!((r.end, r.fence), (PgReplyEnd::Ready(b'I'), 0));
+            assert_eq!(first_values(&r.bytes), ["1"], "round {round}");
+            assert_eq!(
+                d.relay.pool_counts(&role, &db.name),
+                (1, 2),
+                "round {round}"
+            );
+        }
+    }
+    assert_eq!(steals(), 0, "sessions 2 and 3 shared the idle backend");
+    // Session 1's reserved backend now holds state the relay does not know of; a marked batch
+    // on it (its own backend, state unknown) does not pool it.
+    d.query_unfenced(1, "SELECT shift_path()").await;
+    let r = d.query_state_free(1, "SELECT 1").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert_eq!(
+        d.relay.pool_counts(&role, &db.name),
+        (1, 2),
+        "still reserved"
+    );
+    for s in [2, 3, 2, 3] {
+        let r = d.query_unfenced(s, "SHOW search_path").await;
+        assert_eq!(first_values(&r.bytes), ["\"$user\", public"], "session {s}");
+    }
+    let r = d.query_unfenced(1, "SHOW search_path").await;
+    assert_eq!(first_values(&r.bytes), ["elsewhere, public"]);
     teardown(db, d, &role).await;
 }
 

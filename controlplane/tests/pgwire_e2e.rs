@@ -434,3 +434,55 @@ async fn unfenced_batches_close_the_cache_gate() {
     }
     p.shutdown().await;
 }
+
+/// pgline's `pgline_pgwire_backend_steals_total`.
+async fn steals(p: &Pgline) -> u64 {
+    let api = format!("http://{}", p.api_addr().expect("the API is on"));
+    let text = reqwest::get(format!("{api}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the exposition");
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("pgline_pgwire_backend_steals_total ")?
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no steals counter in\n{text}"))
+}
+
+/// More sessions than backends, each preparing and running `SELECT 1` (the health check every
+/// pool sends), simple and extended: the core marks these batches state-free, so their backend
+/// goes back to the pool and no session has to read another's state before using its backend.
+/// Any other statement still leaves its backend reserved, and then sessions do take each
+/// other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constant_selects_give_their_backend_back() {
+    let db = TestDb::create("pgw_state_free").await;
+    let mut cfg = lab::config(&db, 1);
+    cfg.pgwire.pool_size = 2;
+    cfg.api.open_reads = true;
+    let p = lab::start(cfg).await;
+    let conn = pgline_conn(&p, &db);
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(connect(&conn).await);
+    }
+    for round in 0..10 {
+        for c in &clients {
+            c.simple_query("SELECT 1").await.unwrap();
+            let st = c.prepare("SELECT CAST('7' AS integer)").await.unwrap();
+            let v: i32 = c.query_one(&st, &[]).await.unwrap().get(0);
+            assert_eq!(v, 7, "round {round}");
+        }
+    }
+    assert_eq!(steals(&p).await, 0);
+    for c in &clients {
+        c.simple_query("SELECT lower('A')").await.unwrap();
+    }
+    assert!(steals(&p).await > 0, "reserved backends were taken");
+    p.shutdown().await;
+}

@@ -200,6 +200,9 @@ pub(super) struct Session {
     pinned: Option<Backend>,
     /// Left session state behind: keeps its backend until the end.
     sticky: bool,
+    /// The backend of the current batch was in the pool's login state when taken (an idle
+    /// one, or another session's whose state read showed it): see `PgRequest::state_free`.
+    took_clean: bool,
     /// Logged in with the server's defaults (no startup settings): its pool's connections
     /// produce the answers the query-result cache may keep.
     plain_startup: bool,
@@ -234,6 +237,7 @@ impl Session {
             stmts: HashMap::new(),
             pinned: None,
             sticky: false,
+            took_clean: false,
             plain_startup: false,
             flow: None,
             status: b'I',
@@ -524,6 +528,7 @@ impl Session {
         &mut self,
         deadline: tokio::time::Instant,
     ) -> Result<Backend, RelayError> {
+        self.took_clean = false;
         if let Some(b) = self.pinned.take() {
             return Ok(b);
         }
@@ -542,7 +547,10 @@ impl Session {
                 }
             })?;
             match taken {
-                Taken::Clean => return Ok(b),
+                Taken::Clean => {
+                    self.took_clean = true;
+                    return Ok(b);
+                }
                 Taken::Own { dirty } => {
                     // Known to hold this session's state: it stays with the session.
                     self.sticky |= dirty;
@@ -550,6 +558,7 @@ impl Session {
                 }
                 Taken::Steal { owner } => {
                     if let Some(b) = self.check_stolen(&pool, owner, b).await {
+                        self.took_clean = true;
                         return Ok(b);
                     }
                 }
@@ -634,6 +643,9 @@ impl Session {
             Err(e) => return self.fatal(&req, &e).await,
         };
         let idle_before = self.status == b'I' && !self.sticky;
+        // The core vouches that the batch cannot change session state; the backend was in the
+        // login state: it still is after the batch.
+        let state_free = req.state_free && idle_before && self.took_clean;
         // A cacheable statement's answer needs its RowDescription (see `results`).
         let added = cache
             .as_ref()
@@ -729,7 +741,7 @@ impl Session {
         // set_config, no SET): the state it ran under is the one read after it.
         let broken = o.broken.is_some();
         let fence = self
-            .settle(b, &o, status, &sql, (want_fence, pipelined))
+            .settle(b, &o, status, &sql, (want_fence, pipelined, state_free))
             .await;
         if let (Some((key, lease)), b'I', false, false, true) =
             (cache, status, o.failed, broken, self.serve_cached)
@@ -753,7 +765,8 @@ impl Session {
     }
 
     /// After the client's reply: where the backend goes, the session's state, the fence.
-    /// `fenced`: (the core asked for the fence, it was pipelined behind the batch).
+    /// `fenced`: (the core asked for the fence, it was pipelined behind the batch, the batch
+    /// left a backend taken in the login state in it: see `PgRequest::state_free`).
     ///
     /// The backend goes back to the pool only when the state read with the fence shows the
     /// login state; after a batch without that read, its state is unknown and it stays
@@ -765,7 +778,7 @@ impl Session {
         o: &Outcome,
         status: u8,
         sql: &[String],
-        (want_fence, pipelined): (bool, bool),
+        (want_fence, pipelined, state_free): (bool, bool, bool),
     ) -> Option<u64> {
         self.status = status;
         // Known again only from a state read after this batch.
@@ -832,7 +845,7 @@ impl Session {
             // statements are not either, so it is not pooled again.
             self.discard();
             tokio::spawn(b.terminate());
-        } else if verified {
+        } else if verified || state_free {
             self.put_back(b);
         } else if let Some(pool) = self.pool.clone() {
             // Not read: whatever the batch left on the backend stays this session's.

@@ -33,7 +33,10 @@
 //!   on a table the statement reads exactly once and whose column can be told.
 //! - Two texts that differ only in alias case or redundant parentheses get different keys.
 
-use sqlparser::ast::{ObjectName, ObjectNamePart, Statement, Visit};
+use sqlparser::ast::{
+    CastKind, DataType, Expr, ObjectName, ObjectNamePart, SetExpr, Statement, TableFactor, Value,
+    Visit, Visitor,
+};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 use std::ops::ControlFlow;
@@ -154,6 +157,84 @@ pub fn classify(sql: &str, catalog: &dyn Catalog) -> Classification {
     match classify_inner(sql, catalog) {
         Ok(c) => c,
         Err(reason) => Classification::PassThrough(reason),
+    }
+}
+
+/// Whether `sql` is one SELECT of constants: literals (numbers, strings, booleans, NULL), each
+/// at most cast to a built-in type that SQL names by a keyword (`integer`, `bigint`, `boolean`,
+/// `numeric`, `varchar`...), with no FROM, INTO, WITH or locking, and no table, function,
+/// operator, parameter or subquery anywhere. No user code can run for such a statement (no
+/// function, operator, trigger, policy, domain check or search-path lookup is involved), so it
+/// leaves its backend's session state as it found it: the relay may pool that backend again
+/// without reading its state (`PgRequest::state_free`). `SELECT 1`, the usual health check, is
+/// one.
+pub fn is_constant_select(sql: &str) -> bool {
+    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+        return false;
+    };
+    let [Statement::Query(query)] = statements.as_slice() else {
+        return false;
+    };
+    let SetExpr::Select(select) = &*query.body else {
+        return false;
+    };
+    if query.with.is_some()
+        || !query.locks.is_empty()
+        || query.for_clause.is_some()
+        || !select.from.is_empty()
+        || select.into.is_some()
+    {
+        return false;
+    }
+    query.visit(&mut Constants).is_continue()
+}
+
+/// [`is_constant_select`]'s visitor: stops at anything but a literal or a keyword-type cast.
+struct Constants;
+
+impl Visitor for Constants {
+    type Break = ();
+
+    fn pre_visit_relation(&mut self, _: &ObjectName) -> ControlFlow<()> {
+        ControlFlow::Break(())
+    }
+
+    fn pre_visit_table_factor(&mut self, _: &TableFactor) -> ControlFlow<()> {
+        ControlFlow::Break(())
+    }
+
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        let constant = match expr {
+            Expr::Value(v) => !matches!(v.value, Value::Placeholder(_)),
+            Expr::Nested(_) => true,
+            Expr::Cast {
+                kind: CastKind::Cast | CastKind::DoubleColon,
+                data_type,
+                format: None,
+                ..
+            } => matches!(
+                data_type,
+                DataType::Integer(None)
+                    | DataType::Int(None)
+                    | DataType::SmallInt(None)
+                    | DataType::BigInt(None)
+                    | DataType::Real
+                    | DataType::DoublePrecision
+                    | DataType::Numeric(_)
+                    | DataType::Decimal(_)
+                    | DataType::Boolean
+                    | DataType::Varchar(_)
+                    | DataType::CharacterVarying(_)
+                    | DataType::Char(_)
+                    | DataType::Character(_)
+            ),
+            _ => false,
+        };
+        if constant {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
+        }
     }
 }
 

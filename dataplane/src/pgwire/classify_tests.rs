@@ -278,3 +278,44 @@ fn equality_predicates_for_finer_invalidation() {
         cacheable("SELECT (SELECT count(*) FROM orders) AS n FROM orders WHERE tenant_id = 4");
     assert!(twice.equalities.is_empty());
 }
+
+#[test]
+fn constant_selects_and_what_is_not_one() {
+    for sql in [
+        "SELECT 1",
+        "select 1;",
+        "SELECT 1, 'a', true, NULL, 2.5 AS x",
+        "SELECT (1)",
+        "SELECT CAST('7' AS integer), '8'::bigint, 'x'::varchar(3), 't'::boolean",
+        "SELECT 1 /* health */ -- check",
+    ] {
+        assert!(is_constant_select(sql), "{sql}");
+    }
+    for sql in [
+        "",
+        "SELECT 1; SELECT 2",
+        "SELECT 1 FROM t",
+        "SELECT 1 FROM generate_series(1, 2)",
+        "SELECT * FROM (VALUES (1)) v",
+        "SELECT $1",
+        "SELECT 1 + 1",
+        "SELECT -1",
+        "SELECT now()",
+        "SELECT set_config('search_path', 'x', false)",
+        "SELECT lower('A')",
+        "SELECT (SELECT 1)",
+        "SELECT 1::text",
+        "SELECT 1::int4",
+        "SELECT '1'::my_domain",
+        "SELECT 1 INTO TEMP t",
+        "SELECT 1 INTO t",
+        "WITH x AS (SELECT 1) SELECT 1",
+        "SELECT 1 FOR UPDATE",
+        "VALUES (1)",
+        "SELECT 1 UNION SELECT 2",
+        "SET search_path = x",
+        "SELECT 1 WHERE f()",
+    ] {
+        assert!(!is_constant_select(sql), "{sql}");
+    }
+}

@@ -133,6 +133,11 @@ pub struct PgRequest {
     /// nothing after the batch, and the reply's `fence_lsn` is 0 and `serve_cached` false: the
     /// core answers nothing from cache for the session until a reply with a fence reopens it.
     pub fence: bool,
+    /// A `Batch` that cannot change the session state of the backend it runs on, with the
+    /// session idle: it runs nothing (Parse, Describe, Close only) or one statement of
+    /// constants such as `SELECT 1`. A backend that was in the pool's login state before it
+    /// still is after it, and goes back to the pool without a state read.
+    pub state_free: bool,
     /// Sent with `Startup` only: the session's flow control (see [`PgFlow`]).
     pub flow: Option<Arc<PgFlow>>,
 }

@@ -396,6 +396,7 @@ mod tests {
             messages: Vec::new(),
             cache: None,
             fence: false,
+            state_free: false,
             flow: None,
         }
     }

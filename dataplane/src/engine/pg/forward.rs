@@ -15,6 +15,13 @@ use crate::plane::{ConnToken, CorePort, CoreStats, PgRequest, PgRequestKind, Res
 
 use crate::engine::conn::Conn;
 
+/// What the core tells the relay about a batch beside its messages (see [`PgRequest`]).
+#[derive(Default, Clone, Copy)]
+pub(super) struct Marks {
+    pub fence: bool,
+    pub state_free: bool,
+}
+
 /// Pushes a request for `conn`; on success the session waits for its reply (except for
 /// Close and Cancel, which get none). False when the queue is full (nothing changed).
 pub(super) fn push(
@@ -24,11 +31,12 @@ pub(super) fn push(
     kind: PgRequestKind,
     messages: Vec<u8>,
     cache: Option<Box<ResultKey>>,
-    fence: bool,
+    marks: Marks,
 ) -> bool {
     let seq = conn.next_seq;
     let mut request = request(port, conn, token, kind, messages, cache);
-    request.fence = fence;
+    request.fence = marks.fence;
+    request.state_free = marks.state_free;
     if port.send_pg(request).is_err() {
         CoreStats::add(&port.stats().pg_queue_full, 1);
         return false;
@@ -65,6 +73,7 @@ fn request(
         messages,
         cache,
         fence: false,
+        state_free: false,
         flow,
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::keyspace::{KeySpace, PgTable};
 use crate::pgwire::classify::{
-    classify, Classification, KeySource, PassReason, PointLookup, Projection,
+    classify, is_constant_select, Classification, KeySource, PassReason, PointLookup, Projection,
 };
 use crate::pgwire::{compose_row_description, FieldDescription, Format};
 use crate::row::ColumnsView;
@@ -38,6 +38,9 @@ pub(crate) enum Class {
     Lookup(Arc<Lookup>),
     /// A cacheable read-only statement (see `results.rs`).
     Result(Arc<super::results::ResultQuery>),
+    /// One SELECT of constants ([`is_constant_select`]): not served, but it leaves its
+    /// backend's session state as it was (`PgRequest::state_free`).
+    Constant,
     Other,
 }
 
@@ -91,6 +94,9 @@ pub(crate) fn classify_text(text: &[u8], keyspace: &KeySpace) -> Class {
         Classification::PointLookup(p) => lookup(p, keyspace).map_or(Class::Other, Class::Lookup),
         Classification::Cacheable(q) => {
             super::results::result_query(q, keyspace).map_or(Class::Other, Class::Result)
+        }
+        Classification::PassThrough(PassReason::NoTable) if is_constant_select(sql) => {
+            Class::Constant
         }
         Classification::PassThrough(_) => Class::Other,
     }
@@ -619,7 +625,10 @@ mod tests {
             "SELECT v FROM n_1 WHERE k = 2",
         ] {
             let served = !matches!(class(sql), ServeClass::Pass(_));
-            let memo = !matches!(classify_text(sql.as_bytes(), &ks), Class::Other);
+            let memo = !matches!(
+                classify_text(sql.as_bytes(), &ks),
+                Class::Other | Class::Constant
+            );
             assert_eq!(served, memo, "{sql}");
         }
     }

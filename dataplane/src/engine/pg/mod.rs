@@ -71,6 +71,7 @@ use super::session::Worker;
 use super::tls::PgTlsMode;
 use super::EngineConfig;
 use batch::{frame, Frame};
+use forward::Marks;
 use serve::{Serve, Served};
 
 pub(crate) use forward::conn_closed;
@@ -299,7 +300,15 @@ impl<'w> PgEngine<'w> {
             }
         };
         let messages = conn.input()[..consumed].to_vec();
-        if !forward::push(self.port, conn, token, kind, messages, None, false) {
+        if !forward::push(
+            self.port,
+            conn,
+            token,
+            kind,
+            messages,
+            None,
+            Marks::default(),
+        ) {
             return Step::Retry;
         }
         conn.rpos += consumed;
@@ -401,7 +410,7 @@ impl<'w> PgEngine<'w> {
             PgRequestKind::Auth,
             messages,
             None,
-            false,
+            Marks::default(),
         ) {
             return Step::Retry;
         }
@@ -462,6 +471,11 @@ impl<'w> PgEngine<'w> {
             conn.rpos += end;
             return Step::Done;
         }
+        // A batch that runs nothing (Parse, Describe, Close: a driver preparing a statement) or
+        // only one statement of constants leaves an idle session's backend state alone.
+        let state_free = matches!(served, Served::No)
+            && pg.tx_status == b'I'
+            && (!framed.runs || serve::constant_batch(pg, &framed, self.keyspace));
         if let Served::Miss(table) = served {
             if miss::request(self.port, conn, token, table) {
                 return Step::Waiting;
@@ -470,7 +484,10 @@ impl<'w> PgEngine<'w> {
         let messages = forward::forward_messages(conn, self.limits, end);
         // A statement the cache could have answered asks for the fence and the verdict that
         // (re)open the session's cache gate; any other batch leaves the gate closed.
-        let fence = matches!(served, Served::Miss(_) | Served::Result(_) | Served::Fence);
+        let marks = Marks {
+            fence: matches!(served, Served::Miss(_) | Served::Result(_) | Served::Fence),
+            state_free,
+        };
         let cache = match served {
             Served::Result(key) => Some(key),
             _ => None,
@@ -482,7 +499,7 @@ impl<'w> PgEngine<'w> {
             PgRequestKind::Batch,
             messages,
             cache,
-            fence,
+            marks,
         ) {
             // Next turn runs the batch again with the same answer in hand.
             if let Some(pg) = conn.pg.as_deref_mut() {

@@ -117,7 +117,7 @@ impl Serve<'_> {
                         let shape = ResultShape::Simple;
                         return self.serve_result(&pg.settings, &mut pg.result_key, &q, shape, out);
                     }
-                    Class::Other => return Served::No,
+                    Class::Constant | Class::Other => return Served::No,
                 };
                 if lookup.datetime && !pg.settings.datetime_ok() {
                     return Served::No;
@@ -201,7 +201,7 @@ impl Serve<'_> {
                 }
                 return served;
             }
-            Class::Result(_) | Class::Other => return Served::No,
+            Class::Result(_) | Class::Constant | Class::Other => return Served::No,
         };
         if lookup.datetime && !pg.settings.datetime_ok() {
             return Served::No;
@@ -374,6 +374,50 @@ enum Prefix<'a> {
         describe: bool,
         bind: &'a Bind<'a>,
     },
+}
+
+/// Whether a batch is one statement of constants run on its own (a simple Query, or `[Parse]
+/// Bind [Describe] Execute Sync`): see [`Class::Constant`]. Memoized with the session's other
+/// statement texts; the class does not depend on the key space.
+pub(super) fn constant_batch(pg: &mut PgSession, framed: &Framed<'_>, keyspace: &KeySpace) -> bool {
+    if framed.count > SHAPE {
+        return false;
+    }
+    let text: &[u8] = match framed.shape {
+        [Some(Frontend::Query(text)), None, ..] => text,
+        _ => {
+            let mut msgs = framed.shape[..framed.count].iter().flatten().peekable();
+            let parsed = match msgs.peek() {
+                Some(Frontend::Parse { name, query, .. }) => {
+                    let p = (*name, *query);
+                    msgs.next();
+                    Some(p)
+                }
+                _ => None,
+            };
+            let Some(Frontend::Bind(bind)) = msgs.next() else {
+                return false;
+            };
+            if matches!(msgs.peek(), Some(Frontend::Describe { .. })) {
+                msgs.next();
+            }
+            if !matches!(msgs.next(), Some(Frontend::Execute { .. }))
+                || !matches!(msgs.next(), Some(Frontend::Sync))
+                || msgs.next().is_some()
+            {
+                return false;
+            }
+            match parsed {
+                Some((name, query)) if name == bind.statement => query,
+                Some(_) => return false,
+                None => match pg.statements.get(bind.statement) {
+                    Some(s) => &s.text[..],
+                    None => return false,
+                },
+            }
+        }
+    };
+    matches!(memo_class(&mut pg.memo, text, keyspace), Class::Constant)
 }
 
 /// The memoized class of `text`, classifying it on first sight.

@@ -374,7 +374,8 @@ async fn unfenced_batches_close_the_cache_gate() {
     until_hit(&p, &c, lookup).await;
 
     // No fence after a plain batch: its backend's last query is the client's.
-    let marker = "SELECT 'i15 marker', 1";
+    // (A function call: a statement of constants would keep the gate open, see below.)
+    let marker = "SELECT 'i15 marker', length('x')";
     c.simple_query(marker).await.unwrap();
     let seen: i64 = db
         .client()
@@ -431,6 +432,20 @@ async fn unfenced_batches_close_the_cache_gate() {
         }
         assert!(Instant::now() < until, "prepare-then-run lookups never hit");
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // A statement of constants between lookups (a pool's health check) reads and writes
+    // nothing and changes no session state: it leaves the gate open as well.
+    until_hit(&p, &c, lookup).await;
+    for check in ["SELECT 1", "select 1::integer AS ok", "SELECT 1"] {
+        c.simple_query(check).await.unwrap();
+        let hits = p.shared.total(|s| &s.keys_hit);
+        c.simple_query(lookup).await.unwrap();
+        assert_eq!(
+            p.shared.total(|s| &s.keys_hit),
+            hits + 1,
+            "{check} closed the gate"
+        );
     }
     p.shutdown().await;
 }

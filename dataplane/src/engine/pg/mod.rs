@@ -103,8 +103,9 @@ pub(crate) struct PgSession {
     pub tx_status: u8,
     /// Cached answers only once the applied LSN has reached this.
     pub fence: u64,
-    /// The outstanding batch runs nothing (Parse, Describe, Close only): its reply leaves the
-    /// cache gate as it was (it read and wrote nothing, and changed no session state).
+    /// The outstanding batch runs nothing (Parse, Describe, Close only) or only one statement
+    /// of constants (`PgRequest::state_free`): its reply leaves the cache gate as it was (it
+    /// read and wrote nothing, and changed no session state).
     pub keeps_gate: bool,
     /// The control plane knows this session (it must hear `Close`).
     pub opened: bool,
@@ -512,7 +513,7 @@ impl<'w> PgEngine<'w> {
         }
         forward::note_statements(conn, self.limits, end);
         if let Some(pg) = conn.pg.as_mut() {
-            pg.keeps_gate = !runs;
+            pg.keeps_gate = !runs || state_free;
         }
         conn.rpos += end;
         Step::Done

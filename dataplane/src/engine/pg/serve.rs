@@ -24,7 +24,8 @@
 //! verdict. Read-your-writes and monotonic reads follow: a cached answer is given only once
 //! pgline's applied WAL has reached a fence taken after everything the session did at the
 //! origin. A batch that runs nothing (a driver's `Parse Describe Sync` preparing a statement)
-//! leaves the gate as it was (`PgSession::keeps_gate`).
+//! or only a statement of constants (a health check's `SELECT 1`) leaves the gate as it was
+//! (`PgSession::keeps_gate`).
 //!
 //! [`Serve`] is the part of the core a hit needs (its port, the key-space snapshot, the scratch
 //! buffer), borrowed for one batch, as `execute::Exec` is for a RESP command.

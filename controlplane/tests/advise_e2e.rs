@@ -41,6 +41,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use pgline_controlplane::server::Pgline;
+use pgline_testkit::lab::metric;
 use pgline_testkit::origin::origin_addr;
 use pgline_testkit::{lab, pgbench, TestDb};
 use serde_json::Value;
@@ -130,30 +131,6 @@ async fn run_pgbench(addr: SocketAddr, db: &TestDb, args: &[&str]) -> u64 {
     .expect("pgbench ran");
     assert_eq!(pgbench::failed(&out), 0, "{out}");
     pgbench::processed(&out)
-}
-
-/// The sum of metric `name`'s samples (every core's, for the per-core counters) in pgline's
-/// `/metrics`.
-async fn metric(api: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("{api}/metrics"))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("the exposition");
-    let values: Vec<f64> = text
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let value = match rest.strip_prefix('{') {
-                Some(labelled) => labelled.split_once("} ")?.1,
-                None => rest.strip_prefix(' ')?,
-            };
-            value.parse().ok()
-        })
-        .collect();
-    assert!(!values.is_empty(), "no sample {name} in /metrics");
-    values.iter().sum()
 }
 
 /// Statements answered by pgline (store or result cache, found or not found) and batches it

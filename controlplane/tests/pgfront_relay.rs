@@ -875,14 +875,9 @@ async fn a_slow_reader_holds_the_relay_back() {
     teardown(db, d, &role).await;
 }
 
-/// Batches that do not ask for the fence run alone at the origin (no fence, no state read:
-/// the reply's fence is 0) and their backend stays reserved for the session, so state a
-/// function left on it (here `set_config` inside a SQL function, which no text rule sees) stays
-/// the session's. Another session that finds no idle backend takes a reserved one only after
-/// the origin says it is in the login state: the one holding state goes back to its owner.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unfenced_batches_keep_their_backend_and_its_state() {
-    let (db, d, role) = setup_with("pgf_reserve", |cfg| cfg.pgwire.pool_size = 3).await;
+/// `shift_path()`, a SQL function that sets the session's `search_path` (through
+/// `set_config`, which no text rule sees), executable by `role`.
+async fn create_shift_path(db: &TestDb, role: &str) {
     db.client()
         .await
         .batch_execute(&format!(
@@ -892,6 +887,17 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
         ))
         .await
         .unwrap();
+}
+
+/// Batches that do not ask for the fence run alone at the origin (no fence, no state read:
+/// the reply's fence is 0) and their backend stays reserved for the session, so state a
+/// function left on it (here `set_config` inside a SQL function, which no text rule sees) stays
+/// the session's. Another session that finds no idle backend takes a reserved one only after
+/// the origin says it is in the login state: the one holding state goes back to its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfenced_batches_keep_their_backend_and_its_state() {
+    let (db, d, role) = setup_with("pgf_reserve", |cfg| cfg.pgwire.pool_size = 3).await;
+    create_shift_path(&db, &role).await;
     for s in 1..=4 {
         let r = d.startup(s, &role, &db.name, PASSWORD).await;
         assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
@@ -966,15 +972,7 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_free_batches_give_a_clean_backend_back_to_the_pool() {
     let (db, d, role) = setup_with("pgf_state_free", |cfg| cfg.pgwire.pool_size = 2).await;
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "CREATE FUNCTION shift_path() RETURNS text LANGUAGE sql AS \
-             $$ SELECT pg_catalog.set_config('search_path', 'elsewhere, public', false) $$;
-             GRANT EXECUTE ON FUNCTION shift_path() TO {role};"
-        ))
-        .await
-        .unwrap();
+    create_shift_path(&db, &role).await;
     for s in 1..=3 {
         let r = d.startup(s, &role, &db.name, PASSWORD).await;
         assert_eq!(r.end, PgReplyEnd::Ready(b'I'));

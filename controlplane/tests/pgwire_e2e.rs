@@ -453,20 +453,7 @@ async fn unfenced_batches_close_the_cache_gate() {
 /// pgline's `pgline_pgwire_backend_steals_total`.
 async fn steals(p: &Pgline) -> u64 {
     let api = format!("http://{}", p.api_addr().expect("the API is on"));
-    let text = reqwest::get(format!("{api}/metrics"))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("the exposition");
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("pgline_pgwire_backend_steals_total ")?
-                .parse::<f64>()
-                .ok()
-        })
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no steals counter in\n{text}"))
+    lab::metric(&api, "pgline_pgwire_backend_steals_total").await as u64
 }
 
 /// More sessions than backends, each preparing and running `SELECT 1` (the health check every

@@ -147,3 +147,27 @@ pub async fn info_field(r: &mut redis::aio::MultiplexedConnection, field: &str) 
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("INFO has no {field}: {info}"))
 }
+
+/// The sum of metric `name`'s samples (every core's, for the per-core counters) in the
+/// `/metrics` of the API at `api` (`http://host:port`).
+pub async fn metric(api: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{api}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the exposition");
+    let values: Vec<f64> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.parse().ok()
+        })
+        .collect();
+    assert!(!values.is_empty(), "no sample {name} in /metrics");
+    values.iter().sum()
+}

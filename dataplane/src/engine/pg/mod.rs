@@ -653,6 +653,75 @@ mod tests {
         out
     }
 
+    /// `serve::constant_batch` on the batch `compose` writes, for an idle session that knows
+    /// statement `known` ("SELECT 1", with `known_types` declared).
+    fn constant(compose: impl Fn(&mut bytes::BytesMut), known_types: &[u32]) -> bool {
+        use postgres_protocol::message::frontend;
+        let mut raw = bytes::BytesMut::new();
+        compose(&mut raw);
+        let limits = PgLimits::default();
+        let Frame::Batch(framed) = frame(&raw, &limits, 1 << 20) else {
+            panic!("not one batch");
+        };
+        let mut pg = PgSession::new();
+        let mut parse = bytes::BytesMut::new();
+        frontend::parse("known", "SELECT 1", known_types.iter().copied(), &mut parse).unwrap();
+        let Ok((
+            Frontend::Parse {
+                name,
+                query,
+                param_types,
+            },
+            _,
+        )) = parse_frontend(&parse, &limits)
+        else {
+            panic!("not a Parse");
+        };
+        pg.remember_parse(name, query, param_types, &parse, true);
+        serve::constant_batch(&mut pg, &framed, &KeySpace::default())
+    }
+
+    /// Bind (of `statement`, with `values` text parameters), Execute, Sync.
+    fn bind_execute(statement: &str, values: usize, b: &mut bytes::BytesMut) {
+        use postgres_protocol::message::frontend;
+        let params = (0..values).map(|_| "x");
+        let encode = |v: &str, buf: &mut bytes::BytesMut| {
+            buf.extend_from_slice(v.as_bytes());
+            Ok(postgres_protocol::IsNull::No)
+        };
+        let formats = std::iter::empty::<i16>();
+        if frontend::bind("", statement, formats.clone(), params, encode, formats, b).is_err() {
+            panic!("bind");
+        }
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    }
+
+    #[test]
+    fn constant_batches_have_no_parameter_and_no_table() {
+        use postgres_protocol::message::frontend;
+        let query =
+            |sql: &'static str| move |b: &mut bytes::BytesMut| frontend::query(sql, b).unwrap();
+        assert!(constant(query("SELECT 1"), &[]));
+        assert!(!constant(query("SELECT now()"), &[]));
+        let extended = |types: &'static [u32], values: usize| {
+            move |b: &mut bytes::BytesMut| {
+                frontend::parse("", "SELECT 1", types.iter().copied(), b).unwrap();
+                bind_execute("", values, b);
+            }
+        };
+        assert!(constant(extended(&[], 0), &[]));
+        // A declared parameter, even unused, is converted at Bind: a domain's input runs its
+        // checks, which can call any function.
+        assert!(!constant(extended(&[16_400], 1), &[]));
+        assert!(!constant(extended(&[16_400], 0), &[]));
+        // The same through a statement parsed earlier.
+        let known = |values: usize| move |b: &mut bytes::BytesMut| bind_execute("known", values, b);
+        assert!(constant(known(0), &[]));
+        assert!(!constant(known(1), &[16_400]));
+        assert!(!constant(known(0), &[16_400]));
+    }
+
     #[test]
     fn ssl_and_gss_requests_are_answered_as_postgres_does() {
         for (mode, answer) in [(PgTlsMode::Off, b'N'), (PgTlsMode::On, b'S')] {

@@ -388,8 +388,17 @@ pub(super) fn constant_batch(pg: &mut PgSession, framed: &Framed<'_>, keyspace: 
         [Some(Frontend::Query(text)), None, ..] => text,
         _ => {
             let mut msgs = framed.shape[..framed.count].iter().flatten().peekable();
+            // No parameter at all: a declared one, even unused, is converted at Bind by its
+            // type's input function, and a domain's input runs the domain's checks (user code).
             let parsed = match msgs.peek() {
-                Some(Frontend::Parse { name, query, .. }) => {
+                Some(Frontend::Parse {
+                    name,
+                    query,
+                    param_types,
+                }) => {
+                    if !param_types.is_empty() {
+                        return false;
+                    }
                     let p = (*name, *query);
                     msgs.next();
                     Some(p)
@@ -399,6 +408,9 @@ pub(super) fn constant_batch(pg: &mut PgSession, framed: &Framed<'_>, keyspace: 
             let Some(Frontend::Bind(bind)) = msgs.next() else {
                 return false;
             };
+            if bind.param_count() != 0 {
+                return false;
+            }
             if matches!(msgs.peek(), Some(Frontend::Describe { .. })) {
                 msgs.next();
             }
@@ -412,8 +424,8 @@ pub(super) fn constant_batch(pg: &mut PgSession, framed: &Framed<'_>, keyspace: 
                 Some((name, query)) if name == bind.statement => query,
                 Some(_) => return false,
                 None => match pg.statements.get(bind.statement) {
-                    Some(s) => &s.text[..],
-                    None => return false,
+                    Some(s) if s.param_types.is_empty() => &s.text[..],
+                    _ => return false,
                 },
             }
         }

@@ -200,9 +200,6 @@ pub(super) struct Session {
     pinned: Option<Backend>,
     /// Left session state behind: keeps its backend until the end.
     sticky: bool,
-    /// The backend of the current batch was in the pool's login state when taken (an idle
-    /// one, or another session's whose state read showed it): see `PgRequest::state_free`.
-    took_clean: bool,
     /// Logged in with the server's defaults (no startup settings): its pool's connections
     /// produce the answers the query-result cache may keep.
     plain_startup: bool,
@@ -237,7 +234,6 @@ impl Session {
             stmts: HashMap::new(),
             pinned: None,
             sticky: false,
-            took_clean: false,
             plain_startup: false,
             flow: None,
             status: b'I',
@@ -507,8 +503,9 @@ impl Session {
 
     /// The backend for the next batch: the pinned one, this session's reserved one, an idle
     /// one, or another session's reserved one whose state reads as the login state (see
-    /// `pool`). Busy (no connection free by `deadline`) is [`Retry::Later`]: the client may
-    /// try again.
+    /// `pool`), and whether it is known to be in the pool's login state (an idle one, or a
+    /// stolen one whose state read showed it: see `PgRequest::state_free`). Busy (no connection
+    /// free by `deadline`) is [`Retry::Later`]: the client may try again.
     ///
     /// A cancel sent at that backend must have landed first. The origin signals the backend
     /// (PostgreSQL signals its process and then its process group, so possibly twice) before it
@@ -516,21 +513,23 @@ impl Session {
     /// signal cancels. The pool's idle connections wait in `Pool::put`; the session's own
     /// (pinned or reserved) and a stolen one wait here. A cancel whose fate is unknown is not
     /// waited for past its own bounds (connect, then answer, each `pgwire.connect_timeout_ms`).
-    async fn backend(&mut self, deadline: tokio::time::Instant) -> Result<Backend, RelayError> {
-        let b = self.take_backend(deadline).await?;
+    async fn backend(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<(Backend, bool), RelayError> {
+        let (b, clean) = self.take_backend(deadline).await?;
         if !b.cancels.clear() {
             b.cancels.settled().await;
         }
-        Ok(b)
+        Ok((b, clean))
     }
 
     async fn take_backend(
         &mut self,
         deadline: tokio::time::Instant,
-    ) -> Result<Backend, RelayError> {
-        self.took_clean = false;
+    ) -> Result<(Backend, bool), RelayError> {
         if let Some(b) = self.pinned.take() {
-            return Ok(b);
+            return Ok((b, false));
         }
         let Some(pool) = self.pool.clone() else {
             return Err(RelayError::client(
@@ -547,19 +546,15 @@ impl Session {
                 }
             })?;
             match taken {
-                Taken::Clean => {
-                    self.took_clean = true;
-                    return Ok(b);
-                }
+                Taken::Clean => return Ok((b, true)),
                 Taken::Own { dirty } => {
                     // Known to hold this session's state: it stays with the session.
                     self.sticky |= dirty;
-                    return Ok(b);
+                    return Ok((b, false));
                 }
                 Taken::Steal { owner } => {
                     if let Some(b) = self.check_stolen(&pool, owner, b).await {
-                        self.took_clean = true;
-                        return Ok(b);
+                        return Ok((b, true));
                     }
                 }
             }
@@ -631,8 +626,8 @@ impl Session {
             }
             got = self.backend(now + POOL_WAIT).await;
         }
-        let mut b = match got {
-            Ok(b) => b,
+        let (mut b, clean) = match got {
+            Ok(taken) => taken,
             Err(e) if e.retry == Retry::Later => {
                 // Busy, not broken: the client may try again.
                 let mut out = out_for(&self.relay, &req, self.flow.as_ref());
@@ -645,7 +640,7 @@ impl Session {
         let idle_before = self.status == b'I' && !self.sticky;
         // The core vouches that the batch cannot change session state; the backend was in the
         // login state: it still is after the batch.
-        let state_free = req.state_free && idle_before && self.took_clean;
+        let state_free = req.state_free && idle_before && clean;
         // A cacheable statement's answer needs its RowDescription (see `results`).
         let added = cache
             .as_ref()
@@ -861,7 +856,7 @@ impl Session {
     /// highest fence, so this session (whose origin is failing anyway) reads from the origin
     /// from then on, never older data than its last write.
     async fn fence_elsewhere(&mut self) -> u64 {
-        if let Ok(mut b) = self.backend(tokio::time::Instant::now() + POOL_WAIT).await {
+        if let Ok((mut b, _)) = self.backend(tokio::time::Instant::now() + POOL_WAIT).await {
             if let Ok((lsn, _)) = ask_fence(&mut b).await {
                 self.put_back(b);
                 return lsn;

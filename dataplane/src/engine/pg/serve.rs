@@ -38,14 +38,16 @@ use rustc_hash::FxHashMap;
 use crate::keyspace::KeySpace;
 use crate::pgwire::{
     compose_bind_complete, compose_parse_complete, compose_ready_for_query,
-    compose_select_complete, Bind, Format, Frontend, Target, TxStatus,
+    compose_select_complete, Bind, Format, Frontend, Oids, Target, TxStatus,
 };
 use crate::plane::{CorePort, CoreStats, FillResult, ResultKey, RESULTS_TABLE};
 use crate::row::{ColumnsView, SECTION_COLUMNS};
 use crate::store::Lookup as StoreLookup;
 
 use super::batch::{Framed, SHAPE};
-use super::lookup::{canonical_param, classify_text, compose_data_row, Class, KeyValue, Lookup};
+use super::lookup::{
+    canonical_param, classify_text, compose_data_row, Class, KeyValue, Lookup, Statement,
+};
 use super::miss::Landed;
 use super::results::{
     build_key, compose_answer, equalities, formats_fit, hash_key, stored_answer, Declared,
@@ -140,55 +142,25 @@ impl Serve<'_> {
         out: &mut Vec<u8>,
         landed: Option<&Landed>,
     ) -> Served {
-        let mut msgs = framed.shape[..framed.count.min(SHAPE)].iter().flatten();
-        let mut next = msgs.next();
-        let mut parse = None;
-        if let Some(Frontend::Parse {
-            name,
-            query,
-            param_types,
-        }) = next
-        {
-            parse = Some((*name, *query, *param_types));
-            next = msgs.next();
-        }
-        let Some(Frontend::Bind(bind)) = next else {
+        let Some(Extended {
+            parse,
+            bind,
+            describe,
+            max_rows,
+        }) = extended(framed)
+        else {
             return Served::No;
         };
-        next = msgs.next();
-        let mut describe = false;
-        if let Some(Frontend::Describe {
-            target: Target::Portal,
-            name,
-        }) = next
-        {
-            if *name != bind.portal {
-                return Served::No;
-            }
-            describe = true;
-            next = msgs.next();
-        }
-        let Some(Frontend::Execute { portal, max_rows }) = next else {
-            return Served::No;
-        };
-        if *portal != bind.portal || (*max_rows != 0 && *max_rows < 2) {
+        if max_rows != 0 && max_rows < 2 {
             return Served::No;
         }
-        if !matches!(msgs.next(), Some(Frontend::Sync)) || msgs.next().is_some() {
+        let Some((text, declared)) = statement_of(parse, bind, &pg.statements) else {
             return Served::No;
-        }
-        let (text, declared): (&[u8], Declared<'_>) = match parse {
-            Some((name, query, oids)) if name == bind.statement => (query, Declared::Wire(oids)),
-            Some(_) => return Served::No,
-            None => match pg.statements.get(bind.statement) {
-                Some(s) => (&s.text[..], Declared::Stored(&s.param_types)),
-                None => return Served::No,
-            },
         };
         let ntypes = declared.len();
         let lookup = match memo_class(&mut pg.memo, text, self.keyspace) {
             Class::Lookup(l) => l,
-            Class::Result(q) if *max_rows == 0 => {
+            Class::Result(q) if max_rows == 0 => {
                 let shape = ResultShape::Extended {
                     parse: parse.is_some(),
                     describe,
@@ -377,56 +349,94 @@ enum Prefix<'a> {
     },
 }
 
-/// Whether a batch is one statement of constants run on its own (a simple Query, or `[Parse]
-/// Bind [Describe] Execute Sync`): see [`Class::Constant`]. Memoized with the session's other
-/// statement texts; the class does not depend on the key space.
-pub(super) fn constant_batch(pg: &mut PgSession, framed: &Framed<'_>, keyspace: &KeySpace) -> bool {
-    if framed.count > SHAPE {
-        return false;
+/// A batch `[Parse] Bind [Describe] Execute Sync` on one portal, in its parts.
+struct Extended<'s, 'a> {
+    /// The Parse's name, text and declared parameter types.
+    parse: Option<(&'a [u8], &'a [u8], Oids<'a>)>,
+    bind: &'s Bind<'a>,
+    /// A Describe of the portal came before the Execute.
+    describe: bool,
+    max_rows: i32,
+}
+
+/// The parts of `framed` if it is a batch [`Extended`] describes.
+fn extended<'s, 'a>(framed: &'s Framed<'a>) -> Option<Extended<'s, 'a>> {
+    let mut msgs = framed.shape[..framed.count.min(SHAPE)].iter().flatten();
+    let mut next = msgs.next();
+    let mut parse = None;
+    if let Some(Frontend::Parse {
+        name,
+        query,
+        param_types,
+    }) = next
+    {
+        parse = Some((*name, *query, *param_types));
+        next = msgs.next();
     }
+    let Some(Frontend::Bind(bind)) = next else {
+        return None;
+    };
+    next = msgs.next();
+    let mut describe = false;
+    if let Some(Frontend::Describe {
+        target: Target::Portal,
+        name,
+    }) = next
+    {
+        if *name != bind.portal {
+            return None;
+        }
+        describe = true;
+        next = msgs.next();
+    }
+    let Some(Frontend::Execute { portal, max_rows }) = next else {
+        return None;
+    };
+    if *portal != bind.portal || !matches!(msgs.next(), Some(Frontend::Sync)) {
+        return None;
+    }
+    if msgs.next().is_some() {
+        return None;
+    }
+    Some(Extended {
+        parse,
+        bind,
+        describe,
+        max_rows: *max_rows,
+    })
+}
+
+/// The text and declared parameter types of the statement an [`Extended`] batch binds: its own
+/// Parse's, or the session's statement table's.
+fn statement_of<'x>(
+    parse: Option<(&'x [u8], &'x [u8], Oids<'x>)>,
+    bind: &Bind<'_>,
+    statements: &'x FxHashMap<Box<[u8]>, Statement>,
+) -> Option<(&'x [u8], Declared<'x>)> {
+    match parse {
+        Some((name, query, oids)) if name == bind.statement => Some((query, Declared::Wire(oids))),
+        Some(_) => None,
+        None => statements
+            .get(bind.statement)
+            .map(|s| (&s.text[..], Declared::Stored(&s.param_types))),
+    }
+}
+
+/// Whether a batch is one statement of constants run on its own (a simple Query, or an
+/// [`Extended`] batch with no parameter): see [`Class::Constant`]. Memoized with the session's
+/// other statement texts; the class does not depend on the key space.
+pub(super) fn constant_batch(pg: &mut PgSession, framed: &Framed<'_>, keyspace: &KeySpace) -> bool {
     let text: &[u8] = match framed.shape {
-        [Some(Frontend::Query(text)), None, ..] => text,
+        [Some(Frontend::Query(text)), None, ..] if framed.count == 1 => text,
         _ => {
-            let mut msgs = framed.shape[..framed.count].iter().flatten().peekable();
+            let Some(e) = extended(framed) else {
+                return false;
+            };
             // No parameter at all: a declared one, even unused, is converted at Bind by its
             // type's input function, and a domain's input runs the domain's checks (user code).
-            let parsed = match msgs.peek() {
-                Some(Frontend::Parse {
-                    name,
-                    query,
-                    param_types,
-                }) => {
-                    if !param_types.is_empty() {
-                        return false;
-                    }
-                    let p = (*name, *query);
-                    msgs.next();
-                    Some(p)
-                }
-                _ => None,
-            };
-            let Some(Frontend::Bind(bind)) = msgs.next() else {
-                return false;
-            };
-            if bind.param_count() != 0 {
-                return false;
-            }
-            if matches!(msgs.peek(), Some(Frontend::Describe { .. })) {
-                msgs.next();
-            }
-            if !matches!(msgs.next(), Some(Frontend::Execute { .. }))
-                || !matches!(msgs.next(), Some(Frontend::Sync))
-                || msgs.next().is_some()
-            {
-                return false;
-            }
-            match parsed {
-                Some((name, query)) if name == bind.statement => query,
-                Some(_) => return false,
-                None => match pg.statements.get(bind.statement) {
-                    Some(s) if s.param_types.is_empty() => &s.text[..],
-                    _ => return false,
-                },
+            match statement_of(e.parse, e.bind, &pg.statements) {
+                Some((text, declared)) if declared.len() == 0 && e.bind.param_count() == 0 => text,
+                _ => return false,
             }
         }
     };

@@ -720,6 +720,22 @@ mod tests {
         assert!(constant(known(0), &[]));
         assert!(!constant(known(1), &[16_400]));
         assert!(!constant(known(0), &[16_400]));
+        // The Execute must run the portal the constant statement was bound to, not another
+        // (a cursor's, say).
+        let other_portal = |b: &mut bytes::BytesMut| {
+            frontend::parse("", "SELECT 1", std::iter::empty(), b).unwrap();
+            bind_execute("", 0, b);
+            let (sync, rest) = b.split_at(b.len() - 5);
+            let mut batch = sync.to_vec();
+            assert_eq!(rest, [b'S', 0, 0, 0, 4]);
+            // Replace the Execute of "" by one of "c": drop the last Execute and Sync.
+            batch.truncate(batch.len() - 10);
+            b.clear();
+            b.extend_from_slice(&batch);
+            frontend::execute("c", 0, b).unwrap();
+            frontend::sync(b);
+        };
+        assert!(!constant(other_portal, &[]));
     }
 
     #[test]

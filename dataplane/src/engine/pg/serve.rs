@@ -440,8 +440,24 @@ pub(super) fn constant_batch(pg: &mut PgSession, framed: &Framed<'_>, keyspace: 
             }
         }
     };
+    // Only a short SELECT without FROM is classified for this: the memo does not hold the
+    // forwarded texts of a session that may not read the cache, so each new one would be
+    // parsed here on the core.
+    let select = text
+        .trim_ascii_start()
+        .get(..6)
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"select"));
+    if text.len() > CONSTANT_TEXT_MAX
+        || !select
+        || text.windows(4).any(|w| w.eq_ignore_ascii_case(b"from"))
+    {
+        return false;
+    }
     matches!(memo_class(&mut pg.memo, text, keyspace), Class::Constant)
 }
+
+/// The longest statement text [`constant_batch`] classifies (health checks are short).
+const CONSTANT_TEXT_MAX: usize = 256;
 
 /// The memoized class of `text`, classifying it on first sight.
 fn memo_class(memo: &mut FxHashMap<Box<[u8]>, Class>, text: &[u8], keyspace: &KeySpace) -> Class {

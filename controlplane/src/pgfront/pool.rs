@@ -91,9 +91,6 @@ struct Inner {
     known: HashSet<String>,
 }
 
-/// How often a session whose reserved connection is out for a state read looks for it again.
-const SETTLE_POLL: Duration = Duration::from_millis(1);
-
 /// Bound on [`Pool::learn`]'s statement names per pool.
 pub const KNOWN_STATEMENTS: usize = 4096;
 
@@ -110,6 +107,10 @@ pub struct Pool {
     size: usize,
     inner: Mutex<Inner>,
     notify: Notify,
+    /// Woken (all waiters) whenever a state read of a stolen connection is settled: the
+    /// owners in `Inner::checking` wait on it, not on `notify`, whose single wake-ups are for
+    /// sessions waiting for any connection.
+    settled: Notify,
     /// Set when pgline holds this pool's password (the user of `origin.url`): the pool then
     /// also grows on demand, and refills after its connections died.
     opener: Mutex<Option<Opener>>,
@@ -131,8 +132,14 @@ impl Pool {
                 known: HashSet::new(),
             }),
             notify: Notify::new(),
+            settled: Notify::new(),
             opener: Mutex::new(None),
         }
+    }
+
+    /// The relay's origin counters this pool adds to.
+    pub fn counters(&self) -> &OriginCounters {
+        &self.counters
     }
 
     /// Notes that a connection of this pool accepted a Parse of backend statement `name`.
@@ -204,14 +211,17 @@ impl Pool {
     #[must_use]
     pub fn reserve(&self, owner: u64, b: Backend, dirty: bool) -> Option<Backend> {
         let mut inner = self.lock();
-        // Its owner, if it waits for it, finds it at its next poll (see `take_for`).
-        inner.checking.remove(&owner);
+        // Its owner, if it waits for it, finds it now (see `take_for`).
+        let checked = inner.checking.remove(&owner);
         if !inner.live.contains(&owner) {
             return Some(b);
         }
         inner.last_used = Instant::now();
         inner.reserved.push(Reserved { owner, b, dirty });
         drop(inner);
+        if checked {
+            self.settled.notify_waiters();
+        }
         if !dirty {
             // A waiter may take it (after reading its state).
             self.notify.notify_one();
@@ -232,6 +242,9 @@ impl Pool {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
             let opener = self.opener();
             let settling;
             let open = {
@@ -282,13 +295,13 @@ impl Pool {
                 }
             };
             if settling {
-                // Polled rather than notified: a wake-up meant for another waiter must not be
-                // spent on this one (`notified` is dropped at the end of this turn of the loop,
-                // which hands on a wake-up it received). The check takes one round trip.
-                if tokio::time::Instant::now() >= deadline {
+                // Woken by `settled` once the read is over (`reserve` or `check_done`), not by
+                // `notify`: a wake-up meant for another waiter must not be spent on this one
+                // (`notified` is dropped at the end of this turn of the loop, which hands on a
+                // wake-up it received). Enabled before the lock was taken, so none is missed.
+                if tokio::time::timeout_at(deadline, settled).await.is_err() {
                     return Err(PoolError::Timeout);
                 }
-                tokio::time::sleep(SETTLE_POLL.min(deadline - tokio::time::Instant::now())).await;
                 continue;
             }
             if !open {
@@ -313,7 +326,9 @@ impl Pool {
     /// A stolen connection was found in the login state (the stealer keeps it) or broken: its
     /// owner no longer waits for it.
     pub fn check_done(&self, owner: u64) {
-        self.lock().checking.remove(&owner);
+        if self.lock().checking.remove(&owner) {
+            self.settled.notify_waiters();
+        }
     }
 
     /// An idle (or reserved, state unknown) connection was found closed by the origin.

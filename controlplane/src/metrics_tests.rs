@@ -215,6 +215,7 @@ fn pgwire() -> PgwireSnapshot {
             pool_forgotten: 5,
             pool_refused: 1,
             backend_steals: 12,
+            backend_steals_unread: 5,
         },
     }
 }
@@ -241,6 +242,7 @@ fn pgwire_families_carry_the_relay_figures() {
         ("pgline_pgwire_pool_forgotten_total", 5.0),
         ("pgline_pgwire_pool_refused_total", 1.0),
         ("pgline_pgwire_backend_steals_total", 12.0),
+        ("pgline_pgwire_backend_steals_unread_total", 5.0),
     ] {
         assert_eq!(get(name), v, "{name}");
     }

@@ -965,6 +965,119 @@ async fn unfenced_batches_keep_their_backend_and_its_state() {
     teardown(db, d, &role).await;
 }
 
+/// A batch that only starts a transaction reads a stolen backend's state in its own round trip:
+/// the state query goes in front of it. When that state is another session's, the relay takes
+/// the transaction back there (ROLLBACK), returns the backend to its owner, and runs the batch
+/// on another backend; the client sees one BEGIN, in the login state. Simple and extended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_start_reads_a_stolen_backend_in_its_own_round_trip() {
+    let (db, d, role) = setup_with("pgf_unread", |cfg| cfg.pgwire.pool_size = 3).await;
+    create_shift_path(&db, &role).await;
+    for s in 1..=4 {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    let login_path = "\"$user\", public";
+    let path_pid = "SELECT current_setting('search_path') || ' ' || pg_backend_pid()";
+    let first = |r: &Reply| first_values(&r.bytes)[0].clone();
+    let steals = || {
+        let s = d.relay.origin_stats();
+        (s.backend_steals, s.backend_steals_unread)
+    };
+    // Session 2 holds a backend in a transaction; session 1 leaves unread state on another and
+    // session 3 leaves the third one clean, both reserved.
+    assert_eq!(d.query(2, "BEGIN").await.end, PgReplyEnd::Ready(b'T'));
+    d.query_unfenced(1, "SELECT shift_path()").await;
+    let r = d.query_unfenced(3, "SELECT pg_backend_pid()::text").await;
+    let pid3 = first(&r);
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (0, 3));
+    // Session 4 starts a transaction: it takes session 1's backend (the oldest reservation),
+    // finds its state in front of the BEGIN, takes the BEGIN back, and runs it on session 3's.
+    let r = d.query_unfenced(4, "begin;").await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'T'));
+    assert_eq!(
+        tags(&r.bytes),
+        "CZ",
+        "one BEGIN, nothing of the state reads"
+    );
+    assert_eq!(steals(), (2, 2), "both read in front of the batch");
+    let r = d.query_unfenced(4, path_pid).await;
+    assert_eq!(first(&r), format!("{login_path} {pid3}"));
+    // Session 1 keeps its state on its own backend, where no transaction is left open.
+    let r = d.query_unfenced(1, "SHOW search_path").await;
+    assert_eq!(
+        (first(&r), r.end),
+        ("elsewhere, public".into(), PgReplyEnd::Ready(b'I'))
+    );
+    // Session 4 leaves state of its own behind its transaction; session 2 ends its own.
+    d.query_unfenced(4, "SELECT shift_path()").await;
+    assert_eq!(
+        d.query_unfenced(4, "COMMIT").await.end,
+        PgReplyEnd::Ready(b'I')
+    );
+    let r = d.query_unfenced(2, "SELECT pg_backend_pid()::text").await;
+    let pid2 = first(&r);
+    assert_eq!(
+        d.query_unfenced(2, "COMMIT").await.end,
+        PgReplyEnd::Ready(b'I')
+    );
+    // Session 3 (its backend gone to session 4) starts one through the extended protocol, with
+    // a named statement: session 4's backend (state read: another's) goes back, session 2's is
+    // clean.
+    let seq = d.push_fenced(
+        3,
+        PgRequestKind::Batch,
+        msgs(|b| {
+            frontend::parse(
+                "tx",
+                "START TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                [],
+                b,
+            )
+            .unwrap();
+            pg::bind_text(b, "tx", &[]);
+            frontend::execute("", 0, b).unwrap();
+            frontend::sync(b);
+        }),
+        false,
+    );
+    let r = d.reply(3, seq).await;
+    assert_eq!(tags(&r.bytes), "12CZ");
+    assert_eq!(r.end, PgReplyEnd::Ready(b'T'));
+    assert_eq!(steals(), (4, 4));
+    let r = d.query_unfenced(3, path_pid).await;
+    assert_eq!(first(&r), format!("{login_path} {pid2}"));
+    let r = d.query_unfenced(3, "SHOW transaction_isolation").await;
+    assert_eq!(first(&r), "repeatable read");
+    assert_eq!(
+        d.query_unfenced(3, "COMMIT").await.end,
+        PgReplyEnd::Ready(b'I')
+    );
+    let r = d.query_unfenced(4, "SHOW search_path").await;
+    assert_eq!(
+        (first(&r), r.end),
+        ("elsewhere, public".into(), PgReplyEnd::Ready(b'I'))
+    );
+    // The named statement stayed the session's: bound again, on whatever backend.
+    let seq = d.push_fenced(
+        3,
+        PgRequestKind::Batch,
+        msgs(|b| {
+            pg::bind_text(b, "tx", &[]);
+            frontend::execute("", 0, b).unwrap();
+            frontend::sync(b);
+        }),
+        false,
+    );
+    let r = d.reply(3, seq).await;
+    assert_eq!(tags(&r.bytes), "2CZ");
+    assert_eq!(
+        d.query_unfenced(3, "ROLLBACK").await.end,
+        PgReplyEnd::Ready(b'I')
+    );
+    teardown(db, d, &role).await;
+}
+
 /// A batch the core marks state-free (one statement of constants) puts a backend it took in
 /// the login state back into the pool without a state read, so that sessions outnumbering the
 /// backends do not steal each other's; a backend whose state is not known stays reserved

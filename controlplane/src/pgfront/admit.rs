@@ -45,6 +45,7 @@ pub struct OriginCounters {
     pub pool_forgotten: AtomicU64,
     pub pool_refused: AtomicU64,
     pub backend_steals: AtomicU64,
+    pub backend_steals_unread: AtomicU64,
 }
 
 impl OriginCounters {
@@ -74,6 +75,9 @@ pub struct OriginStats {
     pub pool_refused: u64,
     /// Batches that took another session's reserved connection and read its state first.
     pub backend_steals: u64,
+    /// Of those, transaction starts that read it in their own round trip (in front of the
+    /// batch) instead.
+    pub backend_steals_unread: u64,
 }
 
 /// The bound on origin connections in authentication.
@@ -154,6 +158,7 @@ impl Admission {
             pool_forgotten: get(&c.pool_forgotten),
             pool_refused: get(&c.pool_refused),
             backend_steals: get(&c.backend_steals),
+            backend_steals_unread: get(&c.backend_steals_unread),
         }
     }
 }

@@ -117,6 +117,9 @@ pub enum Act {
     },
     /// pgline's own snapshot query before a cacheable statement (hidden; its text is kept).
     Snapshot,
+    /// pgline's own state query before a batch that runs on a stolen backend (hidden; the
+    /// state is kept in [`Tracker::checked`]), see [`add_check`].
+    Check,
     /// A Describe of the portal pgline added before a cacheable Execute (hidden; the
     /// RowDescription is kept in [`Tracker::described`]).
     HiddenDescribe,
@@ -395,12 +398,109 @@ pub fn hide_added_describe(plan: &mut Plan) {
 pub fn add_snapshot(plan: &mut Plan) {
     let mut out = BytesMut::new();
     let _ = frontend::query(SNAPSHOT_SQL, &mut out);
+    put_first(plan, out, Act::Snapshot);
+}
+
+/// Puts pgline's state query before everything in a plan, as a run of its prepared state
+/// statement with a Sync of its own (its reply is hidden; see [`Tracker::checked`]): the state
+/// of a stolen backend read in the batch's own round trip. The batch behind it runs whatever
+/// the state is, so the caller sends only a batch that [`only_starts_transaction`].
+pub fn add_check(plan: &mut Plan, prepared: &mut HashSet<String>) {
+    let name = super::state::STATE_STATEMENT;
+    let parse = prepared.insert(name.to_owned());
+    let mut out = BytesMut::new();
+    // Fixed texts without NUL: encoding cannot fail.
+    let _ = super::backend::compose_prepared(name, super::state::STATE_SQL, parse, &mut out);
+    put_first(plan, out, Act::Check);
+}
+
+fn put_first(plan: &mut Plan, mut out: BytesMut, act: Act) {
     out.extend_from_slice(&plan.out);
     plan.out = out;
-    plan.acts.insert(0, Act::Snapshot);
+    plan.acts.insert(0, act);
     for (i, _) in &mut plan.named_parses {
         *i += 1;
     }
+}
+
+/// The longest text [`is_transaction_start`] accepts: its reply, even an error, stays far below
+/// one [`super::CHUNK`], so none of it reaches the client before the relay has seen it whole.
+const TRANSACTION_START_MAX: usize = 128;
+
+/// Whether `sql` is one `BEGIN` or `START TRANSACTION`, with or without transaction modes:
+/// letters, whitespace and commas only (so no literal, function, comment or second statement),
+/// then trailing semicolons. It runs no user code and changes no session state, and `ROLLBACK`
+/// undoes it; a text that only looks so is a syntax error, which changes nothing either.
+pub fn is_transaction_start(sql: &str) -> bool {
+    let s = sql.trim_end_matches(|c: char| c == ';' || c.is_ascii_whitespace());
+    if sql.len() > TRANSACTION_START_MAX
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_alphabetic() || b.is_ascii_whitespace() || b == b',')
+    {
+        return false;
+    }
+    let mut words = s.split_ascii_whitespace();
+    match words.next() {
+        Some(w) if w.eq_ignore_ascii_case("begin") => true,
+        Some(w) if w.eq_ignore_ascii_case("start") => words
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case("transaction")),
+        _ => false,
+    }
+}
+
+/// Whether a batch does nothing but start a transaction ([`is_transaction_start`]): one Query,
+/// or `[Parse] Bind [Describe] Execute Sync` of the unnamed portal, whose statement is parsed
+/// in the batch or is one of the session's named statements (`stmts`). Such a batch may run on
+/// a stolen backend behind that backend's state read ([`add_check`]): if the state is another
+/// session's, a `ROLLBACK` takes the batch back and the backend stays its owner's.
+pub fn only_starts_transaction(messages: &[u8], stmts: &HashMap<String, Stmt>) -> bool {
+    let Ok(frames) = parse_frames(messages) else {
+        return false;
+    };
+    if let [q] = frames.as_slice() {
+        return q.tag == b'Q' && cstr(q.body).is_ok_and(|(t, _)| is_transaction_start(t));
+    }
+    let Some((last, body)) = frames.split_last() else {
+        return false;
+    };
+    let (mut parsed, mut bound, mut executed) = (Vec::new(), false, false);
+    for f in body {
+        let Ok((name, rest)) = cstr(f.body) else {
+            return false;
+        };
+        let fits = match f.tag {
+            b'P' => {
+                parsed.push(name);
+                cstr(rest).is_ok_and(|(t, _)| is_transaction_start(t))
+            }
+            // The unnamed portal, bound once, of a statement known to start a transaction.
+            b'B' => {
+                let Ok((statement, _)) = cstr(rest) else {
+                    return false;
+                };
+                let known = parsed.contains(&statement)
+                    || stmts
+                        .get(statement)
+                        .is_some_and(|st| !statement.is_empty() && is_transaction_start(&st.text));
+                let first = !bound;
+                bound = true;
+                name.is_empty() && first && known
+            }
+            b'D' => true,
+            b'E' => {
+                let first = !executed;
+                executed = true;
+                bound && first && name.is_empty()
+            }
+            _ => false,
+        };
+        if !fits {
+            return false;
+        }
+    }
+    last.tag == b'S' && executed
 }
 
 /// What the last backend message meant for the batch.
@@ -432,6 +532,8 @@ pub struct Tracker {
     pub fence_state: Option<super::state::OriginState>,
     /// The text the snapshot query returned.
     pub snapshot: Option<String>,
+    /// The state the check query returned (`None`: it failed).
+    pub checked: Option<super::state::OriginState>,
     /// The RowDescription of a hidden Describe.
     pub described: Option<Vec<u8>>,
     /// An ErrorResponse went to the client.
@@ -454,6 +556,7 @@ impl Tracker {
             fence: None,
             fence_state: None,
             snapshot: None,
+            checked: None,
             described: None,
             failed: false,
             dropped: Vec::new(),
@@ -465,7 +568,7 @@ impl Tracker {
     fn advance(&mut self, out: &mut Vec<u8>, prepared: &mut HashSet<String>) {
         while let Some(act) = self.acts.get(self.i) {
             match act {
-                Act::Sync | Act::Query { .. } | Act::Snapshot => break,
+                Act::Sync | Act::Query { .. } | Act::Snapshot | Act::Check => break,
                 Act::Local(bytes) if !self.error => out.extend_from_slice(bytes),
                 Act::Fail(bytes) if !self.error => {
                     out.extend_from_slice(bytes);
@@ -494,7 +597,7 @@ impl Tracker {
         let tag = frame[0];
         let hidden_now = matches!(
             self.acts.get(self.i),
-            Some(Act::Query { hidden: true } | Act::Snapshot)
+            Some(Act::Query { hidden: true } | Act::Snapshot | Act::Check)
         );
         if matches!(tag, b'N' | b'S' | b'A') {
             if !hidden_now {
@@ -524,6 +627,20 @@ impl Tracker {
             (Act::Snapshot, _) => {
                 match tag {
                     b'D' => self.snapshot = parse_text_row(frame),
+                    b'Z' => {
+                        self.i += 1;
+                        self.error = false;
+                    }
+                    _ => {}
+                }
+                return Step::Continue;
+            }
+            (Act::Check, _) => {
+                match tag {
+                    b'D' => {
+                        self.checked = super::backend::row_texts(frame)
+                            .and_then(|c| super::state::OriginState::from_columns(&c));
+                    }
                     b'Z' => {
                         self.i += 1;
                         self.error = false;

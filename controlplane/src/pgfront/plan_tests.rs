@@ -299,3 +299,161 @@ fn a_bind_error_names_the_clients_statement() {
         b"E\0\0\0\x06M"
     );
 }
+
+#[test]
+fn transaction_starts_and_what_is_not_one() {
+    for sql in [
+        "BEGIN",
+        "begin;",
+        "  Begin Work ; ",
+        "BEGIN TRANSACTION ISOLATION LEVEL SERIALIZABLE, READ ONLY, DEFERRABLE",
+        "START TRANSACTION",
+        "start transaction read write;",
+    ] {
+        assert!(is_transaction_start(sql), "{sql}");
+    }
+    for sql in [
+        "",
+        ";",
+        "BEGINX",
+        "START",
+        "STARTED TRANSACTION",
+        "COMMIT",
+        "BEGIN; SELECT 1",
+        "BEGIN; DO $$ BEGIN PERFORM 1; END $$",
+        "BEGIN /* x */",
+        "BEGIN -- x",
+        "BEGIN ISOLATION LEVEL \"serializable\"",
+        "SELECT 1; BEGIN",
+        "begin\u{a0}work",
+        &format!("BEGIN{}", " ".repeat(200)),
+    ] {
+        assert!(!is_transaction_start(sql), "{sql:?}");
+    }
+}
+
+/// A Bind of the unnamed portal to `stmt`, without parameters.
+fn bind(b: &mut BytesMut, stmt: &str) {
+    let mut body = format!("\0{stmt}\0").into_bytes();
+    body.extend_from_slice(&[0; 6]);
+    b.extend_from_slice(&frame(b'B', &body));
+}
+
+#[test]
+fn a_batch_that_only_starts_a_transaction() {
+    let mut stmts = HashMap::new();
+    let ext = |parse: Option<(&str, &str)>, bind_stmt: &str| {
+        msgs(|b| {
+            if let Some((name, sql)) = parse {
+                frontend::parse(name, sql, [], b).unwrap();
+            }
+            bind(b, bind_stmt);
+            frontend::describe(b'P', "", b).unwrap();
+            frontend::execute("", 0, b).unwrap();
+            frontend::sync(b);
+        })
+    };
+    let query = |sql: &str| msgs(|b| frontend::query(sql, b).unwrap());
+    assert!(only_starts_transaction(&query("BEGIN;"), &stmts));
+    assert!(!only_starts_transaction(&query("SELECT 1"), &stmts));
+    assert!(only_starts_transaction(
+        &ext(Some(("", "BEGIN")), ""),
+        &stmts
+    ));
+    assert!(only_starts_transaction(
+        &ext(Some(("b", "BEGIN")), "b"),
+        &stmts
+    ));
+    assert!(!only_starts_transaction(
+        &ext(Some(("", "SELECT 1")), ""),
+        &stmts
+    ));
+    // A Bind of a statement not parsed here: only a named one the session prepared as one.
+    assert!(!only_starts_transaction(&ext(None, ""), &stmts));
+    assert!(!only_starts_transaction(&ext(None, "b"), &stmts));
+    let m = msgs(|b| {
+        frontend::parse("b", "BEGIN", [], b).unwrap();
+        frontend::parse("s", "SELECT shift_path()", [], b).unwrap();
+        frontend::sync(b);
+    });
+    plan_batch(&m, &mut stmts, &mut HashSet::new()).unwrap();
+    assert!(only_starts_transaction(&ext(None, "b"), &stmts));
+    assert!(!only_starts_transaction(&ext(None, "s"), &stmts));
+    // Anything more than one Execute of the unnamed portal, or no Sync at the end.
+    let two = msgs(|b| {
+        frontend::parse("", "BEGIN", [], b).unwrap();
+        for _ in 0..2 {
+            bind(b, "");
+            frontend::execute("", 0, b).unwrap();
+        }
+        frontend::sync(b);
+    });
+    assert!(!only_starts_transaction(&two, &stmts));
+    let mut tail = ext(Some(("", "BEGIN")), "");
+    tail.truncate(tail.len() - 5);
+    assert!(!only_starts_transaction(&tail, &stmts));
+    let plus = [query("BEGIN"), query("SELECT shift_path()")].concat();
+    assert!(!only_starts_transaction(&plus, &stmts));
+    let closes = [
+        ext(Some(("", "BEGIN")), ""),
+        msgs(|b| frontend::close(b'S', "s", b).unwrap()),
+    ]
+    .concat();
+    assert!(!only_starts_transaction(&closes, &stmts));
+}
+
+#[test]
+fn the_check_goes_first_and_its_state_is_kept_hidden() {
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| frontend::query("BEGIN", b).unwrap());
+    let mut plan = plan_batch(&m, &mut HashMap::new(), &mut prepared).unwrap();
+    add_check(&mut plan, &mut prepared);
+    assert_eq!(tags(&plan.out), b"PBESQ");
+    assert!(prepared.contains(super::super::state::STATE_STATEMENT));
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    let cols = [
+        "me",
+        "me",
+        "pg_catalog,public",
+        "false",
+        "1",
+        "hex",
+        "C",
+        "off",
+        "ISO, MDY",
+        "postgres",
+        "UTC",
+        "UTF8",
+        "on",
+        "\"$user\", public",
+    ];
+    let mut row = (cols.len() as i16).to_be_bytes().to_vec();
+    for c in cols {
+        row.extend_from_slice(&(c.len() as i32).to_be_bytes());
+        row.extend_from_slice(c.as_bytes());
+    }
+    for r in [
+        frame(b'1', b""),
+        frame(b'2', b""),
+        frame(b'D', &row),
+        frame(b'C', b"SELECT 1\0"),
+        frame(b'S', b"x\0y\0"),
+        frame(b'Z', b"I"),
+        frame(b'C', b"BEGIN\0"),
+    ] {
+        assert_eq!(t.on_message(&r, &mut out, &mut prepared), Step::Continue);
+    }
+    assert_eq!(
+        t.on_message(&frame(b'Z', b"T"), &mut out, &mut prepared),
+        Step::ClientDone(b'T')
+    );
+    assert_eq!(tags(&out), b"CZ", "the check is hidden");
+    let s = t.checked.expect("the state read");
+    assert_eq!(s.fingerprint(), {
+        let cols: Vec<Option<String>> = cols.iter().map(|c| Some(c.to_string())).collect();
+        super::super::state::OriginState::from_columns(&cols)
+            .unwrap()
+            .fingerprint()
+    });
+}

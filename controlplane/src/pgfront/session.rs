@@ -35,7 +35,7 @@ use pgline_dataplane::plane::{
 };
 use tokio::sync::mpsc;
 
-use super::admit;
+use super::admit::{self, OriginCounters};
 use super::backend::{Backend, Opener};
 use super::error::{compose_ready, RelayError, Retry, Source};
 use super::plan::{self, Plan, Step, Stmt, Tracker};
@@ -53,6 +53,8 @@ struct Outcome {
     status: Option<u8>,
     /// The pipelined fence's LSN and the state read with it (only when the batch ended idle).
     fence: Option<(u64, Option<OriginState>)>,
+    /// What the state query in front of the batch read (see [`plan::add_check`]).
+    checked: Option<OriginState>,
     /// An ErrorResponse went to the client.
     failed: bool,
     /// The connection failed; it must be dropped.
@@ -504,7 +506,9 @@ impl Session {
     /// The backend for the next batch: the pinned one, this session's reserved one, an idle
     /// one, or another session's reserved one whose state reads as the login state (see
     /// `pool`), and whether it is known to be in the pool's login state (an idle one, or a
-    /// stolen one whose state read showed it: see `PgRequest::state_free`). Busy (no connection
+    /// stolen one whose state read showed it: see `PgRequest::state_free`). With `defer` (the
+    /// batch's messages), if they [`plan::only_starts_transaction`], a stolen one comes unread, with the guard that
+    /// keeps its owner waiting: its state is read in front of the batch. Busy (no connection
     /// free by `deadline`) is [`Retry::Later`]: the client may try again.
     ///
     /// A cancel sent at that backend must have landed first. The origin signals the backend
@@ -516,20 +520,27 @@ impl Session {
     async fn backend(
         &mut self,
         deadline: tokio::time::Instant,
-    ) -> Result<(Backend, bool), RelayError> {
-        let (b, clean) = self.take_backend(deadline).await?;
-        if !b.cancels.clear() {
-            b.cancels.settled().await;
+        defer: Option<&[u8]>,
+    ) -> Result<Got, RelayError> {
+        let got = self.take_backend(deadline, defer).await?;
+        if !got.b.cancels.clear() {
+            got.b.cancels.settled().await;
         }
-        Ok((b, clean))
+        Ok(got)
     }
 
     async fn take_backend(
         &mut self,
         deadline: tokio::time::Instant,
-    ) -> Result<(Backend, bool), RelayError> {
+        defer: Option<&[u8]>,
+    ) -> Result<Got, RelayError> {
+        let got = |b, clean| Got {
+            b,
+            clean,
+            unread: None,
+        };
         if let Some(b) = self.pinned.take() {
-            return Ok((b, false));
+            return Ok(got(b, false));
         }
         let Some(pool) = self.pool.clone() else {
             return Err(RelayError::client(
@@ -546,15 +557,27 @@ impl Session {
                 }
             })?;
             match taken {
-                Taken::Clean => return Ok((b, true)),
+                Taken::Clean => return Ok(got(b, true)),
                 Taken::Own { dirty } => {
                     // Known to hold this session's state: it stays with the session.
                     self.sticky |= dirty;
-                    return Ok((b, false));
+                    return Ok(got(b, false));
                 }
                 Taken::Steal { owner } => {
-                    if let Some(b) = self.check_stolen(&pool, owner, b).await {
-                        return Ok((b, true));
+                    let settling = Settling {
+                        pool: Arc::clone(&pool),
+                        owner,
+                    };
+                    if defer.is_some_and(|m| plan::only_starts_transaction(m, &self.stmts)) {
+                        OriginCounters::add(&pool.counters().backend_steals_unread, 1);
+                        return Ok(Got {
+                            b,
+                            clean: false,
+                            unread: Some(settling),
+                        });
+                    }
+                    if let Some(b) = self.check_stolen(settling, b).await {
+                        return Ok(got(b, true));
                     }
                 }
             }
@@ -575,10 +598,9 @@ impl Session {
     /// pool's login state. Otherwise it holds its owner's session state: it goes back to the
     /// owner, pinned (or, if the owner has ended meanwhile, is reset as a pinned one is at a
     /// session's end, and used if that brings the login state back).
-    async fn check_stolen(&self, pool: &Arc<Pool>, owner: u64, mut b: Backend) -> Option<Backend> {
+    async fn check_stolen(&self, settling: Settling, mut b: Backend) -> Option<Backend> {
         // However this ends (kept, handed back, broken, or this task dropped mid-read), the
-        // owner stops waiting for its connection.
-        let _settled = CheckDone { pool, owner };
+        // owner stops waiting for its connection (`settling` dropped).
         match state::ask_state(&mut b).await {
             Ok(Some(s)) if s.fingerprint() == self.login_state => return Some(b),
             Ok(_) => {}
@@ -588,8 +610,14 @@ impl Session {
                 return None;
             }
         }
-        // Handed back only when its owner has ended meanwhile.
-        let mut b = pool.reserve(owner, b, true)?;
+        self.hand_back(&settling, b).await
+    }
+
+    /// Gives a stolen backend that holds another session's state back to its owner, pinned;
+    /// when the owner has ended meanwhile, resets it as a pinned one is at a session's end and
+    /// returns it if that brought the login state back.
+    async fn hand_back(&self, settling: &Settling, b: Backend) -> Option<Backend> {
+        let mut b = settling.pool.reserve(settling.owner, b, true)?;
         if reset(&mut b, &self.login_state).await {
             return Some(b);
         }
@@ -616,17 +644,25 @@ impl Session {
         // A client that prepares statements the pool already knows is answered at once when
         // no backend is free (as PgBouncer does with prepared statements): a client blocked
         // in `PQprepare` may be the one that would end the transactions holding them.
+        // A batch that only starts a transaction may run on a stolen backend behind its state
+        // read, in one round trip (see `plan::add_check`).
+        let defer = (self.status == b'I' && !self.sticky && !want_fence && cache.is_none())
+            .then_some(&req.messages[..]);
         let now = tokio::time::Instant::now();
-        let mut got = self.backend(now).await;
+        let mut got = self.backend(now, defer).await;
         if matches!(&got, Err(e) if e.retry == Retry::Later) {
             if let Some(reply) = self.parse_locally(&req.messages) {
                 let mut out = out_for(&self.relay, &req, self.flow.as_ref());
                 out.buf.extend_from_slice(&reply);
                 return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
             }
-            got = self.backend(now + POOL_WAIT).await;
+            got = self.backend(now + POOL_WAIT, defer).await;
         }
-        let (mut b, clean) = match got {
+        let Got {
+            mut b,
+            clean,
+            unread,
+        } = match got {
             Ok(taken) => taken,
             Err(e) if e.retry == Retry::Later => {
                 // Busy, not broken: the client may try again.
@@ -647,6 +683,8 @@ impl Session {
             .filter(|_| idle_before)
             .and_then(|_| results::with_describe(&req.messages));
         let messages = added.as_deref().unwrap_or(&req.messages);
+        // Put back if the batch has to run elsewhere after all.
+        let stmts_before = unread.as_ref().map(|_| self.stmts.clone());
         let mut plan = match plan::plan_batch(messages, &mut self.stmts, &mut b.prepared) {
             Ok(p) => p,
             Err(e) => {
@@ -679,6 +717,9 @@ impl Session {
         if pipelined {
             plan::add_fence(&mut plan, &mut b.prepared);
         }
+        if unread.is_some() {
+            plan::add_check(&mut plan, &mut b.prepared);
+        }
         if added.is_some() {
             plan::hide_added_describe(&mut plan);
         }
@@ -699,6 +740,32 @@ impl Session {
         }
         let started = std::time::Instant::now();
         let o = self.execute(&mut b, plan, &mut out).await;
+        if let Some(settling) = unread {
+            let read = o.checked.as_ref().map(OriginState::fingerprint);
+            if read.as_deref() != Some(&self.login_state) && o.broken.is_none() && out.sent == 0 {
+                if let Some(status) = o.status {
+                    // The transaction started in another session's state (or one not read):
+                    // taken back, the backend returned to its owner, the batch run elsewhere.
+                    // The client has seen none of it (`TRANSACTION_START_MAX`).
+                    if o.checked.is_none() {
+                        b.prepared.remove(state::STATE_STATEMENT);
+                    }
+                    if let Some(stmts) = stmts_before {
+                        self.stmts = stmts;
+                    }
+                    let undone =
+                        status == b'I' || matches!(b.simple("ROLLBACK").await, Ok(Some(_)));
+                    if !undone {
+                        self.discard();
+                        tokio::spawn(b.terminate());
+                    } else if let Some(b) = self.hand_back(&settling, b).await {
+                        self.put_back(b);
+                    }
+                    drop(settling);
+                    return Box::pin(self.batch(req)).await;
+                }
+            }
+        }
         for name in &o.unparsed {
             self.stmts.remove(name);
         }
@@ -856,7 +923,10 @@ impl Session {
     /// highest fence, so this session (whose origin is failing anyway) reads from the origin
     /// from then on, never older data than its last write.
     async fn fence_elsewhere(&mut self) -> u64 {
-        if let Ok((mut b, _)) = self.backend(tokio::time::Instant::now() + POOL_WAIT).await {
+        if let Ok(Got { mut b, .. }) = self
+            .backend(tokio::time::Instant::now() + POOL_WAIT, None)
+            .await
+        {
             if let Ok((lsn, _)) = ask_fence(&mut b).await {
                 self.put_back(b);
                 return lsn;
@@ -924,6 +994,7 @@ impl Session {
         }
         o.failed = tracker.failed;
         o.snapshot = tracker.snapshot.take();
+        o.checked = tracker.checked.take();
         o.described = tracker.described.take();
         o.unparsed = plan
             .named_parses
@@ -999,13 +1070,22 @@ impl Session {
     }
 }
 
+/// A backend taken for a batch (see [`Session::backend`]).
+struct Got {
+    b: Backend,
+    /// Known to be in the pool's login state.
+    clean: bool,
+    /// Stolen, its state not read yet: the read goes in front of the batch.
+    unread: Option<Settling>,
+}
+
 /// Ends a stolen connection's state check for its owner ([`Pool::check_done`]) when dropped.
-struct CheckDone<'a> {
-    pool: &'a Pool,
+struct Settling {
+    pool: Arc<Pool>,
     owner: u64,
 }
 
-impl Drop for CheckDone<'_> {
+impl Drop for Settling {
     fn drop(&mut self) {
         self.pool.check_done(self.owner);
     }

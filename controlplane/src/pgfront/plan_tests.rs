@@ -12,6 +12,16 @@ fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
     b.to_vec()
 }
 
+/// A DataRow's body: the columns as texts.
+fn data_row(cols: &[&str]) -> Vec<u8> {
+    let mut row = (cols.len() as i16).to_be_bytes().to_vec();
+    for c in cols {
+        row.extend_from_slice(&(c.len() as i32).to_be_bytes());
+        row.extend_from_slice(c.as_bytes());
+    }
+    row
+}
+
 fn tags(out: &[u8]) -> Vec<u8> {
     parse_frames(out).unwrap().iter().map(|f| f.tag).collect()
 }
@@ -233,9 +243,7 @@ fn snapshot_query_and_added_describe_are_hidden_and_kept() {
     assert_eq!(tags(&plan.out), b"QPBDES");
     let mut t = Tracker::new(plan.acts);
     let mut out = Vec::new();
-    let mut row = 1i16.to_be_bytes().to_vec();
-    row.extend_from_slice(&8i32.to_be_bytes());
-    row.extend_from_slice(b"10:12:11");
+    let row = data_row(&["10:12:11"]);
     let replies = [
         frame(b'T', b"\0\x01x\0"),
         frame(b'D', &row),
@@ -412,27 +420,8 @@ fn the_check_goes_first_and_its_state_is_kept_hidden() {
     assert!(prepared.contains(super::super::state::STATE_STATEMENT));
     let mut t = Tracker::new(plan.acts);
     let mut out = Vec::new();
-    let cols = [
-        "me",
-        "me",
-        "pg_catalog,public",
-        "false",
-        "1",
-        "hex",
-        "C",
-        "off",
-        "ISO, MDY",
-        "postgres",
-        "UTC",
-        "UTF8",
-        "on",
-        "\"$user\", public",
-    ];
-    let mut row = (cols.len() as i16).to_be_bytes().to_vec();
-    for c in cols {
-        row.extend_from_slice(&(c.len() as i32).to_be_bytes());
-        row.extend_from_slice(c.as_bytes());
-    }
+    let cols = super::super::state::CLEAN_COLUMNS;
+    let row = data_row(&cols);
     for r in [
         frame(b'1', b""),
         frame(b'2', b""),

@@ -96,6 +96,25 @@ pub const STATE_STATEMENT: &str = "pgl_state";
 /// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.
 pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
 
+/// A clean state's columns as the origin sends them, in [`OriginState`]'s order (for tests).
+#[cfg(test)]
+pub(super) const CLEAN_COLUMNS: [&str; 14] = [
+    "app",
+    "app",
+    "pg_catalog,public",
+    "false",
+    "1",
+    "hex",
+    "C.UTF-8",
+    "off",
+    "ISO, MDY",
+    "postgres",
+    "UTC",
+    "UTF8",
+    "on",
+    "\"$user\", public",
+];
+
 /// One backend's session state (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OriginState {
@@ -198,22 +217,7 @@ mod tests {
     }
 
     fn clean() -> Vec<Option<String>> {
-        cols(&[
-            "app",
-            "app",
-            "pg_catalog,public",
-            "false",
-            "1",
-            "hex",
-            "C.UTF-8",
-            "off",
-            "ISO, MDY",
-            "postgres",
-            "UTC",
-            "UTF8",
-            "on",
-            "\"$user\", public",
-        ])
+        cols(&CLEAN_COLUMNS)
     }
 
     #[test]

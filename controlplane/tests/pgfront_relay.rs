@@ -1078,6 +1078,47 @@ async fn a_transaction_start_reads_a_stolen_backend_in_its_own_round_trip() {
     teardown(db, d, &role).await;
 }
 
+/// A function can `LISTEN` or declare a cursor `WITH HOLD` through `EXECUTE`, out of sight of
+/// the text rule; the state read sees both, so that backend stays with its session: another
+/// session gets neither its notifications nor its cursor (before, the backend went back to the
+/// pool and the next session found both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_or_a_held_cursor_made_by_a_function_stays_with_its_session() {
+    let (db, d, role) = setup_with("pgf_objects", |cfg| cfg.pgwire.pool_size = 3).await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION listen_here() RETURNS int LANGUAGE plpgsql AS \
+               $$ BEGIN EXECUTE 'LISTEN pgl_chan'; RETURN 1; END $$; \
+             CREATE FUNCTION hold_cursor() RETURNS int LANGUAGE plpgsql AS \
+               $$ BEGIN EXECUTE 'DECLARE held CURSOR WITH HOLD FOR SELECT 1'; RETURN 1; END $$; \
+             GRANT EXECUTE ON FUNCTION listen_here() TO {role}; \
+             GRANT EXECUTE ON FUNCTION hold_cursor() TO {role};"
+        ))
+        .await
+        .unwrap();
+    for s in 1..=3 {
+        let r = d.startup(s, &role, &db.name, PASSWORD).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    assert_eq!(d.relay.pool_counts(&role, &db.name), (3, 3));
+    // The state is read after each (the fence).
+    for (s, f) in [(1, "SELECT listen_here()"), (2, "SELECT hold_cursor()")] {
+        let r = d.query(s, f).await;
+        assert_eq!(
+            (r.end, error_code(&r.bytes)),
+            (PgReplyEnd::Ready(b'I'), None)
+        );
+    }
+    let objects = "SELECT (SELECT count(*) FROM pg_listening_channels()) || ' ' || \
+                   (SELECT count(*) FROM pg_cursors WHERE is_holdable)";
+    for (s, want) in [(3, "0 0"), (1, "1 0"), (2, "0 1"), (3, "0 0")] {
+        let r = d.query(s, objects).await;
+        assert_eq!(first_values(&r.bytes), [want], "session {s}");
+    }
+    teardown(db, d, &role).await;
+}
+
 /// A batch the core marks state-free (one statement of constants) puts a backend it took in
 /// the login state back into the pool without a state read, so that sessions outnumbering the
 /// backends do not steal each other's; a backend whose state is not known stays reserved

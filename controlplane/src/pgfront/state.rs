@@ -20,7 +20,14 @@
 //!   schema that does not exist changes `SHOW search_path` but not the resolved path);
 //! - the output settings the origin does not report with ParameterStatus
 //!   ([`UNREPORTED`]); the reported ones (`DateStyle`, `IntervalStyle`, `TimeZone`,
-//!   `client_encoding`, `standard_conforming_strings`) the core follows itself.
+//!   `client_encoding`, `standard_conforming_strings`) the core follows itself;
+//! - whether the session listens on a channel or holds a cursor `WITH HOLD`: `LISTEN` and
+//!   `DECLARE` in a client's own text pin its backend (`plan::leaves_session_state`), but a
+//!   function can run them through `EXECUTE`, and another session on that backend would then
+//!   get the notifications or find the cursor (fingerprint only; both cheap to ask: the
+//!   backend's own lists). Not asked: SQL-level prepared statements and session advisory locks
+//!   made inside a function (`pg_prepared_statements` and `pg_locks` cost a scan of every
+//!   prepared statement, of every lock), see `docs/pgwire.md`.
 //!
 //! Every name in the query is schema-qualified: a session with `pg_catalog` late on its path
 //! cannot substitute its own `current_setting`.
@@ -69,7 +76,9 @@ macro_rules! state_columns {
          pg_catalog.current_setting('TimeZone'), \
          pg_catalog.current_setting('client_encoding'), \
          pg_catalog.current_setting('standard_conforming_strings'), \
-         pg_catalog.current_setting('search_path')"
+         pg_catalog.current_setting('search_path'), \
+         (EXISTS (SELECT FROM pg_catalog.pg_listening_channels()) \
+         OR EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable))::pg_catalog.text"
     };
 }
 
@@ -98,7 +107,7 @@ pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
 
 /// A clean state's columns as the origin sends them, in [`OriginState`]'s order (for tests).
 #[cfg(test)]
-pub(super) const CLEAN_COLUMNS: [&str; 14] = [
+pub(super) const CLEAN_COLUMNS: [&str; 15] = [
     "app",
     "app",
     "pg_catalog,public",
@@ -113,6 +122,7 @@ pub(super) const CLEAN_COLUMNS: [&str; 14] = [
     "UTF8",
     "on",
     "\"$user\", public",
+    "false",
 ];
 
 /// One backend's session state (see the module doc).
@@ -133,6 +143,8 @@ pub struct OriginState {
     /// The `search_path` setting as written: `SHOW search_path` answers it, and schemas that do
     /// not exist are in it but not in the resolved path (fingerprint only).
     pub search_path_setting: String,
+    /// Listens on a channel or holds a cursor `WITH HOLD` (fingerprint only).
+    pub session_objects: bool,
 }
 
 impl OriginState {
@@ -160,6 +172,7 @@ impl OriginState {
             settings: [text(4)?, text(5)?, text(6)?, text(7)?],
             reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
             search_path_setting: text(13)?,
+            session_objects: text(14)? == "true",
         })
     }
 
@@ -183,6 +196,9 @@ impl OriginState {
         for s in self.settings.iter().chain(&self.reported).chain(raw) {
             f.push('\u{1f}');
             f.push_str(s);
+        }
+        if self.session_objects {
+            f.push_str("\u{1f}objects");
         }
         f
     }
@@ -240,6 +256,7 @@ mod tests {
             (7, "on"),
             (10, "Asia/Tokyo"),
             (13, "nowhere, public"),
+            (14, "true"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
@@ -271,7 +288,7 @@ mod tests {
 
     #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..13]).is_none());
+        assert!(OriginState::from_columns(&clean()[..14]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

@@ -452,9 +452,10 @@ pub fn is_transaction_start(sql: &str) -> bool {
 
 /// Whether a batch does nothing but start a transaction ([`is_transaction_start`]): one Query,
 /// or `[Parse] Bind [Describe] Execute Sync` of the unnamed portal, whose statement is parsed
-/// in the batch or is one of the session's named statements (`stmts`). Such a batch may run on
-/// a stolen backend behind that backend's state read ([`add_check`]): if the state is another
-/// session's, a `ROLLBACK` takes the batch back and the backend stays its owner's.
+/// in the batch or is one of the session's named statements (`stmts`); well formed, so that
+/// [`plan_batch`] plans it. Such a batch may run on a stolen backend behind that backend's
+/// state read ([`add_check`]): if the state is another session's, a `ROLLBACK` takes the batch
+/// back and the backend stays its owner's.
 pub fn only_starts_transaction(messages: &[u8], stmts: &HashMap<String, Stmt>) -> bool {
     let Ok(frames) = parse_frames(messages) else {
         return false;
@@ -471,9 +472,11 @@ pub fn only_starts_transaction(messages: &[u8], stmts: &HashMap<String, Stmt>) -
             return false;
         };
         let fits = match f.tag {
+            // Read as `plan_batch` reads it, so that a batch passed here always plans (a
+            // stolen backend's bookkeeping is never left half-planned).
             b'P' => {
                 parsed.push(name);
-                cstr(rest).is_ok_and(|(t, _)| is_transaction_start(t))
+                named_stmt(rest).is_ok_and(|st| is_transaction_start(&st.text))
             }
             // The unnamed portal, bound once, of a statement known to start a transaction.
             b'B' => {

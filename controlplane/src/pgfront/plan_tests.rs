@@ -400,6 +400,17 @@ fn a_batch_that_only_starts_a_transaction() {
     let mut tail = ext(Some(("", "BEGIN")), "");
     tail.truncate(tail.len() - 5);
     assert!(!only_starts_transaction(&tail, &stmts));
+    // A Parse that `plan_batch` refuses (two parameter types announced, none given).
+    let m = msgs(|b| {
+        let mut body = b"b2\0BEGIN\0".to_vec();
+        body.extend_from_slice(&2u16.to_be_bytes());
+        b.extend_from_slice(&frame(b'P', &body));
+        bind(b, "b2");
+        frontend::execute("", 0, b).unwrap();
+        frontend::sync(b);
+    });
+    assert!(plan_batch(&m, &mut stmts.clone(), &mut HashSet::new()).is_err());
+    assert!(!only_starts_transaction(&m, &stmts));
     let plus = [query("BEGIN"), query("SELECT shift_path()")].concat();
     assert!(!only_starts_transaction(&plus, &stmts));
     let closes = [

@@ -507,9 +507,9 @@ impl Session {
     /// one, or another session's reserved one whose state reads as the login state (see
     /// `pool`), and whether it is known to be in the pool's login state (an idle one, or a
     /// stolen one whose state read showed it: see `PgRequest::state_free`). With `defer` (the
-    /// batch's messages), if they [`plan::only_starts_transaction`], a stolen one comes unread, with the guard that
-    /// keeps its owner waiting: its state is read in front of the batch. Busy (no connection
-    /// free by `deadline`) is [`Retry::Later`]: the client may try again.
+    /// batch's messages) that [`plan::only_starts_transaction`], a stolen one comes unread,
+    /// with the guard that keeps its owner waiting: its state is read in front of the batch.
+    /// Busy (no connection free by `deadline`) is [`Retry::Later`]: the client may try again.
     ///
     /// A cancel sent at that backend must have landed first. The origin signals the backend
     /// (PostgreSQL signals its process and then its process group, so possibly twice) before it
@@ -641,13 +641,13 @@ impl Session {
             compose_ready(&mut out.buf, b'I');
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         }
-        // A client that prepares statements the pool already knows is answered at once when
-        // no backend is free (as PgBouncer does with prepared statements): a client blocked
-        // in `PQprepare` may be the one that would end the transactions holding them.
         // A batch that only starts a transaction may run on a stolen backend behind its state
         // read, in one round trip (see `plan::add_check`).
         let defer = (self.status == b'I' && !self.sticky && !want_fence && cache.is_none())
             .then_some(&req.messages[..]);
+        // A client that prepares statements the pool already knows is answered at once when
+        // no backend is free (as PgBouncer does with prepared statements): a client blocked
+        // in `PQprepare` may be the one that would end the transactions holding them.
         let now = tokio::time::Instant::now();
         let mut got = self.backend(now, defer).await;
         if matches!(&got, Err(e) if e.retry == Retry::Later) {
@@ -690,7 +690,9 @@ impl Session {
             Err(e) => {
                 // The session ends: a pinned backend stays pinned, so that `release` rolls
                 // back its transaction and resets its state; a pooled one is dropped, because
-                // the batch's earlier Parses were already booked as prepared on it.
+                // the batch's earlier Parses were already booked as prepared on it. (Not a
+                // stolen one taken unread: `plan::only_starts_transaction` passes only batches
+                // that plan.)
                 if self.status != b'I' || self.sticky {
                     self.pinned = Some(b);
                 } else {

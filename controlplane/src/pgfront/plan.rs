@@ -371,13 +371,19 @@ fn put_frame(out: &mut BytesMut, tag: u8, body: &[u8]) {
 /// `[Parse] Bind Execute Sync`, whose replies up to ReadyForQuery are hidden as one act (see
 /// [`Tracker::fence`]).
 pub fn add_fence(plan: &mut Plan, prepared: &mut HashSet<String>) {
-    let name = super::state::FENCE_STATEMENT;
+    let out = own_statement(super::state::FENCE_STATEMENT, FENCE_SQL, prepared);
+    plan.out.extend_from_slice(&out);
+    plan.acts.push(Act::Query { hidden: true });
+}
+
+/// One run of pgline's prepared statement `name` (`sql`), parsed first if the backend lacks it
+/// (booked in `prepared`): `[Parse] Bind Execute Sync`.
+fn own_statement(name: &str, sql: &str, prepared: &mut HashSet<String>) -> BytesMut {
     let parse = prepared.insert(name.to_owned());
     let mut out = BytesMut::new();
     // Fixed texts without NUL: encoding cannot fail.
-    let _ = super::backend::compose_prepared(name, FENCE_SQL, parse, &mut out);
-    plan.out.extend_from_slice(&out);
-    plan.acts.push(Act::Query { hidden: true });
+    let _ = super::backend::compose_prepared(name, sql, parse, &mut out);
+    out
 }
 
 pub use super::state::FENCE_SQL;
@@ -406,11 +412,8 @@ pub fn add_snapshot(plan: &mut Plan) {
 /// of a stolen backend read in the batch's own round trip. The batch behind it runs whatever
 /// the state is, so the caller sends only a batch that [`only_starts_transaction`].
 pub fn add_check(plan: &mut Plan, prepared: &mut HashSet<String>) {
-    let name = super::state::STATE_STATEMENT;
-    let parse = prepared.insert(name.to_owned());
-    let mut out = BytesMut::new();
-    // Fixed texts without NUL: encoding cannot fail.
-    let _ = super::backend::compose_prepared(name, super::state::STATE_SQL, parse, &mut out);
+    let state = super::state::STATE_STATEMENT;
+    let out = own_statement(state, super::state::STATE_SQL, prepared);
     put_first(plan, out, Act::Check);
 }
 

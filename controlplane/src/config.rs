@@ -798,6 +798,8 @@ impl Config {
             pg_idle_timeout_ms: self.pgwire.idle_timeout_ms,
             max_auth_failures: self.resp.max_auth_failures,
             tracking_table_max_keys: self.resp.tracking_table_max_keys,
+            max_pg_statements: self.pgwire.max_session_statements,
+            max_pg_statement_bytes: self.pgwire.max_session_statement_bytes,
         }
     }
 }
@@ -1079,7 +1081,7 @@ mod tests {
     #[test]
     fn connection_bounds_flow_to_the_engine_and_bad_ones_are_named() {
         let cfg = load(
-            "[resp]\nmax_connections = 50\nmax_connections_per_source = 7\nmax_reply_memory = 33554432\nauth_timeout_ms = 1500\nidle_timeout_ms = 60000\nmax_auth_failures = 3\n[pgwire]\nmax_sessions = 40\nmax_connections_per_source = 4\nstartup_timeout_ms = 2500\nidle_timeout_ms = 0\n",
+            "[resp]\nmax_connections = 50\nmax_connections_per_source = 7\nmax_reply_memory = 33554432\nauth_timeout_ms = 1500\nidle_timeout_ms = 60000\nmax_auth_failures = 3\n[pgwire]\nmax_sessions = 40\nmax_connections_per_source = 4\nstartup_timeout_ms = 2500\nidle_timeout_ms = 0\nmax_session_statements = 30\nmax_session_statement_bytes = 4096\n",
             &[],
             &[],
         )
@@ -1097,6 +1099,8 @@ mod tests {
             pg_idle_timeout_ms: 0,
             max_auth_failures: 3,
             tracking_table_max_keys: limits::DEFAULT_TRACKING_TABLE_MAX_KEYS,
+            max_pg_statements: 30,
+            max_pg_statement_bytes: 4096,
         };
         assert_eq!(e.conn_limits, want);
         assert_eq!(

@@ -722,7 +722,7 @@ impl Sample {
             scalar(enc, name, help, kind, v)?;
         }
         let o = &p.origin;
-        let origin: [(&str, &str, MetricType, u64); 10] = [
+        let origin: [(&str, &str, MetricType, u64); 11] = [
             ("pgline_pgwire_startup_pending", "Origin connections in authentication now (at most pgwire.max_pending_startups).", Gauge, o.startup_pending),
             ("pgline_pgwire_startup_refused", "Startups refused (53300) because pgwire.max_pending_startups were in authentication for pgwire.startup_wait_ms.", Counter, o.startup_refused),
             ("pgline_pgwire_auth_timeout", "Relayed authentications ended by pgwire.auth_timeout_ms.", Counter, o.auth_timeout),
@@ -733,6 +733,7 @@ impl Sample {
             ("pgline_pgwire_pool_refused", "Startups refused (53300) because pgwire.max_pools pools were in use.", Counter, o.pool_refused),
             ("pgline_pgwire_backend_steals", "Batches that took another session's reserved backend and read its state first: more sessions than pgwire.pool_size backends.", Counter, o.backend_steals),
             ("pgline_pgwire_backend_steals_unread", "Of pgline_pgwire_backend_steals, transaction starts whose state read went in front of the batch, in its round trip (taken back with ROLLBACK when the state was another session's).", Counter, o.backend_steals_unread),
+            ("pgline_pgwire_origin_statements_closed", "Prepared statements pgline closed on origin connections that held more than pgwire.max_origin_statements (prepared again when next used).", Counter, o.origin_statements_closed),
         ];
         for (name, help, kind, v) in origin {
             scalar(enc, name, help, kind, v as f64)?;

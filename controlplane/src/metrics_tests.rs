@@ -216,6 +216,7 @@ fn pgwire() -> PgwireSnapshot {
             pool_refused: 1,
             backend_steals: 12,
             backend_steals_unread: 5,
+            origin_statements_closed: 6,
         },
     }
 }
@@ -243,6 +244,7 @@ fn pgwire_families_carry_the_relay_figures() {
         ("pgline_pgwire_pool_refused_total", 1.0),
         ("pgline_pgwire_backend_steals_total", 12.0),
         ("pgline_pgwire_backend_steals_unread_total", 5.0),
+        ("pgline_pgwire_origin_statements_closed_total", 6.0),
     ] {
         assert_eq!(get(name), v, "{name}");
     }

@@ -431,3 +431,134 @@ async fn a_bind_error_names_the_clients_statement() {
     assert_eq!(errors[1], errors[0], "every field as the origin's");
     p.shutdown().await;
 }
+
+/// Named statements are bounded per session: a batch that would hold more than
+/// `pgwire.max_session_statements` (or their bytes past `max_session_statement_bytes`) ends
+/// that session with FATAL 53400, and nothing else; a Close in the same batch makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_past_its_statement_bound_is_ended_alone() {
+    let db = TestDb::create("adv_relay_stmts").await;
+    let mut cfg = lab::config(&db, 1);
+    cfg.pgwire.max_session_statements = 20;
+    cfg.pgwire.max_session_statement_bytes = 4096;
+    let p = lab::start(cfg).await;
+    let (_, _, user, password) = origin::origin_base();
+    let bystander = try_connect(&via_pgline(&p, &db, None, "")).await.unwrap();
+    let mut w = Wire::login(pg_addr(&p), &user, &password, &db.name, &[]).await;
+    let parse = |names: std::ops::Range<usize>, m: &mut BytesMut| {
+        for i in names {
+            frontend::parse(&format!("s{i}"), &format!("SELECT {i}"), [], m).unwrap();
+        }
+    };
+    let mut m = BytesMut::new();
+    parse(0..20, &mut m);
+    frontend::sync(&mut m);
+    let tags: Vec<u8> = w.exchange(&m).await.iter().map(|(t, _)| *t).collect();
+    assert_eq!(tags, [&[b'1'; 20][..], b"Z"].concat(), "20 statements fit");
+    // Parsing a held name again adds none (the origin refuses it: 42P05).
+    let mut m = BytesMut::new();
+    parse(3..4, &mut m);
+    frontend::sync(&mut m);
+    let tags: Vec<u8> = w.exchange(&m).await.iter().map(|(t, _)| *t).collect();
+    assert_eq!(tags, b"EZ");
+    let mut m = BytesMut::new();
+    frontend::close(b'S', "s0", &mut m).unwrap();
+    parse(20..21, &mut m);
+    pg::bind_text(&mut m, "s20", &[]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    let got = w.exchange(&m).await;
+    let tags: Vec<u8> = got.iter().map(|(t, _)| *t).collect();
+    assert_eq!(tags, b"312DCZ", "a Close made room for one more");
+    let mut m = BytesMut::new();
+    parse(21..22, &mut m);
+    frontend::sync(&mut m);
+    w.send(&m).await;
+    let (tag, body) = w.next().await;
+    assert_eq!(tag, b'E');
+    assert_eq!(field(&body, b'V'), "FATAL");
+    assert_eq!(field(&body, b'C'), "53400");
+    assert!(
+        field(&body, b'M').contains("pgwire.max_session_statements"),
+        "{}",
+        field(&body, b'M')
+    );
+    assert_eq!(w.message(PATIENCE).await, None, "the session is closed");
+
+    // The bytes: two statements of 3,000 bytes do not fit in 4,096.
+    let mut w = Wire::login(pg_addr(&p), &user, &password, &db.name, &[]).await;
+    let long = format!("SELECT 1 {}", "-".repeat(3000));
+    let mut m = BytesMut::new();
+    frontend::parse("a", &long, [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    assert_eq!(w.exchange(&m).await.len(), 2, "one fits");
+    let mut m = BytesMut::new();
+    frontend::parse("b", &long, [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    w.send(&m).await;
+    let (tag, body) = w.next().await;
+    assert_eq!((tag, field(&body, b'C')), (b'E', "53400".to_owned()));
+    assert_eq!(w.message(PATIENCE).await, None, "the session is closed");
+
+    assert_eq!(answer(&bystander).await, Ok("42".into()), "others go on");
+    p.shutdown().await;
+}
+
+/// Sessions sharing an origin connection prepare their statements on it, and a client's Close
+/// is answered by pgline; past `pgwire.max_origin_statements` pgline closes them on the
+/// connection, and a statement still in use is prepared again when next bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_connection_holds_a_bounded_number_of_statements() {
+    let db = TestDb::create("adv_relay_origin_stmts").await;
+    let mut cfg = lab::config(&db, 1);
+    cfg.pgwire.pool_size = 1;
+    cfg.pgwire.max_origin_statements = 16;
+    let p = lab::start(cfg).await;
+    let relay = Arc::clone(p.pg_relay().expect("relay"));
+    let c = try_connect(&via_pgline(&p, &db, None, "")).await.unwrap();
+    let held_on_origin = || async {
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM pg_prepared_statements", &[])
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    // A driver that prepares, runs and closes each statement (a bounded statement cache).
+    for i in 0..60 {
+        let st = c
+            .prepare(&format!("SELECT {i}::int4 + $1::int4"))
+            .await
+            .unwrap();
+        let v: i32 = c.query_one(&st, &[&1i32]).await.unwrap().get(0);
+        assert_eq!(v, i + 1);
+    }
+    let held = held_on_origin().await;
+    assert!(
+        held <= 16 + 4,
+        "the origin connection holds {held} statements"
+    );
+    // Statements kept open past the bound still answer, prepared again where needed.
+    let mut kept = Vec::new();
+    for i in 0..40 {
+        kept.push(
+            c.prepare(&format!("SELECT {i}::int4 * $1::int4"))
+                .await
+                .unwrap(),
+        );
+    }
+    for round in 0..2 {
+        for (i, st) in kept.iter().enumerate() {
+            let v: i32 = c.query_one(st, &[&2i32]).await.unwrap().get(0);
+            assert_eq!(v, 2 * i as i32, "round {round}");
+        }
+    }
+    let held = held_on_origin().await;
+    assert!(
+        held <= 16 + 4,
+        "the origin connection holds {held} statements"
+    );
+    let closed = relay.origin_stats().origin_statements_closed;
+    assert!(closed >= 60, "closed {closed}");
+    p.shutdown().await;
+}

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use pgline_dataplane::engine::limits::DEFAULT_PG_STARTUP_TIMEOUT_MS;
+use pgline_dataplane::engine::limits::{
+    DEFAULT_MAX_PG_STATEMENTS, DEFAULT_MAX_PG_STATEMENT_BYTES, DEFAULT_PG_STARTUP_TIMEOUT_MS,
+};
 
 use super::{check, ConfigError, MAX_TIMEOUT_MS};
 
@@ -19,6 +21,7 @@ pub const DEFAULT_PG_STARTUP_WAIT_MS: u64 = 3_000;
 pub const DEFAULT_PG_AUTH_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_PG_POOL_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_PG_MAX_POOLS: usize = 256;
+pub const DEFAULT_PG_MAX_ORIGIN_STATEMENTS: usize = 1_000;
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -62,6 +65,15 @@ pub struct PgwireConfig {
     /// no session uses are forgotten (their idle connections closed), and a startup that
     /// would need one more is refused with SQLSTATE 53300.
     pub max_pools: usize,
+    /// Named prepared statements one session may hold; a batch that would prepare more ends
+    /// the session with FATAL 53400.
+    pub max_session_statements: usize,
+    /// Bytes of one session's named statements (their Parse messages); as above.
+    pub max_session_statement_bytes: usize,
+    /// pgline's prepared statements on one origin connection: sessions that share it prepare
+    /// theirs there, and a client's Close is answered by pgline, so past this many the
+    /// connection's statements are closed (and prepared again when next used).
+    pub max_origin_statements: usize,
     /// TLS on this front: `off` (SSLRequest → `N`), `on` (`S`), `required` (a plaintext
     /// StartupMessage is refused with PostgreSQL's hostssl-only FATAL 28000); needs `[tls]`.
     pub tls: super::PgwireTls,
@@ -84,6 +96,9 @@ impl Default for PgwireConfig {
             auth_timeout_ms: DEFAULT_PG_AUTH_TIMEOUT_MS,
             pool_idle_timeout_ms: DEFAULT_PG_POOL_IDLE_TIMEOUT_MS,
             max_pools: DEFAULT_PG_MAX_POOLS,
+            max_session_statements: DEFAULT_MAX_PG_STATEMENTS,
+            max_session_statement_bytes: DEFAULT_MAX_PG_STATEMENT_BYTES,
+            max_origin_statements: DEFAULT_PG_MAX_ORIGIN_STATEMENTS,
             tls: super::PgwireTls::Off,
         }
     }
@@ -130,6 +145,21 @@ impl PgwireConfig {
             self.idle_timeout_ms <= MAX_TIMEOUT_MS,
             "pgwire.idle_timeout_ms",
             "must be <= 86400000 (0: off)",
+        )?;
+        check(
+            (1..=1_000_000).contains(&self.max_session_statements),
+            "pgwire.max_session_statements",
+            "must be 1..=1000000",
+        )?;
+        check(
+            (1024..=1 << 30).contains(&self.max_session_statement_bytes),
+            "pgwire.max_session_statement_bytes",
+            "must be 1024..=1073741824",
+        )?;
+        check(
+            (16..=1_000_000).contains(&self.max_origin_statements),
+            "pgwire.max_origin_statements",
+            "must be 16..=1000000",
         )?;
         self.validate_origin_protection()
     }
@@ -217,6 +247,27 @@ mod tests {
                     ..PgwireConfig::default()
                 },
                 "pgwire.max_pools",
+            ),
+            (
+                PgwireConfig {
+                    max_session_statements: 0,
+                    ..PgwireConfig::default()
+                },
+                "pgwire.max_session_statements",
+            ),
+            (
+                PgwireConfig {
+                    max_session_statement_bytes: 100,
+                    ..PgwireConfig::default()
+                },
+                "pgwire.max_session_statement_bytes",
+            ),
+            (
+                PgwireConfig {
+                    max_origin_statements: 1,
+                    ..PgwireConfig::default()
+                },
+                "pgwire.max_origin_statements",
             ),
         ] {
             assert!(

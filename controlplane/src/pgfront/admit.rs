@@ -46,6 +46,7 @@ pub struct OriginCounters {
     pub pool_refused: AtomicU64,
     pub backend_steals: AtomicU64,
     pub backend_steals_unread: AtomicU64,
+    pub origin_statements_closed: AtomicU64,
 }
 
 impl OriginCounters {
@@ -78,6 +79,8 @@ pub struct OriginStats {
     /// Of those, transaction starts that read it in their own round trip (in front of the
     /// batch) instead.
     pub backend_steals_unread: u64,
+    /// Prepared statements closed on origin connections past `pgwire.max_origin_statements`.
+    pub origin_statements_closed: u64,
 }
 
 /// The bound on origin connections in authentication.
@@ -159,6 +162,7 @@ impl Admission {
             pool_refused: get(&c.pool_refused),
             backend_steals: get(&c.backend_steals),
             backend_steals_unread: get(&c.backend_steals_unread),
+            origin_statements_closed: get(&c.origin_statements_closed),
         }
     }
 }

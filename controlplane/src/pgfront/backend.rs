@@ -276,6 +276,42 @@ impl Backend {
         self.query_row(sql).await
     }
 
+    /// Closes the prepared statements of `prepared` that clients' Parses made (all but
+    /// pgline's own fence and state statements) in one `Close ... Sync` round trip, once the
+    /// cancels sent at the connection have landed. Closing a statement the backend does not
+    /// have is no error, so an error answer is not expected; if one comes, the statements
+    /// are not known, and the connection is not to be reused.
+    pub async fn close_statements(&mut self) -> io::Result<usize> {
+        if !self.cancels.settled().await {
+            return Err(io::Error::other(
+                "a cancel sent at the connection went astray",
+            ));
+        }
+        let own = [super::state::FENCE_STATEMENT, super::state::STATE_STATEMENT];
+        let mut buf = BytesMut::new();
+        let mut closed = 0;
+        for name in self.prepared.iter().filter(|n| !own.contains(&n.as_str())) {
+            frontend::close(b'S', name, &mut buf)?;
+            closed += 1;
+        }
+        frontend::sync(&mut buf);
+        self.write(&buf).await?;
+        let mut failed = false;
+        loop {
+            let f = self.read_frame().await?;
+            match f[0] {
+                b'E' => failed = true,
+                b'Z' if failed => {
+                    return Err(io::Error::other("closing prepared statements failed"))
+                }
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        self.prepared.retain(|n| own.contains(&n.as_str()));
+        Ok(closed)
+    }
+
     /// Says goodbye (best effort).
     pub async fn terminate(mut self) {
         let mut buf = BytesMut::new();

@@ -114,6 +114,8 @@ pub struct RelayConfig {
     pub pool_idle_timeout: Duration,
     /// Backend pools at once.
     pub max_pools: usize,
+    /// pgline's prepared statements on one origin connection before they are closed.
+    pub max_origin_statements: usize,
 }
 
 impl RelayConfig {
@@ -142,6 +144,7 @@ impl RelayConfig {
             auth_timeout: Duration::from_millis(cfg.pgwire.auth_timeout_ms),
             pool_idle_timeout: Duration::from_millis(cfg.pgwire.pool_idle_timeout_ms),
             max_pools: cfg.pgwire.max_pools,
+            max_origin_statements: cfg.pgwire.max_origin_statements,
         })
     }
 }

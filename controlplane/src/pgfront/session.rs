@@ -900,6 +900,24 @@ impl Session {
                 None => self.sticky = true,
             }
         }
+        if status == b'I' && b.prepared.len() > self.relay.cfg.max_origin_statements {
+            // Sessions that shared this connection prepared their statements on it, and a
+            // client's Close is answered here: without this the origin's backend would hold
+            // every statement it ever ran. Those still in use are prepared again when bound.
+            match b.close_statements().await {
+                Ok(n) => OriginCounters::add(
+                    &self.relay.admission.counters.origin_statements_closed,
+                    n as u64,
+                ),
+                Err(e) => {
+                    tracing::warn!(session = self.id, error = %e, "pgwire: closing an origin connection's statements failed");
+                    self.discard();
+                    self.sticky = false;
+                    tokio::spawn(b.terminate());
+                    return fence;
+                }
+            }
+        }
         if status != b'I' || self.sticky {
             // Inside a transaction block DISCARD ALL fails, and an aborted transaction
             // runs nothing: with an error, nothing was cleared.

@@ -58,6 +58,13 @@ pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
 const TRIM_AFTER_BYTES: usize = 32 * 1024 * 1024;
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
+/// Default `pgwire.max_session_statements`: named prepared statements one PostgreSQL session
+/// may hold (Rails deallocates past 1,000, pgx past 512, JDBC past 256).
+pub const DEFAULT_MAX_PG_STATEMENTS: usize = 2_000;
+/// Default `pgwire.max_session_statement_bytes`: the Parse messages of one session's named
+/// statements, in bytes.
+pub const DEFAULT_MAX_PG_STATEMENT_BYTES: usize = 8 * 1024 * 1024;
+
 /// Default `resp.tracking_table_max_keys` (Redis's `tracking-table-max-keys` default).
 pub const DEFAULT_TRACKING_TABLE_MAX_KEYS: usize = 1_000_000;
 /// Key text the tracking table holds per key on average before its byte bound evicts.
@@ -90,6 +97,11 @@ pub struct ConnLimits {
     pub max_auth_failures: u32,
     /// Keys remembered for tracking clients (client-side caching), split over cores.
     pub tracking_table_max_keys: usize,
+    /// Named prepared statements one PostgreSQL session may hold; a batch that would prepare
+    /// more ends the session with FATAL 53400.
+    pub max_pg_statements: usize,
+    /// Bytes of Parse messages one PostgreSQL session's named statements may hold (as above).
+    pub max_pg_statement_bytes: usize,
 }
 
 impl Default for ConnLimits {
@@ -105,6 +117,8 @@ impl Default for ConnLimits {
             pg_idle_timeout_ms: 0,
             max_auth_failures: DEFAULT_MAX_AUTH_FAILURES,
             tracking_table_max_keys: DEFAULT_TRACKING_TABLE_MAX_KEYS,
+            max_pg_statements: DEFAULT_MAX_PG_STATEMENTS,
+            max_pg_statement_bytes: DEFAULT_MAX_PG_STATEMENT_BYTES,
         }
     }
 }

@@ -89,6 +89,8 @@ pub mod sqlstate {
     pub const TOO_MANY_CONNECTIONS: &[u8; 5] = b"53300";
     /// `08006` connection_failure.
     pub const CONNECTION_FAILURE: &[u8; 5] = b"08006";
+    /// `53400` configuration_limit_exceeded.
+    pub const CONFIGURATION_LIMIT_EXCEEDED: &[u8; 5] = b"53400";
     /// `42P05` duplicate_prepared_statement.
     pub const DUPLICATE_PREPARED_STATEMENT: &[u8; 5] = b"42P05";
 }

@@ -23,6 +23,8 @@ pub(super) struct Framed<'a> {
     /// session state. A batch of Parse, Describe and Close only (a driver preparing a
     /// statement) does neither.
     pub runs: bool,
+    /// The batch parses a named statement (the session's bound on them applies).
+    pub names: bool,
 }
 
 // A stack value used once per batch: boxing the large variant would allocate on the hit path.
@@ -41,6 +43,7 @@ pub(super) fn frame<'a>(input: &'a [u8], limits: &PgLimits, max_bytes: usize) ->
     let mut count = 0;
     let mut raw_parse = None;
     let mut runs = false;
+    let mut names = false;
     loop {
         let (msg, n) = match parse_frontend(&input[at..], limits) {
             Ok(v) => v,
@@ -74,6 +77,7 @@ pub(super) fn frame<'a>(input: &'a [u8], limits: &PgLimits, max_bytes: usize) ->
             msg,
             Frontend::Bind(_) | Frontend::Execute { .. } | Frontend::Query(_)
         );
+        names |= matches!(msg, Frontend::Parse { name, .. } if !name.is_empty());
         if count == 0 && matches!(msg, Frontend::Parse { .. }) {
             raw_parse = Some(&input[..n]);
         }
@@ -89,6 +93,7 @@ pub(super) fn frame<'a>(input: &'a [u8], limits: &PgLimits, max_bytes: usize) ->
                 shape,
                 raw_parse,
                 runs,
+                names,
             });
         }
     }

@@ -163,9 +163,7 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
             Frontend::Close {
                 target: Target::Statement,
                 name,
-            } => {
-                pg.statements.remove(name);
-            }
+            } => pg.forget_statement(name),
             _ => {}
         }
     }

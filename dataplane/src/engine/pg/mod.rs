@@ -62,7 +62,7 @@ use rustc_hash::FxHashMap;
 use crate::keyspace::KeySpace;
 use crate::pgwire::{
     compose_error_response, compose_ssl_response, parse_frontend, parse_startup, sqlstate,
-    ErrorFields, Frontend, Limits as PgLimits, Oids, ParseError, Startup,
+    ErrorFields, Frontend, Limits as PgLimits, Oids, ParseError, Startup, Target,
 };
 use crate::plane::{ConnToken, CorePort, CoreStats, PgFlow, PgReply, PgReplyEnd, PgRequestKind};
 
@@ -114,6 +114,9 @@ pub(crate) struct PgSession {
     pub memo_generation: u64,
     /// The client's prepared statements by name ("" = unnamed).
     pub statements: FxHashMap<Box<[u8]>, Statement>,
+    /// Bytes of the named statements' Parse messages (bounded, with their number, by
+    /// `ConnLimits::max_pg_statement_bytes` and `max_pg_statements`).
+    pub statement_bytes: usize,
     /// The store key of the lookup being served (reused).
     pub key_buf: Vec<u8>,
     /// The key of the cacheable statement being served (reused).
@@ -148,6 +151,7 @@ impl PgSession {
             memo: FxHashMap::default(),
             memo_generation: 0,
             statements: FxHashMap::default(),
+            statement_bytes: 0,
             key_buf: Vec::with_capacity(64),
             result_key: Vec::new(),
             settings: settings::Settings::default(),
@@ -176,7 +180,7 @@ impl PgSession {
                 return;
             }
         }
-        self.statements.insert(
+        let old = self.statements.insert(
             name.into(),
             Statement {
                 text: query.into(),
@@ -185,6 +189,69 @@ impl PgSession {
                 relay_knows,
             },
         );
+        if !name.is_empty() {
+            self.statement_bytes += raw.len();
+            self.statement_bytes -= old.map_or(0, |s| s.parse.len());
+        }
+    }
+}
+
+impl PgSession {
+    /// Forgets a statement the client closed.
+    fn forget_statement(&mut self, name: &[u8]) {
+        if let Some(s) = self.statements.remove(name) {
+            if !name.is_empty() {
+                self.statement_bytes -= s.parse.len();
+            }
+        }
+    }
+
+    /// The session's named statements after `batch` ran (number, Parse bytes), at their most
+    /// along the batch: a Parse of a name not held adds one, a Close of a held name takes it
+    /// away. A Parse reusing a held name fails at the origin (42P05) and adds nothing.
+    fn statements_after(&self, batch: &[u8], limits: &PgLimits) -> (usize, usize) {
+        let (mut count, mut bytes) = (self.statements.len(), self.statement_bytes);
+        if self.statements.contains_key(&b""[..]) {
+            count -= 1;
+        }
+        let (mut peak_count, mut peak_bytes) = (count, bytes);
+        // Names this batch added (with their size) or closed, in order.
+        let mut added: Vec<(&[u8], usize)> = Vec::new();
+        let mut closed: Vec<&[u8]> = Vec::new();
+        let held = |name: &[u8], added: &[(&[u8], usize)], closed: &[&[u8]]| {
+            added.iter().any(|(n, _)| *n == name)
+                || (self.statements.contains_key(name) && !closed.contains(&name))
+        };
+        let mut at = 0;
+        while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
+            match msg {
+                Frontend::Parse { name, .. }
+                    if !name.is_empty() && !held(name, &added, &closed) =>
+                {
+                    added.push((name, n));
+                    count += 1;
+                    bytes += n;
+                    peak_count = peak_count.max(count);
+                    peak_bytes = peak_bytes.max(bytes);
+                }
+                Frontend::Close {
+                    target: Target::Statement,
+                    name,
+                } if !name.is_empty() && held(name, &added, &closed) => {
+                    count -= 1;
+                    bytes -= match added.iter().position(|(a, _)| *a == name) {
+                        Some(i) => added.swap_remove(i).1,
+                        None => {
+                            closed.push(name);
+                            self.statements.get(name).map_or(0, |s| s.parse.len())
+                        }
+                    };
+                }
+                _ => {}
+            }
+            at += n;
+        }
+        (peak_count, peak_bytes)
     }
 }
 
@@ -451,6 +518,20 @@ impl<'w> PgEngine<'w> {
         let Some(pg) = pg.as_deref_mut() else {
             return Step::Done;
         };
+        if framed.names {
+            let limits = &self.cfg.conn_limits;
+            let (count, bytes) = pg.statements_after(&input[..end], self.limits);
+            if count > limits.max_pg_statements || bytes > limits.max_pg_statement_bytes {
+                fatal(
+                    conn,
+                    sqlstate::CONFIGURATION_LIMIT_EXCEEDED,
+                    b"too many prepared statements in this session \
+                      (pgwire.max_session_statements, pgwire.max_session_statement_bytes)",
+                    self.port.stats(),
+                );
+                return Step::Done;
+            }
+        }
         let landed = pg.landed.take();
         let served = self.serve().try_serve(pg, &framed, wbuf, landed.as_ref());
         let served = match (served, &landed) {
@@ -790,5 +871,67 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// The session's statement count and bytes as a batch would leave them, at their peak.
+    #[test]
+    fn statements_after_counts_new_names_and_closes_at_the_peak() {
+        use postgres_protocol::message::frontend;
+        let limits = PgLimits::default();
+        let mut pg = PgSession::new();
+        let msg = |f: &dyn Fn(&mut bytes::BytesMut)| {
+            let mut b = bytes::BytesMut::new();
+            f(&mut b);
+            b.to_vec()
+        };
+        let parse = |name: &str| msg(&|b| frontend::parse(name, "SELECT 1", [], b).unwrap());
+        let close = |name: &str| msg(&|b| frontend::close(b'S', name, b).unwrap());
+        let n = parse("a").len();
+        for name in ["a", "b", ""] {
+            let raw = parse(name);
+            let Ok((
+                Frontend::Parse {
+                    name,
+                    query,
+                    param_types,
+                },
+                _,
+            )) = parse_frontend(&raw, &limits)
+            else {
+                panic!("not a Parse");
+            };
+            pg.remember_parse(name, query, param_types, &raw, true);
+        }
+        assert_eq!(
+            pg.statement_bytes,
+            2 * n,
+            "the unnamed statement is not counted"
+        );
+        let batch = |parts: &[Vec<u8>]| parts.concat();
+        // A new name adds one; a held one (refused by the origin) and the unnamed add none.
+        let b = batch(&[
+            parse("c"),
+            parse("a"),
+            parse(""),
+            msg(&|b| frontend::sync(b)),
+        ]);
+        assert_eq!(
+            pg.statements_after(&b, &limits),
+            (3, 3 * pg.statement_bytes / 2)
+        );
+        // Closing first makes room: the peak stays at two.
+        let b = batch(&[close("a"), parse("c"), parse("d")]);
+        assert_eq!(pg.statements_after(&b, &limits), (3, 3 * n));
+        let b = batch(&[close("a"), close("b"), parse("c"), parse("c")]);
+        assert_eq!(pg.statements_after(&b, &limits), (2, 2 * n));
+        // A name added and closed in the batch, then added again.
+        let b = batch(&[parse("c"), close("c"), close("c"), parse("c")]);
+        assert_eq!(pg.statements_after(&b, &limits), (3, 3 * n));
+        // Closing a name not held takes nothing away.
+        let b = batch(&[close("zz"), close(""), parse("c")]);
+        assert_eq!(pg.statements_after(&b, &limits), (3, 3 * n));
+        pg.forget_statement(b"a");
+        pg.forget_statement(b"");
+        assert_eq!((pg.statements.len(), pg.statement_bytes), (1, n));
     }
 }

@@ -604,3 +604,54 @@ async fn a_full_miss_queue_forwards_the_lookup_without_a_fill() {
     );
     p.shutdown().await;
 }
+
+/// A statement the core answered from cache reaches the relay first as a replayed Parse in
+/// front of a forwarded batch; the client sees only its own messages' replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_first_answered_from_cache_is_bound_at_the_origin_later() {
+    use bytes::BytesMut;
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_replay").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let mut ours = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let mut theirs = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
+    let mut first = BytesMut::new();
+    frontend::parse("s1", "SELECT bal FROM acct WHERE id = $1", [], &mut first).unwrap();
+    pgline_testkit::pg::bind_text(&mut first, "s1", &["5"]);
+    frontend::execute("", 0, &mut first).unwrap();
+    frontend::sync(&mut first);
+    let mut again = BytesMut::new();
+    pgline_testkit::pg::bind_text(&mut again, "s1", &["6"]);
+    frontend::execute("", 0, &mut again).unwrap();
+    frontend::sync(&mut again);
+    // A second statement, answered from cache, then described at the origin.
+    let mut second = BytesMut::new();
+    frontend::parse("s2", "SELECT note FROM acct WHERE id = $1", [], &mut second).unwrap();
+    pgline_testkit::pg::bind_text(&mut second, "s2", &["7"]);
+    frontend::execute("", 0, &mut second).unwrap();
+    frontend::sync(&mut second);
+    let mut describe = BytesMut::new();
+    frontend::describe(b'S', "s2", &mut describe).unwrap();
+    frontend::sync(&mut describe);
+    let before = counts(&p);
+    let mut replies = Vec::new();
+    for w in [&mut ours, &mut theirs] {
+        let mut got = vec![w.exchange_bytes(&first).await];
+        got.push(w.simple("BEGIN").await);
+        got.push(w.exchange_bytes(&again).await);
+        got.push(w.simple("COMMIT").await);
+        got.push(w.exchange_bytes(&second).await);
+        got.push(w.exchange_bytes(&describe).await);
+        got.push(w.exchange_bytes(&again).await);
+        replies.push(got);
+    }
+    let after = counts(&p);
+    assert!(
+        after.filled >= before.filled + 2,
+        "both statements were first answered from their fills: {before:?} {after:?}"
+    );
+    assert_eq!(replies[0], replies[1], "the same bytes as the origin's");
+    p.shutdown().await;
+}

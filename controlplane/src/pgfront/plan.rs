@@ -284,6 +284,23 @@ fn plan_parse(
     Ok(())
 }
 
+/// Books the statements the core answered from cache (`PgRequest::statements`: their Parse
+/// messages) for the session, without sending anything: a backend gets each one, hidden, when
+/// a Bind or Describe first needs it there ([`ensure_prepared`]). A name the session holds
+/// already keeps its statement (the relay's is the one the origin accepted).
+pub fn book_statements(parses: &[u8], stmts: &mut HashMap<String, Stmt>) -> Result<(), PlanError> {
+    for f in parse_frames(parses)? {
+        if f.tag != b'P' {
+            return Err(PlanError::Malformed);
+        }
+        let (name, rest) = cstr(f.body)?;
+        if !name.is_empty() && !stmts.contains_key(name) {
+            stmts.insert(name.to_owned(), named_stmt(rest)?);
+        }
+    }
+    Ok(())
+}
+
 /// A named Parse's statement, from the body after its name. It is re-sent under its backend
 /// name, so its text must be UTF-8.
 fn named_stmt(rest: &[u8]) -> Result<Stmt, PlanError> {

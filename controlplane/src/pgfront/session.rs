@@ -627,6 +627,12 @@ impl Session {
     }
 
     async fn batch(&mut self, mut req: PgRequest) {
+        if plan::book_statements(&req.statements, &mut self.stmts).is_err() {
+            // The core took these from the client's own Parse messages (a named statement's
+            // text must be UTF-8 here, as in any batch).
+            let e = RelayError::client(sqlstate::PROTOCOL_VIOLATION, "malformed Parse message");
+            return self.fatal(&req, &e).await;
+        }
         let cache = req.cache.take();
         // The core asks for the fence and the state verdict only when the batch holds a
         // statement it could have answered from cache; without them its gate stays closed.

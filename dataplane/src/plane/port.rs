@@ -394,6 +394,7 @@ mod tests {
             session: 7,
             kind,
             messages: Vec::new(),
+            statements: Vec::new(),
             cache: None,
             fence: false,
             state_free: false,

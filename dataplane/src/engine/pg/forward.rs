@@ -1,7 +1,7 @@
 //! What goes to the origin: the [`PgRequest`]s pushed to the control plane's relay (startup,
 //! authentication, batches, the session's Close), the messages of a forwarded batch (with the
-//! Parse of statements the relay has not seen replayed first), and the statement table kept in
-//! step with what was forwarded. (A point lookup's store miss is not forwarded but filled:
+//! Parse of named statements the relay has not seen sent beside them), and the statement table
+//! kept in step with what was forwarded. (A point lookup's store miss is not forwarded but filled:
 //! `miss.rs`.)
 //!
 //! Free functions over the parts they need (the core's port, the connection): the session
@@ -16,10 +16,12 @@ use crate::plane::{ConnToken, CorePort, CoreStats, PgRequest, PgRequestKind, Res
 use crate::engine::conn::Conn;
 
 /// What the core tells the relay about a batch beside its messages (see [`PgRequest`]).
-#[derive(Default, Clone, Copy)]
+#[derive(Default)]
 pub(super) struct Marks {
     pub fence: bool,
     pub state_free: bool,
+    /// Parse messages of named statements the relay has not seen ([`forward_messages`]).
+    pub statements: Vec<u8>,
 }
 
 /// Pushes a request for `conn`; on success the session waits for its reply (except for
@@ -37,6 +39,7 @@ pub(super) fn push(
     let mut request = request(port, conn, token, kind, messages, cache);
     request.fence = marks.fence;
     request.state_free = marks.state_free;
+    request.statements = marks.statements;
     if port.send_pg(request).is_err() {
         CoreStats::add(&port.stats().pg_queue_full, 1);
         return false;
@@ -71,6 +74,7 @@ fn request(
         session: conn.session.client_id,
         kind,
         messages,
+        statements: Vec::new(),
         cache,
         fence: false,
         state_free: false,
@@ -93,13 +97,13 @@ pub(crate) fn conn_closed(port: &CorePort, conn: &mut Conn, token: ConnToken) {
     }
 }
 
-/// The batch's `end` bytes, preceded by the Parse messages of statements it names that the
-/// control plane has not seen.
-pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> Vec<u8> {
+/// The batch's `end` bytes, and the Parse messages of the named statements it binds or
+/// describes that the control plane has not seen (see `PgRequest::statements`).
+pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (Vec<u8>, Vec<u8>) {
     let batch = &conn.rbuf[conn.rpos..conn.rpos + end];
-    let mut messages = Vec::with_capacity(end);
+    let mut statements = Vec::new();
     let Some(pg) = conn.pg.as_deref() else {
-        return batch.to_vec();
+        return (batch.to_vec(), statements);
     };
     let mut parsed: Vec<&[u8]> = Vec::new();
     let mut replayed: Vec<&[u8]> = Vec::new();
@@ -118,18 +122,17 @@ pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> Ve
             } => name,
             _ => continue,
         };
-        if parsed.contains(&name) || replayed.contains(&name) {
+        if name.is_empty() || parsed.contains(&name) || replayed.contains(&name) {
             continue;
         }
         if let Some(s) = pg.statements.get(name) {
             if !s.relay_knows && !s.parse.is_empty() {
-                messages.extend_from_slice(&s.parse);
+                statements.extend_from_slice(&s.parse);
                 replayed.push(name);
             }
         }
     }
-    messages.extend_from_slice(batch);
-    messages
+    (batch.to_vec(), statements)
 }
 
 /// Brings the statement table in step with a batch that was forwarded.

@@ -563,12 +563,13 @@ impl<'w> PgEngine<'w> {
                 return Step::Waiting;
             }
         }
-        let messages = forward::forward_messages(conn, self.limits, end);
+        let (messages, statements) = forward::forward_messages(conn, self.limits, end);
         // A statement the cache could have answered asks for the fence and the verdict that
         // (re)open the session's cache gate; any other batch leaves the gate closed.
         let marks = Marks {
             fence: matches!(served, Served::Miss(_) | Served::Result(_) | Served::Fence),
             state_free,
+            statements,
         };
         let cache = match served {
             Served::Result(key) => Some(key),

@@ -655,3 +655,60 @@ async fn a_statement_first_answered_from_cache_is_bound_at_the_origin_later() {
     assert_eq!(replies[0], replies[1], "the same bytes as the origin's");
     p.shutdown().await;
 }
+
+/// A Parse of a name the session holds fails with 42P05 and leaves the old statement, as on
+/// PostgreSQL, also when the old one was answered from cache (the relay never saw it) and the
+/// new one could be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parse_of_a_held_name_keeps_the_old_statement() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_reparse").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let mut ours = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let mut theirs = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
+    let run = |text: &str, key: &str| {
+        let mut m = BytesMut::new();
+        frontend::parse("s1", text, [], &mut m).unwrap();
+        bind_text(&mut m, "s1", &[key]);
+        frontend::execute("", 0, &mut m).unwrap();
+        frontend::sync(&mut m);
+        m
+    };
+    let first = run("SELECT bal FROM acct WHERE id = $1", "5");
+    let reuse = run("SELECT note FROM acct WHERE id = $1", "4");
+    let mut bind = BytesMut::new();
+    bind_text(&mut bind, "s1", &["8"]);
+    frontend::execute("", 0, &mut bind).unwrap();
+    frontend::sync(&mut bind);
+    let before = counts(&p);
+    let mut replies = Vec::new();
+    for w in [&mut ours, &mut theirs] {
+        let first = w.exchange_bytes(&first).await;
+        let reuse = w.exchange_bytes(&reuse).await;
+        // The error's code and message are compared; its other fields are pgline's.
+        let reuse: Vec<(u8, Option<String>)> = frames(&reuse)
+            .into_iter()
+            .map(|(t, b)| {
+                (
+                    t,
+                    (t == b'E').then(|| {
+                        format!("{:?} {:?}", error_field(&b, b'C'), error_field(&b, b'M'))
+                    }),
+                )
+            })
+            .collect();
+        let again = w.exchange_bytes(&bind).await;
+        replies.push((first, reuse, again));
+    }
+    assert!(
+        counts(&p).filled > before.filled,
+        "the first was answered from its fill"
+    );
+    assert_eq!(replies[0].1, replies[1].1, "42P05, and nothing run");
+    assert_eq!(replies[0], replies[1], "the old statement stays");
+    p.shutdown().await;
+}

@@ -97,8 +97,8 @@ pub(crate) fn conn_closed(port: &CorePort, conn: &mut Conn, token: ConnToken) {
     }
 }
 
-/// The batch's `end` bytes, and the Parse messages of the named statements it binds or
-/// describes that the control plane has not seen (see `PgRequest::statements`).
+/// The batch's `end` bytes, and the Parse messages of the named statements it binds, describes
+/// or parses again that the control plane has not seen (see `PgRequest::statements`).
 pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (Vec<u8>, Vec<u8>) {
     let batch = &conn.rbuf[conn.rpos..conn.rpos + end];
     let mut statements = Vec::new();
@@ -110,20 +110,22 @@ pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (V
     let mut at = 0;
     while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
         at += n;
-        let name = match msg {
-            Frontend::Parse { name, .. } => {
-                parsed.push(name);
-                continue;
-            }
-            Frontend::Bind(b) => b.statement,
+        // The statement a message names; a Parse names the one it would replace (if the
+        // session holds it, the relay must know it to answer 42P05 as PostgreSQL does).
+        let (name, parses) = match msg {
+            Frontend::Parse { name, .. } => (name, true),
+            Frontend::Bind(b) => (b.statement, false),
             Frontend::Describe {
                 target: Target::Statement,
                 name,
-            } => name,
+            } => (name, false),
             _ => continue,
         };
         if name.is_empty() || parsed.contains(&name) || replayed.contains(&name) {
             continue;
+        }
+        if parses {
+            parsed.push(name);
         }
         if let Some(s) = pg.statements.get(name) {
             if !s.relay_knows && !s.parse.is_empty() {
@@ -145,11 +147,21 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
         let raw = &batch[at..at + n];
         at += n;
         match msg {
+            // A Parse of a held name fails (42P05) and PostgreSQL keeps the old statement;
+            // a held name whose Parse had failed at the origin takes the new one. The core
+            // cannot tell which, so the name stops being answered from cache (its Binds go to
+            // the relay, which knows) but stays held and counted until the client closes it.
             Frontend::Parse {
                 name,
                 query,
                 param_types,
-            } => pg.remember_parse(name, query, param_types, raw, true),
+            } => match pg.statements.get_mut(name) {
+                Some(s) if !name.is_empty() => {
+                    s.known = false;
+                    s.relay_knows = true;
+                }
+                _ => pg.remember_parse(name, query, param_types, raw, true),
+            },
             Frontend::Bind(b) => {
                 if let Some(s) = pg.statements.get_mut(b.statement) {
                     s.relay_knows = true;

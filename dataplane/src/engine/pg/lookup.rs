@@ -83,6 +83,11 @@ pub(crate) struct Statement {
     pub parse: Box<[u8]>,
     /// The control plane has seen a Parse for this statement under this name.
     pub relay_knows: bool,
+    /// The core knows `text` is what the origin holds under this name. False after a Parse
+    /// reused the name: PostgreSQL refuses that (42P05) and keeps the old statement, unless
+    /// the name's first Parse had failed there too, and the core does not see which. Such a
+    /// statement is never answered from cache; it still counts against the session's bound.
+    pub known: bool,
 }
 
 /// Classifies `text` against `keyspace` (allocates; once per distinct text).

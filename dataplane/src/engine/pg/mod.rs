@@ -187,6 +187,7 @@ impl PgSession {
                 param_types: oids.iter().collect(),
                 parse: raw.into(),
                 relay_knows,
+                known: true,
             },
         );
         if !name.is_empty() {

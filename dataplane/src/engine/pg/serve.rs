@@ -407,17 +407,23 @@ fn extended<'s, 'a>(framed: &'s Framed<'a>) -> Option<Extended<'s, 'a>> {
 }
 
 /// The text and declared parameter types of the statement an [`Extended`] batch binds: its own
-/// Parse's, or the session's statement table's.
+/// Parse's, or the session's statement table's. None for a Parse of a name the session holds:
+/// PostgreSQL refuses it (42P05) and keeps the old statement, so the relay answers it.
 fn statement_of<'x>(
     parse: Option<(&'x [u8], &'x [u8], Oids<'x>)>,
     bind: &Bind<'_>,
     statements: &'x FxHashMap<Box<[u8]>, Statement>,
 ) -> Option<(&'x [u8], Declared<'x>)> {
     match parse {
-        Some((name, query, oids)) if name == bind.statement => Some((query, Declared::Wire(oids))),
+        Some((name, query, oids))
+            if name == bind.statement && (name.is_empty() || !statements.contains_key(name)) =>
+        {
+            Some((query, Declared::Wire(oids)))
+        }
         Some(_) => None,
         None => statements
             .get(bind.statement)
+            .filter(|s| s.known)
             .map(|s| (&s.text[..], Declared::Stored(&s.param_types))),
     }
 }

@@ -712,3 +712,105 @@ async fn a_parse_of_a_held_name_keeps_the_old_statement() {
     assert_eq!(replies[0], replies[1], "the old statement stays");
     p.shutdown().await;
 }
+
+/// The unnamed statement outlives its batch, as on PostgreSQL: a session that parses it in one
+/// batch and binds it in a later one gets its own, even when another session parsed its own
+/// unnamed statement on the one pooled origin connection in between; once a simple Query has
+/// destroyed it, a Bind fails with 26000. Compared with the same sessions straight at the
+/// origin. Before the fix the later Bind ran the other session's statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unnamed_statement_is_the_sessions_own_across_batches() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_unnamed").await;
+    let p = start(&db, &["origin.pool_size=1".to_owned()]).await;
+    let parse = |relname: &str, describe: bool| {
+        let mut m = BytesMut::new();
+        let sql = format!("SELECT relname::text FROM pg_class WHERE relname = '{relname}'");
+        frontend::parse("", &sql, [], &mut m).unwrap();
+        if describe {
+            frontend::describe(b'S', "", &mut m).unwrap();
+        }
+        frontend::sync(&mut m);
+        m
+    };
+    let mut bind = BytesMut::new();
+    bind_text(&mut bind, "", &[]);
+    frontend::execute("", 0, &mut bind).unwrap();
+    frontend::sync(&mut bind);
+    let mut query = BytesMut::new();
+    frontend::query("SELECT 1", &mut query).unwrap();
+    let mut replies = Vec::new();
+    for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
+        let mut a = Wire::connect(addr, &db.name, &[]).await;
+        let mut b = Wire::connect(addr, &db.name, &[]).await;
+        let described = a.exchange_bytes(&parse("pg_class", true)).await;
+        b.exchange_bytes(&parse("pg_type", false)).await;
+        let bound = a.exchange_bytes(&bind).await;
+        let again = a.exchange_bytes(&bind).await;
+        a.exchange_bytes(&query).await;
+        let gone: Vec<(u8, Option<String>)> = frames(&a.exchange_bytes(&bind).await)
+            .into_iter()
+            .map(|(t, body)| {
+                let e = (t == b'E').then(|| {
+                    format!(
+                        "{:?} {:?}",
+                        error_field(&body, b'C'),
+                        error_field(&body, b'M')
+                    )
+                });
+                (t, e)
+            })
+            .collect();
+        replies.push((described, bound, again, gone));
+    }
+    assert!(
+        replies[1].1.windows(8).any(|w| w == b"pg_class"),
+        "the origin binds the session's own statement"
+    );
+    assert_eq!(
+        replies[0].1, replies[1].1,
+        "the session's own statement, byte for byte"
+    );
+    assert_eq!(replies[0], replies[1]);
+    assert_eq!(replies[0].3[0].0, b'E', "{:?}", replies[0].3);
+    p.shutdown().await;
+}
+
+/// An unnamed statement answered from cache reaches the relay with the first forwarded batch
+/// that uses it: a later Describe of it describes the session's statement, as on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unnamed_statement_answered_from_cache_is_described_later() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::bind_text;
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_unnamed_cached").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let mut lookup = BytesMut::new();
+    frontend::parse("", "SELECT bal FROM acct WHERE id = $1", [], &mut lookup).unwrap();
+    bind_text(&mut lookup, "", &["5"]);
+    frontend::execute("", 0, &mut lookup).unwrap();
+    frontend::sync(&mut lookup);
+    let mut describe = BytesMut::new();
+    frontend::describe(b'S', "", &mut describe).unwrap();
+    frontend::sync(&mut describe);
+    let mut replies = Vec::new();
+    for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
+        let mut w = Wire::connect(addr, &db.name, &[]).await;
+        // The second one is a store hit on pgline.
+        w.exchange_bytes(&lookup).await;
+        let looked = w.exchange_bytes(&lookup).await;
+        let described = w.exchange_bytes(&describe).await;
+        replies.push((looked, described));
+    }
+    assert!(
+        counts(&p).hits > 0,
+        "answered from the store: {:?}",
+        counts(&p)
+    );
+    assert_eq!(replies[0], replies[1]);
+    p.shutdown().await;
+}

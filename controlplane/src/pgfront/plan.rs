@@ -18,9 +18,12 @@
 //! A Parse reusing a client name that is still open fails with 42P05 raised by pgline (its
 //! message text is PostgreSQL's, its other fields are not).
 //!
-//! Limitations: FunctionCall (`F`) and copy sub-protocol messages are refused; the unnamed
-//! statement lives on one backend, so it must be bound in the batch that parsed it (or while the
-//! session is pinned).
+//! The unnamed statement is the session's too ([`Unnamed`]): a Bind or Describe of it in a
+//! batch that has not parsed it gets it parsed again, hidden, first, since the backend that
+//! runs the batch may hold another session's (or none); with no unnamed statement left, pgline
+//! raises PostgreSQL's 26000.
+//!
+//! Limitations: FunctionCall (`F`) and copy sub-protocol messages are refused.
 
 use std::collections::{HashMap, HashSet};
 
@@ -141,12 +144,26 @@ pub struct Plan {
     /// as open; if that act fails or is skipped after an error, the name must be forgotten
     /// again ([`Tracker::dropped`]), or a retried Parse would get 42P05.
     pub named_parses: Vec<(usize, String)>,
+    /// What the batch does to the session's unnamed statement, in order: (index in `acts`,
+    /// the body of a client's `Parse ""` after its name, or None for a Query, which destroys
+    /// it). See [`Tracker::unnamed`].
+    pub unnamed: Vec<(usize, Option<Vec<u8>>)>,
+    /// The backend running the batch holds the session's unnamed statement at this point.
+    unnamed_here: bool,
 }
+
+/// The session's unnamed statement: the body of its last `Parse ""` after the name (text and
+/// parameter types, as the client sent them, in any encoding), None when there is none (never
+/// parsed, its Parse failed, or a simple Query destroyed it). PostgreSQL keeps it across
+/// batches on the one backend; pgline parses it again on whichever backend needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unnamed(pub Option<Vec<u8>>);
 
 /// Rewrites `messages` for a backend whose prepared statement names are `prepared`.
 pub fn plan_batch(
     messages: &[u8],
     stmts: &mut HashMap<String, Stmt>,
+    unnamed: &Unnamed,
     prepared: &mut HashSet<String>,
 ) -> Result<Plan, PlanError> {
     let frames = parse_frames(messages)?;
@@ -162,7 +179,7 @@ pub fn plan_batch(
         if skipping && f.tag != b'S' {
             continue;
         }
-        plan_frame(f, stmts, prepared, &mut plan)?;
+        plan_frame(f, stmts, unnamed, prepared, &mut plan)?;
         skipping = matches!(plan.acts.last(), Some(Act::Fail(_)));
     }
     Ok(plan)
@@ -171,6 +188,7 @@ pub fn plan_batch(
 fn plan_frame(
     f: Frame<'_>,
     stmts: &mut HashMap<String, Stmt>,
+    unnamed: &Unnamed,
     prepared: &mut HashSet<String>,
     plan: &mut Plan,
 ) -> Result<(), PlanError> {
@@ -179,6 +197,9 @@ fn plan_frame(
         b'B' => {
             let (_portal, rest) = cstr(f.body)?;
             let (name, _) = cstr(rest)?;
+            if name.is_empty() && !ensure_unnamed(unnamed, plan) {
+                return Ok(());
+            }
             let mut renamed = None;
             match stmts.get(name).filter(|_| !name.is_empty()) {
                 Some(st) => {
@@ -201,6 +222,10 @@ fn plan_frame(
         b'D' | b'C' => {
             let (&variant, rest) = f.body.split_first().ok_or(PlanError::Malformed)?;
             let (name, _) = cstr(rest)?;
+            if f.tag == b'D' && variant == b'S' && name.is_empty() && !ensure_unnamed(unnamed, plan)
+            {
+                return Ok(());
+            }
             let statement = variant == b'S' && !name.is_empty();
             if statement && f.tag == b'C' {
                 stmts.remove(name);
@@ -232,6 +257,8 @@ fn plan_frame(
                     // Forwarded as sent; the text is kept for statistics and pin rules only,
                     // so a client encoding other than UTF-8 passes through.
                     plan.sql.push(lossy_cstr(f.body)?.into_owned());
+                    plan.unnamed.push((plan.acts.len(), None));
+                    plan.unnamed_here = false;
                     plan.acts.push(Act::Query { hidden: false });
                 }
                 _ => {}
@@ -252,6 +279,8 @@ fn plan_parse(
     if name.is_empty() {
         // Forwarded as sent, like a Query.
         plan.sql.push(lossy_cstr(rest)?.into_owned());
+        plan.unnamed.push((plan.acts.len(), Some(rest.to_vec())));
+        plan.unnamed_here = true;
         put_frame(&mut plan.out, b'P', body);
         plan.acts.push(Act::Parse {
             hidden: false,
@@ -288,13 +317,20 @@ fn plan_parse(
 /// messages) for the session, without sending anything: a backend gets each one, hidden, when
 /// a Bind or Describe first needs it there ([`ensure_prepared`]). A name the session holds
 /// already keeps its statement (the relay's is the one the origin accepted).
-pub fn book_statements(parses: &[u8], stmts: &mut HashMap<String, Stmt>) -> Result<(), PlanError> {
+pub fn book_statements(
+    parses: &[u8],
+    stmts: &mut HashMap<String, Stmt>,
+    unnamed: &mut Unnamed,
+) -> Result<(), PlanError> {
     for f in parse_frames(parses)? {
         if f.tag != b'P' {
             return Err(PlanError::Malformed);
         }
         let (name, rest) = cstr(f.body)?;
-        if !name.is_empty() && !stmts.contains_key(name) {
+        if name.is_empty() {
+            // The core answered the session's latest unnamed Parse: it replaces the relay's.
+            unnamed.0 = Some(rest.to_vec());
+        } else if !stmts.contains_key(name) {
             stmts.insert(name.to_owned(), named_stmt(rest)?);
         }
     }
@@ -360,6 +396,39 @@ pub fn parse_only(
     }
     pgwire::compose_ready_for_query(&mut reply, pgwire::TxStatus::Idle);
     Some(reply)
+}
+
+/// Before a Bind or Describe of the unnamed statement: unless the batch parsed it already, parses
+/// the session's again, hidden (the backend may hold another session's). With none, plans
+/// PostgreSQL's error instead and returns false (the message is not sent).
+fn ensure_unnamed(unnamed: &Unnamed, plan: &mut Plan) -> bool {
+    if plan.unnamed_here {
+        return true;
+    }
+    let current = match plan.unnamed.last() {
+        Some((_, body)) => body.as_deref(),
+        None => unnamed.0.as_deref(),
+    };
+    let Some(body) = current else {
+        let mut reply = Vec::new();
+        let e = ErrorFields::error(
+            sqlstate::UNDEFINED_PSTATEMENT,
+            b"unnamed prepared statement does not exist",
+        );
+        pgwire::compose_error_response(&mut reply, &e);
+        plan.acts.push(Act::Fail(reply));
+        return false;
+    };
+    let mut frame = Vec::with_capacity(body.len() + 1);
+    frame.push(0);
+    frame.extend_from_slice(body);
+    put_frame(&mut plan.out, b'P', &frame);
+    plan.acts.push(Act::Parse {
+        hidden: true,
+        name: None,
+    });
+    plan.unnamed_here = true;
+    true
 }
 
 fn ensure_prepared(st: &Stmt, prepared: &mut HashSet<String>, plan: &mut Plan) {
@@ -439,6 +508,9 @@ fn put_first(plan: &mut Plan, mut out: BytesMut, act: Act) {
     plan.out = out;
     plan.acts.insert(0, act);
     for (i, _) in &mut plan.named_parses {
+        *i += 1;
+    }
+    for (i, _) in &mut plan.unnamed {
         *i += 1;
     }
 }
@@ -563,6 +635,8 @@ pub struct Tracker {
     pub failed: bool,
     /// Indexes of acts that failed or were skipped after an error.
     pub dropped: Vec<usize>,
+    /// Indexes of acts the backend answered with an error (a subset of `dropped`).
+    pub errored: Vec<usize>,
 }
 
 impl Tracker {
@@ -583,6 +657,7 @@ impl Tracker {
             described: None,
             failed: false,
             dropped: Vec::new(),
+            errored: Vec::new(),
         }
     }
 
@@ -707,6 +782,7 @@ impl Tracker {
                     prepared.remove(n);
                 }
                 self.dropped.push(self.i);
+                self.errored.push(self.i);
                 out.extend_from_slice(frame);
                 self.error = true;
                 self.failed = true;
@@ -749,6 +825,21 @@ impl Tracker {
         } else {
             Step::Continue
         }
+    }
+
+    /// The session's unnamed statement after the batch ran, given `changes` ([`Plan::unnamed`]);
+    /// None when the batch left it as it was. A Parse or Query that failed leaves none
+    /// (PostgreSQL drops the old statement first); one skipped after an error changes nothing.
+    pub fn unnamed(&self, changes: Vec<(usize, Option<Vec<u8>>)>) -> Option<Unnamed> {
+        let mut after = None;
+        for (i, body) in changes {
+            if self.errored.contains(&i) {
+                after = Some(Unnamed(None));
+            } else if !self.dropped.contains(&i) {
+                after = Some(Unnamed(body));
+            }
+        }
+        after
     }
 
     /// Whether hidden acts (the fence) follow the client's last one.

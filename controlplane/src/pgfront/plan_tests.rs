@@ -34,7 +34,7 @@ fn named_parse_is_rewritten_then_deduplicated() {
         frontend::parse("s1", "SELECT $1::int", [23u32], b).unwrap();
         frontend::sync(b);
     });
-    let plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
     let bname = backend_name("SELECT $1::int", &[23]);
     assert!(prepared.contains(&bname));
     let frames = parse_frames(&plan.out).unwrap();
@@ -44,7 +44,7 @@ fn named_parse_is_rewritten_then_deduplicated() {
         frontend::parse("s2", "SELECT $1::int", [23u32], b).unwrap();
         frontend::sync(b);
     });
-    let plan = plan_batch(&m2, &mut stmts, &mut prepared).unwrap();
+    let plan = plan_batch(&m2, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
     assert_eq!(tags(&plan.out), b"S");
     assert_eq!(plan.acts, vec![Act::Local(PARSE_COMPLETE), Act::Sync]);
     let mut t = Tracker::new(plan.acts);
@@ -62,7 +62,7 @@ fn bind_on_fresh_backend_injects_hidden_parse_and_close_is_local() {
         frontend::parse("s", "SELECT 1", [], b).unwrap();
         frontend::sync(b);
     });
-    plan_batch(&m, &mut stmts, &mut first).unwrap();
+    plan_batch(&m, &mut stmts, &Unnamed::default(), &mut first).unwrap();
     let mut fresh = HashSet::new();
     let m = msgs(|b| {
         b.extend_from_slice(&frame(b'B', b"\0s\0\0\0\0\0\0\0"));
@@ -70,7 +70,7 @@ fn bind_on_fresh_backend_injects_hidden_parse_and_close_is_local() {
         frontend::close(b'S', "s", b).unwrap();
         frontend::sync(b);
     });
-    let plan = plan_batch(&m, &mut stmts, &mut fresh).unwrap();
+    let plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut fresh).unwrap();
     assert_eq!(tags(&plan.out), b"PBES");
     assert!(stmts.is_empty());
     let mut t = Tracker::new(plan.acts);
@@ -102,7 +102,7 @@ fn error_skips_to_sync_and_forgets_failed_parse() {
         frontend::parse("other", "SELECT 2", [], b).unwrap();
         frontend::sync(b);
     });
-    let mut plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let mut plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
     add_fence(&mut plan, &mut prepared);
     // The fence is pgline's prepared statement: parsed once, then bound and executed.
     assert!(plan.out.windows(9).any(|w| w == b"pgl_fence"));
@@ -148,11 +148,11 @@ fn unterminated_and_malformed_batches_are_refused() {
     let mut p = HashSet::new();
     let m = msgs(|b| frontend::execute("", 0, b).unwrap());
     assert_eq!(
-        plan_batch(&m, &mut s, &mut p).unwrap_err(),
+        plan_batch(&m, &mut s, &Unnamed::default(), &mut p).unwrap_err(),
         PlanError::Unterminated
     );
     assert_eq!(
-        plan_batch(b"S\0\0\0\x09", &mut s, &mut p).unwrap_err(),
+        plan_batch(b"S\0\0\0\x09", &mut s, &Unnamed::default(), &mut p).unwrap_err(),
         PlanError::Malformed
     );
 }
@@ -205,7 +205,7 @@ fn reused_open_name_fails_locally_and_skips_to_sync() {
         frontend::parse("s", "SELECT 1", [], b).unwrap();
         frontend::sync(b);
     });
-    plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
     let m = msgs(|b| {
         frontend::parse("s", "SELECT 2", [], b).unwrap();
         b.extend_from_slice(&frame(b'B', b"\0s\0\0\0\0\0\0\0"));
@@ -213,7 +213,7 @@ fn reused_open_name_fails_locally_and_skips_to_sync() {
         frontend::close(b'S', "s", b).unwrap();
         frontend::sync(b);
     });
-    let plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
     assert_eq!(tags(&plan.out), b"S", "the backend sees only the Sync");
     assert_eq!(stmts["s"].text, "SELECT 1", "the skipped Close did not run");
     let mut t = Tracker::new(plan.acts);
@@ -237,7 +237,7 @@ fn snapshot_query_and_added_describe_are_hidden_and_kept() {
         frontend::execute("", 0, b).unwrap();
         frontend::sync(b);
     });
-    let mut plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let mut plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
     hide_added_describe(&mut plan);
     add_snapshot(&mut plan);
     assert_eq!(tags(&plan.out), b"QPBDES");
@@ -284,7 +284,7 @@ fn a_bind_error_names_the_clients_statement() {
         frontend::execute("", 0, b).unwrap();
         frontend::sync(b);
     });
-    let plan = plan_batch(&m, &mut stmts, &mut prepared).unwrap();
+    let plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
     let ours = backend_name("SELECT $1::int + $2::int", &[]);
     let mut t = Tracker::new(plan.acts);
     let mut out = Vec::new();
@@ -384,7 +384,7 @@ fn a_batch_that_only_starts_a_transaction() {
         frontend::parse("s", "SELECT shift_path()", [], b).unwrap();
         frontend::sync(b);
     });
-    plan_batch(&m, &mut stmts, &mut HashSet::new()).unwrap();
+    plan_batch(&m, &mut stmts, &Unnamed::default(), &mut HashSet::new()).unwrap();
     assert!(only_starts_transaction(&ext(None, "b"), &stmts));
     assert!(!only_starts_transaction(&ext(None, "s"), &stmts));
     // Anything more than one Execute of the unnamed portal, or no Sync at the end.
@@ -409,7 +409,13 @@ fn a_batch_that_only_starts_a_transaction() {
         frontend::execute("", 0, b).unwrap();
         frontend::sync(b);
     });
-    assert!(plan_batch(&m, &mut stmts.clone(), &mut HashSet::new()).is_err());
+    assert!(plan_batch(
+        &m,
+        &mut stmts.clone(),
+        &Unnamed::default(),
+        &mut HashSet::new()
+    )
+    .is_err());
     assert!(!only_starts_transaction(&m, &stmts));
     let plus = [query("BEGIN"), query("SELECT shift_path()")].concat();
     assert!(!only_starts_transaction(&plus, &stmts));
@@ -425,7 +431,7 @@ fn a_batch_that_only_starts_a_transaction() {
 fn the_check_goes_first_and_its_state_is_kept_hidden() {
     let mut prepared = HashSet::new();
     let m = msgs(|b| frontend::query("BEGIN", b).unwrap());
-    let mut plan = plan_batch(&m, &mut HashMap::new(), &mut prepared).unwrap();
+    let mut plan = plan_batch(&m, &mut HashMap::new(), &Unnamed::default(), &mut prepared).unwrap();
     add_check(&mut plan, &mut prepared);
     assert_eq!(tags(&plan.out), b"PBESQ");
     assert!(prepared.contains(super::super::state::STATE_STATEMENT));
@@ -456,4 +462,102 @@ fn the_check_goes_first_and_its_state_is_kept_hidden() {
             .unwrap()
             .fingerprint()
     });
+}
+
+/// The unnamed statement outlives its batch: a later Bind of it gets it parsed again, hidden,
+/// on whatever backend runs the batch; with none left (never parsed, its Parse failed, a Query
+/// destroyed it) pgline raises PostgreSQL's 26000 and the backend sees nothing up to Sync.
+#[test]
+fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let bind_execute = |b: &mut BytesMut| {
+        bind(b, "");
+        frontend::execute("", 0, b).unwrap();
+    };
+    let first = msgs(|b| {
+        frontend::parse("", "SELECT 7", [], b).unwrap();
+        bind_execute(b);
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&first, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
+    assert_eq!(
+        tags(&plan.out),
+        b"PBES",
+        "bound in its own batch: sent as it is"
+    );
+    let body = b"SELECT 7\0\0\0".to_vec();
+    assert_eq!(plan.unnamed, vec![(0, Some(body.clone()))]);
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    for tag in *b"12C" {
+        t.on_message(&frame(tag, b""), &mut out, &mut prepared);
+    }
+    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    let held = t.unnamed(plan.unnamed).expect("the batch set it");
+    assert_eq!(held, Unnamed(Some(body.clone())));
+
+    // A later batch binds it: parsed again first, its ParseComplete hidden.
+    let later = msgs(|b| {
+        bind_execute(b);
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&later, &mut stmts, &held, &mut prepared).unwrap();
+    assert_eq!(tags(&plan.out), b"PBES");
+    assert_eq!(
+        &plan.out[5..5 + 1 + body.len()],
+        &[&[0][..], &body].concat()[..]
+    );
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    for tag in *b"12C" {
+        t.on_message(&frame(tag, b""), &mut out, &mut prepared);
+    }
+    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    assert_eq!(tags(&out), b"2CZ");
+    assert_eq!(t.unnamed(plan.unnamed), None, "unchanged");
+
+    // A Query destroys it; a Bind after it in the same batch, or in a later one, fails.
+    let query_then_bind = msgs(|b| {
+        frontend::query("SELECT 1", b).unwrap();
+        bind_execute(b);
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&query_then_bind, &mut stmts, &held, &mut prepared).unwrap();
+    assert_eq!(
+        tags(&plan.out),
+        b"QS",
+        "the backend sees nothing of the failed Bind"
+    );
+    assert!(matches!(&plan.acts[1], Act::Fail(e) if e.windows(5).any(|w| w == b"26000")));
+    assert_eq!(plan.unnamed, vec![(0, None)]);
+    let plan = plan_batch(&later, &mut stmts, &Unnamed(None), &mut prepared).unwrap();
+    assert_eq!(tags(&plan.out), b"S");
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    assert_eq!(tags(&out), b"EZ");
+
+    // A Parse that fails leaves none; one skipped after an earlier error leaves the old one.
+    let failing = msgs(|b| {
+        frontend::parse("", "SELEC 7", [], b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&failing, &mut stmts, &held, &mut prepared).unwrap();
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    t.on_message(&frame(b'E', b"C42601\0\0"), &mut out, &mut prepared);
+    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    assert_eq!(t.unnamed(plan.unnamed), Some(Unnamed(None)));
+    let skipped = msgs(|b| {
+        frontend::parse("x", "SELEC 7", [], b).unwrap();
+        frontend::parse("", "SELECT 8", [], b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&skipped, &mut stmts, &held, &mut prepared).unwrap();
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    t.on_message(&frame(b'E', b"C42601\0\0"), &mut out, &mut prepared);
+    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    assert_eq!(t.unnamed(plan.unnamed), None, "the old one stays");
 }

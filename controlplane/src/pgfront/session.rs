@@ -65,6 +65,8 @@ struct Outcome {
     described: Option<Vec<u8>>,
     /// Client statement names whose Parse failed or was skipped: not open after all.
     unparsed: Vec<String>,
+    /// The session's unnamed statement after the batch, if the batch changed it.
+    unnamed: Option<plan::Unnamed>,
 }
 
 /// The reply being streamed for one request.
@@ -199,6 +201,7 @@ pub(super) struct Session {
     user: String,
     database: String,
     stmts: HashMap<String, Stmt>,
+    unnamed: plan::Unnamed,
     pinned: Option<Backend>,
     /// Left session state behind: keeps its backend until the end.
     sticky: bool,
@@ -234,6 +237,7 @@ impl Session {
             user: String::new(),
             database: String::new(),
             stmts: HashMap::new(),
+            unnamed: plan::Unnamed::default(),
             pinned: None,
             sticky: false,
             plain_startup: false,
@@ -627,7 +631,7 @@ impl Session {
     }
 
     async fn batch(&mut self, mut req: PgRequest) {
-        if plan::book_statements(&req.statements, &mut self.stmts).is_err() {
+        if plan::book_statements(&req.statements, &mut self.stmts, &mut self.unnamed).is_err() {
             // The core took these from the client's own Parse messages (a named statement's
             // text must be UTF-8 here, as in any batch).
             let e = RelayError::client(sqlstate::PROTOCOL_VIOLATION, "malformed Parse message");
@@ -691,24 +695,26 @@ impl Session {
         let messages = added.as_deref().unwrap_or(&req.messages);
         // Put back if the batch has to run elsewhere after all.
         let stmts_before = unread.as_ref().map(|_| self.stmts.clone());
-        let mut plan = match plan::plan_batch(messages, &mut self.stmts, &mut b.prepared) {
-            Ok(p) => p,
-            Err(e) => {
-                // The session ends: a pinned backend stays pinned, so that `release` rolls
-                // back its transaction and resets its state; a pooled one is dropped, because
-                // the batch's earlier Parses were already booked as prepared on it. (Not a
-                // stolen one taken unread: `plan::only_starts_transaction` passes only batches
-                // that plan.)
-                if self.status != b'I' || self.sticky {
-                    self.pinned = Some(b);
-                } else {
-                    self.discard();
-                    tokio::spawn(b.terminate());
+        let mut plan =
+            match plan::plan_batch(messages, &mut self.stmts, &self.unnamed, &mut b.prepared) {
+                Ok(p) => p,
+                Err(e) => {
+                    // The session ends: a pinned backend stays pinned, so that `release` rolls
+                    // back its transaction and resets its state; a pooled one is dropped, because
+                    // the batch's earlier Parses were already booked as prepared on it. (Not a
+                    // stolen one taken unread: `plan::only_starts_transaction` passes only batches
+                    // that plan.)
+                    if self.status != b'I' || self.sticky {
+                        self.pinned = Some(b);
+                    } else {
+                        self.discard();
+                        tokio::spawn(b.terminate());
+                    }
+                    let e =
+                        RelayError::client(sqlstate::PROTOCOL_VIOLATION, format!("pgline: {e}"));
+                    return self.fatal(&req, &e).await;
                 }
-                let e = RelayError::client(sqlstate::PROTOCOL_VIOLATION, format!("pgline: {e}"));
-                return self.fatal(&req, &e).await;
-            }
-        };
+            };
         // Behind a COPY the fence query would land in the copy stream, and behind a batch
         // that may open a transaction it would run inside it (taking a REPEATABLE READ
         // snapshot early, or failing a later SET TRANSACTION): asked afterwards then, once the
@@ -747,7 +753,7 @@ impl Session {
             out.capture = Some(Vec::new());
         }
         let started = std::time::Instant::now();
-        let o = self.execute(&mut b, plan, &mut out).await;
+        let mut o = self.execute(&mut b, plan, &mut out).await;
         if let Some(settling) = unread {
             let read = o.checked.as_ref().map(OriginState::fingerprint);
             if read.as_deref() != Some(&self.login_state) && o.broken.is_none() && out.sent == 0 {
@@ -776,6 +782,9 @@ impl Session {
         }
         for name in &o.unparsed {
             self.stmts.remove(name);
+        }
+        if let Some(u) = o.unnamed.take() {
+            self.unnamed = u;
         }
         if o.status.is_some() {
             if let Some(pool) = &self.pool {
@@ -1022,6 +1031,7 @@ impl Session {
         o.snapshot = tracker.snapshot.take();
         o.checked = tracker.checked.take();
         o.described = tracker.described.take();
+        o.unnamed = tracker.unnamed(plan.unnamed);
         o.unparsed = plan
             .named_parses
             .into_iter()

@@ -93,4 +93,5 @@ pub mod sqlstate {
     pub const CONFIGURATION_LIMIT_EXCEEDED: &[u8; 5] = b"53400";
     /// `42P05` duplicate_prepared_statement.
     pub const DUPLICATE_PREPARED_STATEMENT: &[u8; 5] = b"42P05";
+    pub const UNDEFINED_PSTATEMENT: &[u8; 5] = b"26000";
 }

@@ -124,8 +124,8 @@ pub struct PgRequest {
     pub kind: PgRequestKind,
     /// Raw frontend messages, see [`PgRequestKind`].
     pub messages: Vec<u8>,
-    /// With a `Batch`: the Parse messages of named statements the core answered from cache
-    /// (so the relay never saw them) that the batch names. The relay only books them for the
+    /// With a `Batch`: the Parse messages of statements the core answered from cache (so the
+    /// relay never saw them) that the batch names, the unnamed one included. The relay only books them for the
     /// session; a backend gets each one, hidden, when a Bind or Describe first needs it there.
     /// (Sent in front of the batch, their ParseComplete would reach the client.)
     pub statements: Vec<u8>,

@@ -20,7 +20,7 @@ use crate::engine::conn::Conn;
 pub(super) struct Marks {
     pub fence: bool,
     pub state_free: bool,
-    /// Parse messages of named statements the relay has not seen ([`forward_messages`]).
+    /// Parse messages of statements the relay has not seen ([`forward_messages`]).
     pub statements: Vec<u8>,
 }
 
@@ -97,8 +97,8 @@ pub(crate) fn conn_closed(port: &CorePort, conn: &mut Conn, token: ConnToken) {
     }
 }
 
-/// The batch's `end` bytes, and the Parse messages of the named statements it binds, describes
-/// or parses again that the control plane has not seen (see `PgRequest::statements`).
+/// The batch's `end` bytes, and the Parse messages of the statements it binds, describes or
+/// parses again (named ones) that the control plane has not seen (see `PgRequest::statements`).
 pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (Vec<u8>, Vec<u8>) {
     let batch = &conn.rbuf[conn.rpos..conn.rpos + end];
     let mut statements = Vec::new();
@@ -121,11 +121,15 @@ pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (V
             } => (name, false),
             _ => continue,
         };
-        if name.is_empty() || parsed.contains(&name) || replayed.contains(&name) {
+        if parsed.contains(&name) || replayed.contains(&name) {
             continue;
         }
         if parses {
             parsed.push(name);
+            if name.is_empty() {
+                // The batch's own unnamed statement replaces the session's.
+                continue;
+            }
         }
         if let Some(s) = pg.statements.get(name) {
             if !s.relay_knows && !s.parse.is_empty() {
@@ -179,6 +183,8 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
                 target: Target::Statement,
                 name,
             } => pg.forget_statement(name),
+            // A simple Query destroys the unnamed statement.
+            Frontend::Query(_) => pg.forget_statement(b""),
             _ => {}
         }
     }

@@ -114,25 +114,40 @@ impl Serve<'_> {
         }
         match framed.shape {
             [Some(Frontend::Query(text)), None, ..] if framed.count == 1 => {
-                let lookup = match memo_class(&mut pg.memo, text, self.keyspace) {
-                    Class::Lookup(l) => l,
-                    Class::Result(q) => {
-                        let shape = ResultShape::Simple;
-                        return self.serve_result(&pg.settings, &mut pg.result_key, &q, shape, out);
-                    }
-                    Class::Constant | Class::Other => return Served::No,
-                };
-                if lookup.datetime && !pg.settings.datetime_ok() {
-                    return Served::No;
+                let served = self.try_serve_simple(pg, text, out, landed);
+                if matches!(served, Served::Hit) {
+                    // A simple Query destroys the unnamed statement.
+                    pg.forget_statement(b"");
                 }
-                pg.key_buf.clear();
-                if lookup.params != 0 || !literal_key(&lookup, &mut pg.key_buf) {
-                    return Served::No;
-                }
-                self.answer(&lookup, &pg.key_buf, out, Prefix::Simple, landed)
+                served
             }
             _ => self.try_serve_extended(pg, framed, out, landed),
         }
+    }
+
+    fn try_serve_simple(
+        &mut self,
+        pg: &mut PgSession,
+        text: &[u8],
+        out: &mut Vec<u8>,
+        landed: Option<&Landed>,
+    ) -> Served {
+        let lookup = match memo_class(&mut pg.memo, text, self.keyspace) {
+            Class::Lookup(l) => l,
+            Class::Result(q) => {
+                let shape = ResultShape::Simple;
+                return self.serve_result(&pg.settings, &mut pg.result_key, &q, shape, out);
+            }
+            Class::Constant | Class::Other => return Served::No,
+        };
+        if lookup.datetime && !pg.settings.datetime_ok() {
+            return Served::No;
+        }
+        pg.key_buf.clear();
+        if lookup.params != 0 || !literal_key(&lookup, &mut pg.key_buf) {
+            return Served::No;
+        }
+        self.answer(&lookup, &pg.key_buf, out, Prefix::Simple, landed)
     }
 
     fn try_serve_extended(

@@ -558,7 +558,24 @@ async fn an_origin_connection_holds_a_bounded_number_of_statements() {
         held <= 16 + 4,
         "the origin connection holds {held} statements"
     );
+    // Inside one transaction block too (before 2026-12-05 only an idle connection was
+    // trimmed, so a transaction could grow its backend's statements without end).
+    c.batch_execute("BEGIN").await.unwrap();
+    for i in 0..60 {
+        let st = c
+            .prepare(&format!("SELECT {i}::int4 - $1::int4"))
+            .await
+            .unwrap();
+        let v: i32 = c.query_one(&st, &[&1i32]).await.unwrap().get(0);
+        assert_eq!(v, i - 1);
+    }
+    let held = held_on_origin().await;
+    c.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        held <= 16 + 4,
+        "the origin connection holds {held} statements in a transaction"
+    );
     let closed = relay.origin_stats().origin_statements_closed;
-    assert!(closed >= 60, "closed {closed}");
+    assert!(closed >= 120, "closed {closed}");
     p.shutdown().await;
 }

@@ -814,3 +814,100 @@ async fn an_unnamed_statement_answered_from_cache_is_described_later() {
     assert_eq!(replies[0], replies[1]);
     p.shutdown().await;
 }
+
+/// What PostgreSQL does to the unnamed statement, batch by batch, through pgline and straight
+/// at the origin: an unnamed Parse skipped after an error leaves the old statement, Close
+/// destroys it, and so does a simple Query, also one answered from cache. Errors are compared by
+/// code and message (their other fields are pgline's when pgline raises them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unnamed_statement_follows_skips_closes_and_cached_queries() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_unnamed_life").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let lookup = "SELECT bal FROM acct WHERE id = $1";
+    let batch = |f: &dyn Fn(&mut BytesMut)| {
+        let mut m = BytesMut::new();
+        f(&mut m);
+        frontend::sync(&mut m);
+        m
+    };
+    let bind = |m: &mut BytesMut| {
+        bind_text(m, "", &["5"]);
+        frontend::execute("", 0, m).unwrap();
+    };
+    let batches = [
+        // The session's unnamed statement, not cacheable.
+        batch(&|m| {
+            frontend::parse("", "SELECT $1::int + 100", [], m).unwrap();
+            bind(m);
+        }),
+        // An error first: the unnamed Parse of a cacheable lookup is skipped.
+        batch(&|m| {
+            frontend::parse("x", "SELEC", [], m).unwrap();
+            frontend::parse("", lookup, [], m).unwrap();
+        }),
+        batch(&|m| bind(m)),
+        batch(&|m| frontend::close(b'S', "", m).unwrap()),
+        batch(&|m| bind(m)),
+        // The unnamed statement again; a named lookup (its fence opens the session's gate);
+        // the same row by a simple Query, answered on the core; then a Bind.
+        batch(&|m| {
+            frontend::parse("", "SELECT $1::int + 100", [], m).unwrap();
+            bind(m);
+        }),
+        batch(&|m| {
+            frontend::parse("y", lookup, [], m).unwrap();
+            bind_text(m, "y", &["5"]);
+            frontend::execute("", 0, m).unwrap();
+        }),
+        {
+            let mut m = BytesMut::new();
+            frontend::query("SELECT bal FROM acct WHERE id = 5", &mut m).unwrap();
+            m
+        },
+        batch(&|m| bind(m)),
+    ];
+    let mut replies = Vec::new();
+    let mut answered = 0;
+    for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
+        let mut w = Wire::connect(addr, &db.name, &[]).await;
+        let mut each = Vec::new();
+        for (i, m) in batches.iter().enumerate() {
+            let before = counts(&p);
+            let got: Vec<(u8, Vec<u8>)> = frames(&w.exchange_bytes(m).await)
+                .into_iter()
+                .map(|(t, body)| match t {
+                    b'E' => {
+                        let e = format!(
+                            "{:?} {:?}",
+                            error_field(&body, b'C'),
+                            error_field(&body, b'M')
+                        );
+                        (t, e.into_bytes())
+                    }
+                    _ => (t, body),
+                })
+                .collect();
+            each.push(got);
+            let after = counts(&p);
+            if i == 7 && after.hits + after.misses > before.hits + before.misses {
+                answered += 1;
+            }
+        }
+        replies.push(each);
+    }
+    assert_eq!(answered, 1, "pgline answered the Query on the core");
+    assert_eq!(
+        replies[1][2][1].1[6..],
+        *b"105",
+        "the origin ran the old statement"
+    );
+    for (i, (ours, theirs)) in replies[0].iter().zip(&replies[1]).enumerate() {
+        assert_eq!(ours, theirs, "batch {i}");
+    }
+    p.shutdown().await;
+}

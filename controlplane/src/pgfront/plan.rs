@@ -146,7 +146,7 @@ pub struct Plan {
     pub named_parses: Vec<(usize, String)>,
     /// What the batch does to the session's unnamed statement, in order: (index in `acts`,
     /// the body of a client's `Parse ""` after its name, or None for a Query, which destroys
-    /// it). See [`Tracker::unnamed`].
+    /// it, or its Close). See [`Tracker::unnamed`].
     pub unnamed: Vec<(usize, Option<Vec<u8>>)>,
     /// The backend running the batch holds the session's unnamed statement at this point.
     unnamed_here: bool,
@@ -154,7 +154,7 @@ pub struct Plan {
 
 /// The session's unnamed statement: the body of its last `Parse ""` after the name (text and
 /// parameter types, as the client sent them, in any encoding), None when there is none (never
-/// parsed, its Parse failed, or a simple Query destroyed it). PostgreSQL keeps it across
+/// parsed, its Parse failed, closed, or a simple Query destroyed it). PostgreSQL keeps it across
 /// batches on the one backend; pgline parses it again on whichever backend needs it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Unnamed(pub Option<Vec<u8>>);
@@ -242,6 +242,10 @@ fn plan_frame(
                 }
                 None => put_frame(&mut plan.out, f.tag, f.body),
             }
+            if f.tag == b'C' && variant == b'S' && name.is_empty() {
+                plan.unnamed.push((plan.acts.len(), None));
+                plan.unnamed_here = false;
+            }
             plan.acts.push(match (f.tag, variant) {
                 (b'C', _) => Act::Close,
                 (_, b'S') => Act::DescribeStatement,
@@ -314,15 +318,21 @@ fn plan_parse(
 }
 
 /// Books the statements the core answered from cache (`PgRequest::statements`: their Parse
-/// messages) for the session, without sending anything: a backend gets each one, hidden, when
-/// a Bind or Describe first needs it there ([`ensure_prepared`]). A name the session holds
-/// already keeps its statement (the relay's is the one the origin accepted).
+/// messages, and a `Close S ""` for an unnamed statement a cached Query destroyed) for the
+/// session, without sending anything: a backend gets each one, hidden, when a Bind or Describe
+/// first needs it there ([`ensure_prepared`]). A name the session holds already keeps its
+/// statement (the relay's is the one the origin accepted).
 pub fn book_statements(
     parses: &[u8],
     stmts: &mut HashMap<String, Stmt>,
     unnamed: &mut Unnamed,
 ) -> Result<(), PlanError> {
     for f in parse_frames(parses)? {
+        if f.tag == b'C' && f.body == b"S\0" {
+            // A simple Query the core answered destroyed the unnamed statement.
+            unnamed.0 = None;
+            continue;
+        }
         if f.tag != b'P' {
             return Err(PlanError::Malformed);
         }
@@ -419,6 +429,10 @@ fn ensure_unnamed(unnamed: &Unnamed, plan: &mut Plan) -> bool {
         plan.acts.push(Act::Fail(reply));
         return false;
     };
+    if let Ok(text) = lossy_cstr(body) {
+        // For the statement's effects on the backend (`clears_prepared`, ...), as any text.
+        plan.sql.push(text.into_owned());
+    }
     let mut frame = Vec::with_capacity(body.len() + 1);
     frame.push(0);
     frame.extend_from_slice(body);

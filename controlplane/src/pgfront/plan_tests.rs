@@ -560,4 +560,19 @@ fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
     t.on_message(&frame(b'E', b"C42601\0\0"), &mut out, &mut prepared);
     t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
     assert_eq!(t.unnamed(plan.unnamed), None, "the old one stays");
+
+    // Close destroys it; a re-parse puts its text among the batch's statements.
+    let close = msgs(|b| {
+        frontend::close(b'S', "", b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&close, &mut stmts, &held, &mut prepared).unwrap();
+    assert_eq!(plan.unnamed, vec![(0, None)]);
+    let plan = plan_batch(&later, &mut stmts, &held, &mut prepared).unwrap();
+    assert_eq!(plan.sql, vec!["SELECT 7".to_owned()]);
+    // The core's word that a cached Query destroyed it.
+    let mut u = held.clone();
+    book_statements(&frame(b'C', b"S\0"), &mut stmts, &mut u).unwrap();
+    assert_eq!(u, Unnamed(None));
+    assert!(book_statements(&frame(b'C', b"Sx\0"), &mut stmts, &mut u).is_err());
 }

@@ -915,10 +915,12 @@ impl Session {
                 None => self.sticky = true,
             }
         }
-        if status == b'I' && b.prepared.len() > self.relay.cfg.max_origin_statements {
+        if status != b'E' && b.prepared.len() > self.relay.cfg.max_origin_statements {
             // Sessions that shared this connection prepared their statements on it, and a
             // client's Close is answered here: without this the origin's backend would hold
             // every statement it ever ran. Those still in use are prepared again when bound.
+            // Also inside a transaction block (a client may Parse and Close new texts there
+            // without end); an open portal keeps its own plan. An aborted one runs nothing.
             match b.close_statements().await {
                 Ok(n) => OriginCounters::add(
                     &self.relay.admission.counters.origin_statements_closed,

@@ -125,9 +125,11 @@ pub struct PgRequest {
     /// Raw frontend messages, see [`PgRequestKind`].
     pub messages: Vec<u8>,
     /// With a `Batch`: the Parse messages of statements the core answered from cache (so the
-    /// relay never saw them) that the batch names, the unnamed one included. The relay only books them for the
-    /// session; a backend gets each one, hidden, when a Bind or Describe first needs it there.
-    /// (Sent in front of the batch, their ParseComplete would reach the client.)
+    /// relay never saw them) that the batch names, the unnamed one included, after a
+    /// `Close S ""` when a simple Query the core answered destroyed the unnamed statement.
+    /// The relay only books them for the session; a backend gets each one, hidden, when a
+    /// Bind or Describe first needs it there. (Sent in front of the batch, their
+    /// ParseComplete would reach the client.)
     pub statements: Vec<u8>,
     /// A `Batch` the query-result cache may keep: its one statement's answer is cacheable under
     /// this key when the batch runs with the session idle (the control plane's result cache).

@@ -1,6 +1,6 @@
 //! What goes to the origin: the [`PgRequest`]s pushed to the control plane's relay (startup,
 //! authentication, batches, the session's Close), the messages of a forwarded batch (with the
-//! Parse of named statements the relay has not seen sent beside them), and the statement table
+//! Parse of statements the relay has not seen sent beside them), and the statement table
 //! kept in step with what was forwarded. (A point lookup's store miss is not forwarded but filled:
 //! `miss.rs`.)
 //!
@@ -98,13 +98,17 @@ pub(crate) fn conn_closed(port: &CorePort, conn: &mut Conn, token: ConnToken) {
 }
 
 /// The batch's `end` bytes, and the Parse messages of the statements it binds, describes or
-/// parses again (named ones) that the control plane has not seen (see `PgRequest::statements`).
+/// parses again (named ones) that the control plane has not seen, after a `Close S ""` if a
+/// Query answered from cache destroyed the unnamed statement (see `PgRequest::statements`).
 pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (Vec<u8>, Vec<u8>) {
     let batch = &conn.rbuf[conn.rpos..conn.rpos + end];
     let mut statements = Vec::new();
     let Some(pg) = conn.pg.as_deref() else {
         return (batch.to_vec(), statements);
     };
+    if pg.unnamed_dropped {
+        statements.extend_from_slice(b"C\0\0\0\x06S\0");
+    }
     let mut parsed: Vec<&[u8]> = Vec::new();
     let mut replayed: Vec<&[u8]> = Vec::new();
     let mut at = 0;
@@ -145,6 +149,7 @@ pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (V
 pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
     let Conn { rbuf, rpos, pg, .. } = conn;
     let Some(pg) = pg.as_deref_mut() else { return };
+    pg.unnamed_dropped = false;
     let batch = &rbuf[*rpos..*rpos + end];
     let mut at = 0;
     while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
@@ -164,7 +169,16 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
                     s.known = false;
                     s.relay_knows = true;
                 }
-                _ => pg.remember_parse(name, query, param_types, raw, true),
+                _ => {
+                    pg.remember_parse(name, query, param_types, raw, true);
+                    if name.is_empty() {
+                        // Whether the origin took it (it may fail, or be skipped after an
+                        // earlier error) only the relay sees: later Binds of it go there.
+                        if let Some(s) = pg.statements.get_mut(name) {
+                            s.known = false;
+                        }
+                    }
+                }
             },
             Frontend::Bind(b) => {
                 if let Some(s) = pg.statements.get_mut(b.statement) {

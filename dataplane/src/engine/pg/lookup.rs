@@ -85,8 +85,10 @@ pub(crate) struct Statement {
     pub relay_knows: bool,
     /// The core knows `text` is what the origin holds under this name. False after a Parse
     /// reused the name: PostgreSQL refuses that (42P05) and keeps the old statement, unless
-    /// the name's first Parse had failed there too, and the core does not see which. Such a
-    /// statement is never answered from cache; it still counts against the session's bound.
+    /// the name's first Parse had failed there too, and the core does not see which. False for
+    /// an unnamed statement parsed in a forwarded batch (it may have failed or been skipped).
+    /// Such a statement is never answered from cache; a named one still counts against the
+    /// session's bound.
     pub known: bool,
 }
 

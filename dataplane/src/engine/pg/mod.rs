@@ -117,6 +117,9 @@ pub(crate) struct PgSession {
     /// Bytes of the named statements' Parse messages (bounded, with their number, by
     /// `ConnLimits::max_pg_statement_bytes` and `max_pg_statements`).
     pub statement_bytes: usize,
+    /// A simple Query answered from cache destroyed the unnamed statement since the last
+    /// forwarded batch: the relay, which may hold one, must hear it.
+    pub unnamed_dropped: bool,
     /// The store key of the lookup being served (reused).
     pub key_buf: Vec<u8>,
     /// The key of the cacheable statement being served (reused).
@@ -152,6 +155,7 @@ impl PgSession {
             memo_generation: 0,
             statements: FxHashMap::default(),
             statement_bytes: 0,
+            unnamed_dropped: false,
             key_buf: Vec::with_capacity(64),
             result_key: Vec::new(),
             settings: settings::Settings::default(),

@@ -877,6 +877,10 @@ async fn the_unnamed_statement_follows_skips_closes_and_cached_queries() {
         let mut w = Wire::connect(addr, &db.name, &[]).await;
         let mut each = Vec::new();
         for (i, m) in batches.iter().enumerate() {
+            if i == 7 {
+                // The named lookup's fence is applied: the Query is answered on the core.
+                lab::sync(&p, &admin).await;
+            }
             let before = counts(&p);
             let got: Vec<(u8, Vec<u8>)> = frames(&w.exchange_bytes(m).await)
                 .into_iter()
@@ -905,6 +909,75 @@ async fn the_unnamed_statement_follows_skips_closes_and_cached_queries() {
         replies[1][2][1].1[6..],
         *b"105",
         "the origin ran the old statement"
+    );
+    for (i, (ours, theirs)) in replies[0].iter().zip(&replies[1]).enumerate() {
+        assert_eq!(ours, theirs, "batch {i}");
+    }
+    p.shutdown().await;
+}
+
+/// A named Parse the origin does not take (skipped after an earlier error, or failed) leaves
+/// no statement, as on PostgreSQL: a later Bind of the name fails with 26000 rather than being
+/// answered from cache, and such names do not count against `pgwire.max_session_statements`.
+/// Before the fix the core kept them: the Bind was answered from the store, and the fifth
+/// failed prepare ended the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parse_the_origin_did_not_take_leaves_no_statement() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_unparsed").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &["pgwire.max_session_statements=4".to_owned()]).await;
+    let lookup = "SELECT bal FROM acct WHERE id = $1";
+    let mut batches = Vec::new();
+    // The row is in the store (a lookup by the unnamed statement fills it).
+    let mut m = BytesMut::new();
+    frontend::parse("", lookup, [], &mut m).unwrap();
+    bind_text(&mut m, "", &["5"]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    for i in 0..8 {
+        let mut m = BytesMut::new();
+        frontend::parse("x", "SELEC", [], &mut m).unwrap();
+        frontend::parse(&format!("s{i}"), lookup, [], &mut m).unwrap();
+        frontend::sync(&mut m);
+        batches.push(m);
+        let mut m = BytesMut::new();
+        bind_text(&mut m, &format!("s{i}"), &["5"]);
+        frontend::execute("", 0, &mut m).unwrap();
+        frontend::sync(&mut m);
+        batches.push(m);
+    }
+    let mut replies = Vec::new();
+    for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
+        let mut w = Wire::connect(addr, &db.name, &[]).await;
+        let mut each = Vec::new();
+        for m in &batches {
+            let got: Vec<(u8, Vec<u8>)> = frames(&w.exchange_bytes(m).await)
+                .into_iter()
+                .map(|(t, body)| match t {
+                    b'E' => {
+                        let e = format!(
+                            "{:?} {:?}",
+                            error_field(&body, b'C'),
+                            error_field(&body, b'M')
+                        );
+                        (t, e.into_bytes())
+                    }
+                    _ => (t, body),
+                })
+                .collect();
+            each.push(got);
+        }
+        replies.push(each);
+    }
+    assert!(
+        String::from_utf8_lossy(&replies[1][2][0].1).contains("26000"),
+        "{:?}",
+        replies[1][2]
     );
     for (i, (ours, theirs)) in replies[0].iter().zip(&replies[1]).enumerate() {
         assert_eq!(ours, theirs, "batch {i}");

@@ -289,6 +289,7 @@ fn answer_startup(shared: &Arc<Shared>) {
             end: PgReplyEnd::Ready(b'I'),
             fence_lsn: 0,
             serve_cached: true,
+            unparsed: Vec::new(),
         };
         control.send_pg_reply(0, reply);
         return;

@@ -85,6 +85,8 @@ struct Out<'a> {
     /// Goes with the last reply: the session's origin state serves cached answers
     /// ([`PgReply::serve_cached`]).
     serve_cached: bool,
+    /// Goes with the last reply: [`PgReply::unparsed`].
+    unparsed: Vec<Box<[u8]>>,
 }
 
 impl Out<'_> {
@@ -137,6 +139,10 @@ impl Out<'_> {
             end,
             fence_lsn,
             serve_cached: self.serve_cached && matches!(end, PgReplyEnd::Ready(_)),
+            unparsed: match end {
+                PgReplyEnd::Ready(_) => std::mem::take(&mut self.unparsed),
+                _ => Vec::new(),
+            },
         };
         self.relay.push_reply(self.core, reply);
     }
@@ -156,6 +162,7 @@ fn out_for<'a>(relay: &'a RelayState, req: &PgRequest, flow: Option<&Arc<PgFlow>
         capture: None,
         flow: flow.cloned(),
         serve_cached: false,
+        unparsed: Vec::new(),
     }
 }
 
@@ -783,6 +790,8 @@ impl Session {
         for name in &o.unparsed {
             self.stmts.remove(name);
         }
+        // The core booked them too when it forwarded the batch.
+        out.unparsed = o.unparsed.iter().map(|n| n.as_bytes().into()).collect();
         if let Some(u) = o.unnamed.take() {
             self.unnamed = u;
         }

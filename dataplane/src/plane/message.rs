@@ -213,6 +213,10 @@ pub struct PgReply {
     /// output settings) and is the one cached answers were made under. False whenever that is
     /// not known, so the session is not served from cache until a later reply says so.
     pub serve_cached: bool,
+    /// On a reply that ends [`PgReplyEnd::Ready`]: the new statement names the request's
+    /// Parse messages gave that the origin did not take (the Parse failed, or was skipped
+    /// after an earlier error). The core forgets them: PostgreSQL holds no such statement.
+    pub unparsed: Vec<Box<[u8]>>,
 }
 
 // ---- query-result cache ---------------------------------------------------------------

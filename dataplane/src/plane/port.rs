@@ -501,6 +501,7 @@ mod tests {
                     end: PgReplyEnd::More,
                     fence_lsn: 0,
                     serve_cached: false,
+                    unparsed: Vec::new(),
                 },
             );
         }

@@ -33,6 +33,17 @@ pub fn read_message(s: &mut TcpStream) -> (u8, Vec<u8>) {
     (head[0], msg)
 }
 
+/// The number of frontend messages in `b` (whole messages).
+fn count_messages(mut b: &[u8]) -> usize {
+    let mut n = 0;
+    while b.len() >= 5 {
+        let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+        b = &b[(1 + len).min(b.len())..];
+        n += 1;
+    }
+    n
+}
+
 /// Reads until ReadyForQuery; all bytes, ReadyForQuery included.
 pub fn until_ready(s: &mut TcpStream) -> Vec<u8> {
     let mut all = Vec::new();
@@ -81,6 +92,8 @@ pub fn simple(s: &mut TcpStream, sql: &str) -> Vec<u8> {
 #[derive(Default)]
 pub struct Seen {
     pub requests: Vec<(PgRequestKind, Vec<u8>)>,
+    /// Each request's `statements` (see `PgRequest::statements`), in step with `requests`.
+    pub statements: Vec<Vec<u8>>,
     pub misses: Vec<MissRequest>,
 }
 
@@ -130,10 +143,11 @@ impl Relay {
                     std::thread::sleep(Duration::from_millis(1));
                     continue;
                 };
-                log.lock()
-                    .expect("log")
-                    .requests
-                    .push((req.kind, req.messages.clone()));
+                {
+                    let mut log = log.lock().expect("log");
+                    log.requests.push((req.kind, req.messages.clone()));
+                    log.statements.push(req.statements.clone());
+                }
                 let (bytes, end) = match req.kind {
                     PgRequestKind::Startup => {
                         let (s, tail) = connect_origin(&db);
@@ -144,8 +158,17 @@ impl Relay {
                         (out, PgReplyEnd::Ready(b'I'))
                     }
                     PgRequestKind::Batch => {
+                        // The statements the core answered from cache go first, as the
+                        // product relay prepares them, and their replies are not the client's
+                        // (one ParseComplete or CloseComplete each; this rig's sessions own
+                        // their origin connections, so nothing else needs them).
                         let s = sessions.get_mut(&req.session).expect("session");
+                        s.write_all(&req.statements).expect("write origin");
                         s.write_all(&req.messages).expect("write origin");
+                        for _ in 0..count_messages(&req.statements) {
+                            let (tag, _) = read_message(s);
+                            assert!(matches!(tag, b'1' | b'3'), "a booked statement failed");
+                        }
                         let out = until_ready(s);
                         let status = out[out.len() - 1];
                         (out, PgReplyEnd::Ready(status))
@@ -165,6 +188,7 @@ impl Relay {
                     // The product relay reads the session's state from the origin after each
                     // batch; this stand-in's sessions never change theirs unless a test does.
                     serve_cached: true,
+                    unparsed: Vec::new(),
                 };
                 control.send_pg_reply(0, reply);
             }

@@ -180,7 +180,13 @@ impl PgSession {
     ) {
         if let Some(s) = self.statements.get_mut(name) {
             if *s.text == *query && s.param_types.iter().copied().eq(oids.iter()) {
-                s.relay_knows |= relay_knows;
+                if name.is_empty() {
+                    // A new unnamed statement, with the old one's text.
+                    s.relay_knows = relay_knows;
+                    s.known = true;
+                } else {
+                    s.relay_knows |= relay_knows;
+                }
                 return;
             }
         }
@@ -202,6 +208,18 @@ impl PgSession {
 }
 
 impl PgSession {
+    /// A simple Query answered from cache destroyed the unnamed statement: it is no longer
+    /// answered from cache, and the relay hears it with the next forwarded batch. The entry
+    /// stays (not answered, nothing to replay), so that an unnamed Parse of the same text,
+    /// the usual next step, reuses it without allocating.
+    pub(super) fn drop_unnamed(&mut self) {
+        if let Some(s) = self.statements.get_mut(&b""[..]) {
+            s.known = false;
+            s.relay_knows = true;
+        }
+        self.unnamed_dropped = true;
+    }
+
     /// Forgets a statement the client closed.
     fn forget_statement(&mut self, name: &[u8]) {
         if let Some(s) = self.statements.remove(name) {
@@ -643,6 +661,9 @@ pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
             pg.waiting = None;
             if !std::mem::take(&mut pg.keeps_gate) {
                 pg.settings.note_origin_state(reply.serve_cached);
+            }
+            for name in &reply.unparsed {
+                pg.forget_statement(name);
             }
             pg.tx_status = status;
             pg.phase = Phase::Ready;

@@ -116,10 +116,7 @@ impl Serve<'_> {
             [Some(Frontend::Query(text)), None, ..] if framed.count == 1 => {
                 let served = self.try_serve_simple(pg, text, out, landed);
                 if matches!(served, Served::Hit) {
-                    // A simple Query destroys the unnamed statement; the relay hears it with
-                    // the next forwarded batch.
-                    pg.forget_statement(b"");
-                    pg.unnamed_dropped = true;
+                    pg.drop_unnamed();
                 }
                 served
             }

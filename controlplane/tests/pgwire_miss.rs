@@ -36,6 +36,20 @@ struct Counts {
     misses: u64,
 }
 
+/// A reply's messages, an ErrorResponse reduced to its code and message: the fields pgline
+/// gives as PostgreSQL does when it raises the error itself (the others are pgline's).
+fn comparable(reply: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    use pgline_testkit::pg::{error_field, frames};
+    let error = |b: &[u8]| format!("{:?} {:?}", error_field(b, b'C'), error_field(b, b'M'));
+    frames(reply)
+        .into_iter()
+        .map(|(t, body)| match t {
+            b'E' => (t, error(&body).into_bytes()),
+            _ => (t, body),
+        })
+        .collect()
+}
+
 fn counts(p: &Pgline) -> Counts {
     Counts {
         filled: p.shared.total(|s| &s.pg_lookup_filled),
@@ -662,7 +676,7 @@ async fn a_statement_first_answered_from_cache_is_bound_at_the_origin_later() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parse_of_a_held_name_keeps_the_old_statement() {
     use bytes::BytesMut;
-    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use pgline_testkit::pg::bind_text;
     use postgres_protocol::message::frontend;
     let db = TestDb::create("pgw_miss_reparse").await;
     let admin = db.client().await;
@@ -689,18 +703,7 @@ async fn a_parse_of_a_held_name_keeps_the_old_statement() {
     for w in [&mut ours, &mut theirs] {
         let first = w.exchange_bytes(&first).await;
         let reuse = w.exchange_bytes(&reuse).await;
-        // The error's code and message are compared; its other fields are pgline's.
-        let reuse: Vec<(u8, Option<String>)> = frames(&reuse)
-            .into_iter()
-            .map(|(t, b)| {
-                (
-                    t,
-                    (t == b'E').then(|| {
-                        format!("{:?} {:?}", error_field(&b, b'C'), error_field(&b, b'M'))
-                    }),
-                )
-            })
-            .collect();
+        let reuse = comparable(&reuse);
         let again = w.exchange_bytes(&bind).await;
         replies.push((first, reuse, again));
     }
@@ -721,7 +724,7 @@ async fn a_parse_of_a_held_name_keeps_the_old_statement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unnamed_statement_is_the_sessions_own_across_batches() {
     use bytes::BytesMut;
-    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use pgline_testkit::pg::bind_text;
     use postgres_protocol::message::frontend;
     let db = TestDb::create("pgw_miss_unnamed").await;
     let p = start(&db, &["origin.pool_size=1".to_owned()]).await;
@@ -750,19 +753,7 @@ async fn the_unnamed_statement_is_the_sessions_own_across_batches() {
         let bound = a.exchange_bytes(&bind).await;
         let again = a.exchange_bytes(&bind).await;
         a.exchange_bytes(&query).await;
-        let gone: Vec<(u8, Option<String>)> = frames(&a.exchange_bytes(&bind).await)
-            .into_iter()
-            .map(|(t, body)| {
-                let e = (t == b'E').then(|| {
-                    format!(
-                        "{:?} {:?}",
-                        error_field(&body, b'C'),
-                        error_field(&body, b'M')
-                    )
-                });
-                (t, e)
-            })
-            .collect();
+        let gone = comparable(&a.exchange_bytes(&bind).await);
         replies.push((described, bound, again, gone));
     }
     assert!(
@@ -822,7 +813,7 @@ async fn an_unnamed_statement_answered_from_cache_is_described_later() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unnamed_statement_follows_skips_closes_and_cached_queries() {
     use bytes::BytesMut;
-    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use pgline_testkit::pg::bind_text;
     use postgres_protocol::message::frontend;
     let db = TestDb::create("pgw_miss_unnamed_life").await;
     let admin = db.client().await;
@@ -882,20 +873,7 @@ async fn the_unnamed_statement_follows_skips_closes_and_cached_queries() {
                 lab::sync(&p, &admin).await;
             }
             let before = counts(&p);
-            let got: Vec<(u8, Vec<u8>)> = frames(&w.exchange_bytes(m).await)
-                .into_iter()
-                .map(|(t, body)| match t {
-                    b'E' => {
-                        let e = format!(
-                            "{:?} {:?}",
-                            error_field(&body, b'C'),
-                            error_field(&body, b'M')
-                        );
-                        (t, e.into_bytes())
-                    }
-                    _ => (t, body),
-                })
-                .collect();
+            let got = comparable(&w.exchange_bytes(m).await);
             each.push(got);
             let after = counts(&p);
             if i == 7 && after.hits + after.misses > before.hits + before.misses {
@@ -924,7 +902,7 @@ async fn the_unnamed_statement_follows_skips_closes_and_cached_queries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parse_the_origin_did_not_take_leaves_no_statement() {
     use bytes::BytesMut;
-    use pgline_testkit::pg::{bind_text, error_field, frames};
+    use pgline_testkit::pg::bind_text;
     use postgres_protocol::message::frontend;
     let db = TestDb::create("pgw_miss_unparsed").await;
     let admin = db.client().await;
@@ -956,20 +934,7 @@ async fn a_parse_the_origin_did_not_take_leaves_no_statement() {
         let mut w = Wire::connect(addr, &db.name, &[]).await;
         let mut each = Vec::new();
         for m in &batches {
-            let got: Vec<(u8, Vec<u8>)> = frames(&w.exchange_bytes(m).await)
-                .into_iter()
-                .map(|(t, body)| match t {
-                    b'E' => {
-                        let e = format!(
-                            "{:?} {:?}",
-                            error_field(&body, b'C'),
-                            error_field(&body, b'M')
-                        );
-                        (t, e.into_bytes())
-                    }
-                    _ => (t, body),
-                })
-                .collect();
+            let got = comparable(&w.exchange_bytes(m).await);
             each.push(got);
         }
         replies.push(each);

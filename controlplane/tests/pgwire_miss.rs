@@ -791,17 +791,15 @@ async fn an_unnamed_statement_answered_from_cache_is_described_later() {
     let mut replies = Vec::new();
     for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
         let mut w = Wire::connect(addr, &db.name, &[]).await;
-        // The second one is a store hit on pgline.
         w.exchange_bytes(&lookup).await;
         let looked = w.exchange_bytes(&lookup).await;
         let described = w.exchange_bytes(&describe).await;
         replies.push((looked, described));
     }
-    assert!(
-        counts(&p).hits > 0,
-        "answered from the store: {:?}",
-        counts(&p)
-    );
+    // Both lookups answered on the core (from the store, or from their fill when the first
+    // fill's row had not landed yet): the relay never saw the Parse.
+    let c = counts(&p);
+    assert!(c.hits + c.filled >= 2 && c.forwarded == 0, "{c:?}");
     assert_eq!(replies[0], replies[1]);
     p.shutdown().await;
 }

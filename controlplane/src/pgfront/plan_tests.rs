@@ -464,6 +464,20 @@ fn the_check_goes_first_and_its_state_is_kept_hidden() {
     });
 }
 
+/// Feeds a plan's tracker the backend's `replies` (tag, body); returns it and what the client got.
+fn replay(
+    acts: Vec<Act>,
+    replies: &[(u8, &[u8])],
+    prepared: &mut HashSet<String>,
+) -> (Tracker, Vec<u8>) {
+    let mut t = Tracker::new(acts);
+    let mut out = Vec::new();
+    for (tag, body) in replies {
+        t.on_message(&frame(*tag, body), &mut out, prepared);
+    }
+    (t, out)
+}
+
 /// The unnamed statement outlives its batch: a later Bind of it gets it parsed again, hidden,
 /// on whatever backend runs the batch; with none left (never parsed, its Parse failed, a Query
 /// destroyed it) pgline raises PostgreSQL's 26000 and the backend sees nothing up to Sync.
@@ -488,12 +502,12 @@ fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
     );
     let body = b"SELECT 7\0\0\0".to_vec();
     assert_eq!(plan.unnamed, vec![(0, Some(body.clone()))]);
-    let mut t = Tracker::new(plan.acts);
-    let mut out = Vec::new();
-    for tag in *b"12C" {
-        t.on_message(&frame(tag, b""), &mut out, &mut prepared);
-    }
-    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    let (t, out) = replay(
+        plan.acts,
+        &[(b'1', b""), (b'2', b""), (b'C', b""), (b'Z', b"I")],
+        &mut prepared,
+    );
+    assert_eq!(tags(&out), b"12CZ", "the client's own Parse is answered");
     let held = t.unnamed(plan.unnamed).expect("the batch set it");
     assert_eq!(held, Unnamed(Some(body.clone())));
 
@@ -508,12 +522,11 @@ fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
         &plan.out[5..5 + 1 + body.len()],
         &[&[0][..], &body].concat()[..]
     );
-    let mut t = Tracker::new(plan.acts);
-    let mut out = Vec::new();
-    for tag in *b"12C" {
-        t.on_message(&frame(tag, b""), &mut out, &mut prepared);
-    }
-    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    let (t, out) = replay(
+        plan.acts,
+        &[(b'1', b""), (b'2', b""), (b'C', b""), (b'Z', b"I")],
+        &mut prepared,
+    );
     assert_eq!(tags(&out), b"2CZ");
     assert_eq!(t.unnamed(plan.unnamed), None, "unchanged");
 
@@ -533,9 +546,7 @@ fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
     assert_eq!(plan.unnamed, vec![(0, None)]);
     let plan = plan_batch(&later, &mut stmts, &Unnamed(None), &mut prepared).unwrap();
     assert_eq!(tags(&plan.out), b"S");
-    let mut t = Tracker::new(plan.acts);
-    let mut out = Vec::new();
-    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    let (_, out) = replay(plan.acts, &[(b'Z', b"I")], &mut prepared);
     assert_eq!(tags(&out), b"EZ");
 
     // A Parse that fails leaves none; one skipped after an earlier error leaves the old one.
@@ -544,10 +555,11 @@ fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
         frontend::sync(b);
     });
     let plan = plan_batch(&failing, &mut stmts, &held, &mut prepared).unwrap();
-    let mut t = Tracker::new(plan.acts);
-    let mut out = Vec::new();
-    t.on_message(&frame(b'E', b"C42601\0\0"), &mut out, &mut prepared);
-    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    let (t, _) = replay(
+        plan.acts,
+        &[(b'E', b"C42601\0\0"), (b'Z', b"I")],
+        &mut prepared,
+    );
     assert_eq!(t.unnamed(plan.unnamed), Some(Unnamed(None)));
     let skipped = msgs(|b| {
         frontend::parse("x", "SELEC 7", [], b).unwrap();
@@ -555,10 +567,11 @@ fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
         frontend::sync(b);
     });
     let plan = plan_batch(&skipped, &mut stmts, &held, &mut prepared).unwrap();
-    let mut t = Tracker::new(plan.acts);
-    let mut out = Vec::new();
-    t.on_message(&frame(b'E', b"C42601\0\0"), &mut out, &mut prepared);
-    t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared);
+    let (t, _) = replay(
+        plan.acts,
+        &[(b'E', b"C42601\0\0"), (b'Z', b"I")],
+        &mut prepared,
+    );
     assert_eq!(t.unnamed(plan.unnamed), None, "the old one stays");
 
     // Close destroys it; a re-parse puts its text among the batch's statements.

@@ -974,6 +974,32 @@ fn strip_comments(sql: &str) -> String {
     }
 }
 
+/// What a statement text may do to the backend it runs on, read from its words once per text
+/// (the relay's text cache, `stats::Stats::text`, remembers it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traits {
+    /// It may leave session state behind ([`leaves_session_state`]).
+    pub leaves_state: bool,
+    /// It drops every prepared statement of its backend ([`clears_prepared`]).
+    pub clears_prepared: bool,
+    /// It names `copy` anywhere: the fence cannot be pipelined behind it.
+    pub copy: bool,
+    /// It names `begin` or `start` anywhere: it may open a transaction block.
+    pub may_open_tx: bool,
+}
+
+impl Traits {
+    pub fn of(sql: &str) -> Traits {
+        let lower = sql.to_ascii_lowercase();
+        Traits {
+            leaves_state: leaves_session_state(sql),
+            clears_prepared: clears_prepared(sql),
+            copy: lower.contains("copy"),
+            may_open_tx: lower.contains("begin") || lower.contains("start"),
+        }
+    }
+}
+
 /// Whether a statement drops every prepared statement of its backend.
 pub fn clears_prepared(sql: &str) -> bool {
     let lower = sql.to_ascii_lowercase();

@@ -113,8 +113,21 @@ pub struct Pool {
     settled: Notify,
     /// Set when pgline holds this pool's password (the user of `origin.url`): the pool then
     /// also grows on demand, and refills after its connections died.
-    opener: Mutex<Option<Opener>>,
+    opener: Mutex<Option<Arc<Opener>>>,
     counters: Arc<OriginCounters>,
+}
+
+/// What one look at the pool found (`Pool::try_take`). Returned once per take and never
+/// kept, so the connection is moved in it rather than boxed.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Got(Backend, Taken),
+    /// A slot was reserved for a new connection.
+    Open,
+    /// The session's own connection is out for a state read.
+    Settling,
+    /// Nothing free.
+    Wait,
 }
 
 impl Pool {
@@ -159,11 +172,13 @@ impl Pool {
     pub fn set_opener(&self, o: Opener) {
         let mut slot = self.opener.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
-            *slot = Some(o);
+            *slot = Some(Arc::new(o));
         }
     }
 
-    fn opener(&self) -> Option<Opener> {
+    /// Shared, not copied: it is asked for on every take (its settings hold the origin's
+    /// whole configuration).
+    fn opener(&self) -> Option<Arc<Opener>> {
         self.opener
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -238,88 +253,94 @@ impl Pool {
         owner: u64,
         deadline: Instant,
     ) -> Result<(Backend, Taken), PoolError> {
+        // Most takes find a connection at once, and register no waiter for it (each
+        // registration locks the `Notify`'s list twice).
+        let mut first = true;
         loop {
-            let notified = self.notify.notified();
+            let (notified, settled) = (self.notify.notified(), self.settled.notified());
             tokio::pin!(notified);
-            notified.as_mut().enable();
-            let settled = self.settled.notified();
             tokio::pin!(settled);
-            settled.as_mut().enable();
+            if !first {
+                // Enabled before the pool is looked at again, so no wake-up is missed.
+                notified.as_mut().enable();
+                settled.as_mut().enable();
+            }
             let opener = self.opener();
-            let settling;
-            let open = {
-                let mut inner = self.lock();
-                if let Some(i) = inner.reserved.iter().position(|r| r.owner == owner) {
-                    let mut r = inner.reserved.remove(i);
-                    if r.dirty || !r.b.unusable() {
-                        inner.last_used = Instant::now();
-                        return Ok((r.b, Taken::Own { dirty: r.dirty }));
+            let step = self.try_take(owner, opener.is_some())?;
+            match step {
+                Step::Got(b, taken) => return Ok((b, taken)),
+                Step::Open => {
+                    // A slot is reserved: open a connection for it.
+                    let Some(o) = opener else { continue };
+                    return match Backend::open(&o).await {
+                        Ok(b) => Ok((b, Taken::Clean)),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "pgwire: cannot open an origin connection");
+                            self.discard();
+                            Err(PoolError::Open)
+                        }
+                    };
+                }
+                _ if first => first = false,
+                Step::Settling => {
+                    // Woken by `settled` once the read is over (`reserve` or `check_done`),
+                    // not by `notify`: a wake-up meant for another waiter must not be spent on
+                    // this one (`notified` is dropped at the end of this turn of the loop,
+                    // which hands on a wake-up it received).
+                    if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                        return Err(PoolError::Timeout);
                     }
-                    self.dead(&mut inner);
                 }
-                settling = inner.checking.contains(&owner);
-                // While its own connection is out for a state read, a session takes no other:
-                // that one would lack its state.
-                while let Some((mut b, _)) = (!settling).then(|| inner.idle.pop()).flatten() {
-                    if !b.unusable() {
-                        inner.last_used = Instant::now();
-                        return Ok((b, Taken::Clean));
+                Step::Wait => {
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        return Err(PoolError::Timeout);
                     }
-                    self.dead(&mut inner);
                 }
-                while let Some(i) = inner
-                    .reserved
-                    .iter()
-                    .position(|r| !r.dirty)
-                    .filter(|_| !settling)
-                {
-                    let mut r = inner.reserved.remove(i);
-                    if !r.b.unusable() {
-                        inner.last_used = Instant::now();
-                        inner.checking.insert(r.owner);
-                        OriginCounters::add(&self.counters.backend_steals, 1);
-                        return Ok((r.b, Taken::Steal { owner: r.owner }));
-                    }
-                    self.dead(&mut inner);
-                }
-                if settling {
-                    // Its own connection is out for a state read: wait for it to come back.
-                    false
-                } else if opener.is_some() && inner.total < self.size {
-                    inner.total += 1;
-                    true
-                } else if inner.total == 0 {
-                    return Err(PoolError::Empty);
-                } else {
-                    false
-                }
-            };
-            if settling {
-                // Woken by `settled` once the read is over (`reserve` or `check_done`), not by
-                // `notify`: a wake-up meant for another waiter must not be spent on this one
-                // (`notified` is dropped at the end of this turn of the loop, which hands on a
-                // wake-up it received). Enabled before the lock was taken, so none is missed.
-                if tokio::time::timeout_at(deadline, settled).await.is_err() {
-                    return Err(PoolError::Timeout);
-                }
-                continue;
             }
-            if !open {
-                if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                    return Err(PoolError::Timeout);
-                }
-                continue;
+        }
+    }
+
+    /// One look at the pool for `take_for`: its own reserved connection, an idle one, another
+    /// session's reserved one not known to hold state, or a slot to open one in (`may_open`).
+    fn try_take(&self, owner: u64, may_open: bool) -> Result<Step, PoolError> {
+        let mut inner = self.lock();
+        if let Some(i) = inner.reserved.iter().position(|r| r.owner == owner) {
+            let mut r = inner.reserved.remove(i);
+            if r.dirty || !r.b.unusable() {
+                inner.last_used = Instant::now();
+                return Ok(Step::Got(r.b, Taken::Own { dirty: r.dirty }));
             }
-            // A slot is reserved: open a connection for it.
-            let Some(o) = opener else { continue };
-            return match Backend::open(&o).await {
-                Ok(b) => Ok((b, Taken::Clean)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "pgwire: cannot open an origin connection");
-                    self.discard();
-                    Err(PoolError::Open)
-                }
-            };
+            self.dead(&mut inner);
+        }
+        // While its own connection is out for a state read, a session takes no other: that
+        // one would lack its state. It waits for it to come back.
+        if inner.checking.contains(&owner) {
+            return Ok(Step::Settling);
+        }
+        while let Some((mut b, _)) = inner.idle.pop() {
+            if !b.unusable() {
+                inner.last_used = Instant::now();
+                return Ok(Step::Got(b, Taken::Clean));
+            }
+            self.dead(&mut inner);
+        }
+        while let Some(i) = inner.reserved.iter().position(|r| !r.dirty) {
+            let mut r = inner.reserved.remove(i);
+            if !r.b.unusable() {
+                inner.last_used = Instant::now();
+                inner.checking.insert(r.owner);
+                OriginCounters::add(&self.counters.backend_steals, 1);
+                return Ok(Step::Got(r.b, Taken::Steal { owner: r.owner }));
+            }
+            self.dead(&mut inner);
+        }
+        if may_open && inner.total < self.size {
+            inner.total += 1;
+            Ok(Step::Open)
+        } else if inner.total == 0 {
+            Err(PoolError::Empty)
+        } else {
+            Ok(Step::Wait)
         }
     }
 

@@ -42,6 +42,7 @@ use super::plan::{self, Plan, Step, Stmt, Tracker};
 use super::pool::{Pool, PoolError, Taken};
 use super::results;
 use super::state::{self, OriginState};
+use super::stats::Text;
 use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
 use crate::origin;
 use crate::result_plane::ResultFill;
@@ -726,14 +727,12 @@ impl Session {
         // that may open a transaction it would run inside it (taking a REPEATABLE READ
         // snapshot early, or failing a later SET TRANSACTION): asked afterwards then, once the
         // session is idle (`settle`).
-        let copy = plan
-            .sql
+        let sql: Vec<Arc<Text>> = std::mem::take(&mut plan.sql)
             .iter()
-            .any(|s| s.to_ascii_lowercase().contains("copy"));
-        let may_open_tx = plan.sql.iter().any(|s| {
-            let s = s.to_ascii_lowercase();
-            s.contains("begin") || s.contains("start")
-        });
+            .map(|s| self.relay.stats.text(s))
+            .collect();
+        let copy = sql.iter().any(|t| t.traits.copy);
+        let may_open_tx = sql.iter().any(|t| t.traits.may_open_tx);
         let pipelined = want_fence && idle_before && !copy && !may_open_tx;
         if pipelined {
             plan::add_fence(&mut plan, &mut b.prepared);
@@ -752,7 +751,6 @@ impl Session {
                 let lease = self.relay.results.lease(&key.tables);
                 (key, lease)
             });
-        let sql = std::mem::take(&mut plan.sql);
         let parsed: Vec<String> = plan.named_parses.iter().map(|(_, n)| n.clone()).collect();
         let relay = self.relay.clone();
         let mut out = out_for(&relay, &req, self.flow.as_ref());
@@ -865,7 +863,7 @@ impl Session {
         mut b: Backend,
         o: &Outcome,
         status: u8,
-        sql: &[String],
+        sql: &[Arc<Text>],
         (want_fence, pipelined, state_free): (bool, bool, bool),
     ) -> Option<u64> {
         self.status = status;
@@ -906,11 +904,11 @@ impl Session {
                 }
             }
         }
-        let clears = sql.iter().any(|s| plan::clears_prepared(s));
+        let clears = sql.iter().any(|t| t.traits.clears_prepared);
         if clears && !o.failed {
             b.prepared.clear();
         }
-        self.sticky |= sql.iter().any(|s| plan::leaves_session_state(s));
+        self.sticky |= sql.iter().any(|t| t.traits.leaves_state);
         let verified = status == b'I' && fence.is_some();
         if verified {
             // However the batch changed the backend's session (SET, set_config under any

@@ -11,15 +11,17 @@
 //! shows never holds a literal (`ALTER ROLE bob PASSWORD $$secret$$`).
 //! At most [`MAX_ENTRIES`] texts are kept; later new texts count under [`OTHER`].
 //!
-//! A statement text seen before is not tokenized again: its normalized text is kept under a
-//! keyed hash of the text as sent (the text itself, literals included, is not kept), for at
+//! A statement text seen before is not read again: its normalized text and what it may do to a
+//! backend ([`plan::Traits`]) are kept under a keyed 128-bit hash of the text as sent (the text
+//! itself, literals included, is not kept; two texts meet under one key with odds of 2^-128,
+//! and the keys are random, so a client cannot choose texts that do), for at
 //! most [`TEXT_CACHE`] texts. A full cache starts over, so texts that differ in every batch
 //! (literals in the text) cannot keep the repeated ones out for good. The tokenizer allocates a
 //! string per token, and it ran on every forwarded batch: about 1 % of the core's samples, and
 //! part of its `malloc` share, under pgbench `select 1` (`docs/decisions.md`).
 //!
-//! Thread model: two mutexes, the text cache's taken once per statement and the figures' once
-//! per batch, by the session task that ran it (off the hit path). Shown by the HTTP API
+//! Thread model: two mutexes, the text cache's taken once per statement (`text`) and the
+//! figures' once per batch, by the session task that ran it (off the hit path). Shown by the HTTP API
 //! (`api/system.rs`).
 
 use std::collections::hash_map::RandomState;
@@ -27,6 +29,8 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use super::plan;
 
 pub const MAX_ENTRIES: usize = 10_000;
 /// Statement texts whose normalized form is remembered (at most 1 KiB each: 4 MiB).
@@ -77,47 +81,59 @@ impl StatementStats {
     }
 }
 
+/// What the relay knows of one statement text (see the module doc).
+#[derive(Debug)]
+pub struct Text {
+    /// Constants as `$n`, at most `MAX_KEY` bytes.
+    pub normalized: Arc<str>,
+    pub traits: plan::Traits,
+}
+
 #[derive(Default)]
 pub struct Stats {
     map: Mutex<HashMap<String, StatementStats>>,
-    /// Normalized texts by the keyed hash of the text as sent (see the module doc).
-    texts: Mutex<HashMap<u64, Arc<str>>>,
-    /// The hash's random keys (a text cannot be chosen to collide with another's).
-    hasher: RandomState,
+    /// Texts by the keyed hash of the text as sent (see the module doc).
+    texts: Mutex<HashMap<u128, Arc<Text>>>,
+    /// The hash's random keys, two halves (a text cannot be chosen to collide with another's).
+    hasher: (RandomState, RandomState),
 }
 
 impl Stats {
-    /// `sql` normalized, from the text cache when it was seen before.
-    fn normalized(&self, sql: &str) -> Arc<str> {
-        let h = self.hasher.hash_one(sql);
+    /// What is known of `sql`, from the text cache when it was seen before.
+    pub fn text(&self, sql: &str) -> Arc<Text> {
+        let h =
+            u128::from(self.hasher.0.hash_one(sql)) << 64 | u128::from(self.hasher.1.hash_one(sql));
         let texts = || self.texts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = texts().get(&h) {
-            return n.clone();
+        if let Some(t) = texts().get(&h) {
+            return t.clone();
         }
         let mut n = normalize(sql);
         n.truncate(floor_char_boundary(&n, MAX_KEY));
-        let n: Arc<str> = n.into();
+        let t = Arc::new(Text {
+            normalized: n.into(),
+            traits: plan::Traits::of(sql),
+        });
         let mut texts = texts();
         if texts.len() >= TEXT_CACHE {
             texts.clear();
         }
-        texts.insert(h, n.clone());
-        n
+        texts.insert(h, t.clone());
+        t
     }
 
-    /// Records one batch of statements `sql` that took `origin` and sent `bytes` back.
-    pub fn record(&self, sql: &[String], origin: Duration, bytes: usize, error: bool) {
+    /// Records one batch of statements `sql` (from [`Stats::text`]) that took `origin` and sent `bytes` back.
+    pub fn record(&self, sql: &[Arc<Text>], origin: Duration, bytes: usize, error: bool) {
         if sql.is_empty() {
             return;
         }
         let mut key = String::new();
         for s in sql {
-            let n = self.normalized(s);
-            if !key.split("; ").any(|k| k == &*n) {
+            let n = &s.normalized;
+            if !key.split("; ").any(|k| k == &**n) {
                 if !key.is_empty() {
                     key.push_str("; ");
                 }
-                key.push_str(&n);
+                key.push_str(n);
             }
         }
         key.truncate(floor_char_boundary(&key, MAX_KEY));
@@ -221,6 +237,33 @@ pub fn normalize(sql: &str) -> String {
 mod tests {
     use super::*;
 
+    fn record(s: &Stats, sql: &[String], origin: Duration, bytes: usize, error: bool) {
+        let texts: Vec<_> = sql.iter().map(|q| s.text(q)).collect();
+        s.record(&texts, origin, bytes, error);
+    }
+
+    /// A text's traits come from the cache as from the text, for every text of the cache.
+    #[test]
+    fn a_cached_text_keeps_its_traits() {
+        let s = Stats::default();
+        for sql in [
+            "BEGIN",
+            "set search_path = x",
+            "DISCARD ALL",
+            "copy t to stdout",
+            "select 1",
+        ] {
+            for _ in 0..2 {
+                assert_eq!(s.text(sql).traits, plan::Traits::of(sql), "{sql}");
+            }
+        }
+        let t = plan::Traits::of("BEGIN; SET work_mem = '1MB'");
+        assert!(t.may_open_tx && t.leaves_state && !t.copy && !t.clears_prepared);
+        assert!(plan::Traits::of("DEALLOCATE ALL").clears_prepared);
+        assert!(plan::Traits::of("COPY t FROM STDIN").copy);
+        assert_eq!(plan::Traits::of("select 1"), plan::Traits::default());
+    }
+
     #[test]
     fn literals_are_normalized() {
         assert_eq!(
@@ -280,25 +323,30 @@ mod tests {
     fn repeated_texts_are_normalized_once() {
         let s = Stats::default();
         let q = vec!["select 1 /* a */".to_string(), "select 'x'".to_string()];
-        s.record(&q, Duration::from_micros(10), 1, false);
+        record(&s, &q, Duration::from_micros(10), 1, false);
         assert_eq!(s.texts.lock().unwrap().len(), 2);
-        s.record(&q, Duration::from_micros(10), 1, false);
+        record(&s, &q, Duration::from_micros(10), 1, false);
         assert_eq!(s.texts.lock().unwrap().len(), 2);
         let snap = s.snapshot();
         assert_eq!(snap.len(), 1);
         assert_eq!(snap[0].0, "select $1");
         assert_eq!(snap[0].1.calls, 2);
         // The cache holds no literal.
-        assert!(s.texts.lock().unwrap().values().all(|n| !n.contains('x')));
+        assert!(s
+            .texts
+            .lock()
+            .unwrap()
+            .values()
+            .all(|t| !t.normalized.contains('x')));
 
         let full = Stats::default();
         for i in 0..TEXT_CACHE + 10 {
             let q = vec![format!("select {i} from t{i}")];
-            full.record(&q, Duration::from_micros(10), 1, false);
+            record(&full, &q, Duration::from_micros(10), 1, false);
         }
         assert_eq!(full.texts.lock().unwrap().len(), 10);
         let q = vec!["select 'y' from t1".to_string()];
-        full.record(&q, Duration::from_micros(10), 1, false);
+        record(&full, &q, Duration::from_micros(10), 1, false);
         assert!(full
             .snapshot()
             .iter()
@@ -310,9 +358,9 @@ mod tests {
         let s = Stats::default();
         let q = vec!["SELECT 1".to_string()];
         for _ in 0..99 {
-            s.record(&q, Duration::from_micros(100), 10, false);
+            record(&s, &q, Duration::from_micros(100), 10, false);
         }
-        s.record(&q, Duration::from_millis(50), 10, true);
+        record(&s, &q, Duration::from_millis(50), 10, true);
         let snap = s.snapshot();
         assert_eq!(snap.len(), 1);
         let (key, st) = &snap[0];
@@ -320,7 +368,7 @@ mod tests {
         assert_eq!((st.calls, st.errors, st.bytes), (100, 1, 1000));
         assert_eq!(st.mean_us(), (99 * 100 + 50_000) / 100);
         assert_eq!(st.p99_us(), 128);
-        s.record(&q, Duration::from_millis(50), 10, false);
+        record(&s, &q, Duration::from_millis(50), 10, false);
         assert_eq!(s.snapshot()[0].1.p99_us(), 65_536);
     }
 }

@@ -947,3 +947,100 @@ async fn a_parse_the_origin_did_not_take_leaves_no_statement() {
     }
     p.shutdown().await;
 }
+
+/// A Close that an earlier error in its batch made PostgreSQL skip leaves the statement open,
+/// whether the error was the origin's (a failed Parse) or pgline's own (42P05): a later Bind
+/// runs it (here answered from the store), and a Parse of its name fails with 42P05. A Parse
+/// of the same name after the skipped Close is skipped too, so the old text stays. Before the
+/// fix pgline applied every Close: the Bind failed with 26000 and the Parse succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_skipped_after_an_error_keeps_the_statement() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::bind_text;
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_unclosed").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let lookup = "SELECT bal FROM acct WHERE id = $1";
+    let run_a = || {
+        let mut m = BytesMut::new();
+        bind_text(&mut m, "a", &["5"]);
+        frontend::execute("", 0, &mut m).unwrap();
+        frontend::sync(&mut m);
+        m
+    };
+    let mut batches = Vec::new();
+    let mut m = BytesMut::new();
+    frontend::parse("a", lookup, [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    batches.push(run_a());
+    batches.push(run_a());
+    // The origin's error skips the Close.
+    let mut m = BytesMut::new();
+    frontend::parse("x", "SELEC", [], &mut m).unwrap();
+    frontend::close(b'S', "a", &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    batches.push(run_a());
+    let mut m = BytesMut::new();
+    frontend::parse("a", "SELECT 2", [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    // pgline's own 42P05 skips the Close.
+    let mut m = BytesMut::new();
+    frontend::parse("a", lookup, [], &mut m).unwrap();
+    frontend::close(b'S', "a", &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    batches.push(run_a());
+    // Still held at the core too: a Parse of another lookup under its name fails, and Binds
+    // of the name, forwarded or answered from the store, run the old text.
+    let mut m = BytesMut::new();
+    frontend::parse("a", "SELECT note FROM acct WHERE id = $1", [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    batches.push(run_a());
+    batches.push(run_a());
+    // A skipped Close, then a skipped Parse of the same name: the old text stays.
+    let mut m = BytesMut::new();
+    frontend::parse("x", "SELEC", [], &mut m).unwrap();
+    frontend::close(b'S', "a", &mut m).unwrap();
+    frontend::parse("a", "SELECT 2", [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    batches.push(run_a());
+    // A Close that stands still closes.
+    let mut m = BytesMut::new();
+    frontend::close(b'S', "a", &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    batches.push(run_a());
+    let mut replies = Vec::new();
+    for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
+        let mut w = Wire::connect(addr, &db.name, &[]).await;
+        let mut each = Vec::new();
+        for m in &batches {
+            each.push(comparable(&w.exchange_bytes(m).await));
+        }
+        replies.push(each);
+    }
+    // What PostgreSQL answered: the row after the skipped Close, 42P05 for the Parse of the
+    // held name, and 26000 once a Close stood.
+    let has = |i: usize, tag: u8, text: &str| {
+        replies[1][i]
+            .iter()
+            .any(|(t, b)| *t == tag && String::from_utf8_lossy(b).contains(text))
+    };
+    assert!(has(4, b'D', "") && has(5, b'E', "42P05") && has(8, b'E', "42P05"));
+    assert!(
+        has(12, b'D', "") && has(14, b'E', "26000"),
+        "{:?}",
+        replies[1]
+    );
+    for (i, (ours, theirs)) in replies[0].iter().zip(&replies[1]).enumerate() {
+        assert_eq!(ours, theirs, "batch {i}");
+    }
+    p.shutdown().await;
+}

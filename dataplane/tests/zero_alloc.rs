@@ -290,6 +290,7 @@ fn answer_startup(shared: &Arc<Shared>) {
             fence_lsn: 0,
             serve_cached: true,
             unparsed: Vec::new(),
+            unclosed: Vec::new(),
         };
         control.send_pg_reply(0, reply);
         return;

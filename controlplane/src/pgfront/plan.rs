@@ -144,12 +144,27 @@ pub struct Plan {
     /// as open; if that act fails or is skipped after an error, the name must be forgotten
     /// again ([`Tracker::dropped`]), or a retried Parse would get 42P05.
     pub named_parses: Vec<(usize, String)>,
+    /// Every `Close S` of a named statement among the client's messages, in order. The
+    /// planner forgets the name; a Close that an error made PostgreSQL skip leaves the
+    /// statement, so the session holds it again and the core is told ([`PgReply::unclosed`]).
+    ///
+    /// [`PgReply::unclosed`]: pgline_dataplane::plane::PgReply::unclosed
+    pub closes: Vec<NamedClose>,
     /// What the batch does to the session's unnamed statement, in order: (index in `acts`,
     /// the body of a client's `Parse ""` after its name, or None for a Query, which destroys
     /// it, or its Close). See [`Tracker::unnamed`].
     pub unnamed: Vec<(usize, Option<Vec<u8>>)>,
     /// The backend running the batch holds the session's unnamed statement at this point.
     unnamed_here: bool,
+}
+
+/// A client's `Close S "name"` of a named statement in a batch (see [`Plan::closes`]).
+#[derive(Debug)]
+pub struct NamedClose {
+    /// The act answering it; None when pgline skipped it after an error it raised itself.
+    pub act: Option<usize>,
+    /// The statement it took from the session, by name (None: the session held none).
+    pub took: Option<(String, Stmt)>,
 }
 
 /// The session's unnamed statement: the body of its last `Parse ""` after the name (text and
@@ -177,6 +192,12 @@ pub fn plan_batch(
     let mut skipping = false;
     for f in frames {
         if skipping && f.tag != b'S' {
+            if f.tag == b'C' && matches!(f.body, [b'S', first, ..] if *first != 0) {
+                plan.closes.push(NamedClose {
+                    act: None,
+                    took: None,
+                });
+            }
             continue;
         }
         plan_frame(f, stmts, unnamed, prepared, &mut plan)?;
@@ -228,7 +249,10 @@ fn plan_frame(
             }
             let statement = variant == b'S' && !name.is_empty();
             if statement && f.tag == b'C' {
-                stmts.remove(name);
+                plan.closes.push(NamedClose {
+                    act: Some(plan.acts.len()),
+                    took: stmts.remove(name).map(|st| (name.to_owned(), st)),
+                });
                 plan.acts.push(Act::Local(CLOSE_COMPLETE));
                 return Ok(());
             }

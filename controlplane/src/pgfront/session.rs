@@ -66,6 +66,10 @@ struct Outcome {
     described: Option<Vec<u8>>,
     /// Client statement names whose Parse failed or was skipped: not open after all.
     unparsed: Vec<String>,
+    /// The batch's named Closes that did not take effect, by their place among them
+    /// ([`PgReply::unclosed`]), and the statements they had taken from the session.
+    unclosed: Vec<u32>,
+    reopened: Vec<(String, Stmt)>,
     /// The session's unnamed statement after the batch, if the batch changed it.
     unnamed: Option<plan::Unnamed>,
 }
@@ -86,8 +90,9 @@ struct Out<'a> {
     /// Goes with the last reply: the session's origin state serves cached answers
     /// ([`PgReply::serve_cached`]).
     serve_cached: bool,
-    /// Goes with the last reply: [`PgReply::unparsed`].
+    /// Go with the last reply: [`PgReply::unparsed`], [`PgReply::unclosed`].
     unparsed: Vec<Box<[u8]>>,
+    unclosed: Vec<u32>,
 }
 
 impl Out<'_> {
@@ -144,6 +149,10 @@ impl Out<'_> {
                 PgReplyEnd::Ready(_) => std::mem::take(&mut self.unparsed),
                 _ => Vec::new(),
             },
+            unclosed: match end {
+                PgReplyEnd::Ready(_) => std::mem::take(&mut self.unclosed),
+                _ => Vec::new(),
+            },
         };
         self.relay.push_reply(self.core, reply);
     }
@@ -164,6 +173,7 @@ fn out_for<'a>(relay: &'a RelayState, req: &PgRequest, flow: Option<&Arc<PgFlow>
         flow: flow.cloned(),
         serve_cached: false,
         unparsed: Vec::new(),
+        unclosed: Vec::new(),
     }
 }
 
@@ -790,6 +800,12 @@ impl Session {
         }
         // The core booked them too when it forwarded the batch.
         out.unparsed = o.unparsed.iter().map(|n| n.as_bytes().into()).collect();
+        // After the failed Parses: a skipped Close, and a Parse of the same name after it
+        // (skipped as well), leave the statement the session held before.
+        out.unclosed = std::mem::take(&mut o.unclosed);
+        for (name, st) in std::mem::take(&mut o.reopened) {
+            self.stmts.entry(name).or_insert(st);
+        }
         if let Some(u) = o.unnamed.take() {
             self.unnamed = u;
         }
@@ -1047,6 +1063,12 @@ impl Session {
             .filter(|(i, _)| tracker.dropped.contains(i))
             .map(|(_, name)| name)
             .collect();
+        for (k, close) in plan.closes.into_iter().enumerate() {
+            if close.act.is_none_or(|i| tracker.dropped.contains(&i)) {
+                o.unclosed.push(k as u32);
+                o.reopened.extend(close.took);
+            }
+        }
         o
     }
 

@@ -217,6 +217,11 @@ pub struct PgReply {
     /// Parse messages gave that the origin did not take (the Parse failed, or was skipped
     /// after an earlier error). The core forgets them: PostgreSQL holds no such statement.
     pub unparsed: Vec<Box<[u8]>>,
+    /// On a reply that ends [`PgReplyEnd::Ready`]: which of the request's `Close S` messages
+    /// of named statements did not take effect (skipped after an earlier error), by their
+    /// place among those messages (0 for the first). The core forgot those statements when
+    /// it forwarded the request and holds them again: PostgreSQL keeps them.
+    pub unclosed: Vec<u32>,
 }
 
 // ---- query-result cache ---------------------------------------------------------------

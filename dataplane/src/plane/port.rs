@@ -502,6 +502,7 @@ mod tests {
                     fence_lsn: 0,
                     serve_cached: false,
                     unparsed: Vec::new(),
+                    unclosed: Vec::new(),
                 },
             );
         }

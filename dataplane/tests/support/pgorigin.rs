@@ -189,6 +189,7 @@ impl Relay {
                     // batch; this stand-in's sessions never change theirs unless a test does.
                     serve_cached: true,
                     unparsed: Vec::new(),
+                    unclosed: Vec::new(),
                 };
                 control.send_pg_reply(0, reply);
             }

@@ -150,6 +150,9 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
     let Conn { rbuf, rpos, pg, .. } = conn;
     let Some(pg) = pg.as_deref_mut() else { return };
     pg.unnamed_dropped = false;
+    pg.closing.clear();
+    // The place of each named Close among the batch's (as the relay counts them).
+    let mut closes = 0u32;
     let batch = &rbuf[*rpos..*rpos + end];
     let mut at = 0;
     while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
@@ -196,9 +199,21 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
             Frontend::Close {
                 target: Target::Statement,
                 name,
-            } => pg.forget_statement(name),
+            } if !name.is_empty() => {
+                // Kept until the reply tells whether the origin skipped the Close.
+                if let Some(s) = pg.forget_statement(name) {
+                    pg.closing.push((closes, name.into(), s));
+                }
+                closes += 1;
+            }
+            Frontend::Close {
+                target: Target::Statement,
+                ..
+            }
             // A simple Query destroys the unnamed statement.
-            Frontend::Query(_) => pg.forget_statement(b""),
+            | Frontend::Query(_) => {
+                pg.forget_statement(b"");
+            }
             _ => {}
         }
     }

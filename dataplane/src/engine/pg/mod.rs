@@ -120,6 +120,10 @@ pub(crate) struct PgSession {
     /// A simple Query answered from cache destroyed the unnamed statement since the last
     /// forwarded batch: the relay, which may hold one, must hear it.
     pub unnamed_dropped: bool,
+    /// Named statements the outstanding forwarded batch closed, with the place of their Close
+    /// among the batch's named Closes, kept until its reply says which Closes the origin
+    /// skipped after an error (`PgReply::unclosed`): those are held again.
+    pub closing: Vec<(u32, Box<[u8]>, Statement)>,
     /// The store key of the lookup being served (reused).
     pub key_buf: Vec<u8>,
     /// The key of the cacheable statement being served (reused).
@@ -156,6 +160,7 @@ impl PgSession {
             statements: FxHashMap::default(),
             statement_bytes: 0,
             unnamed_dropped: false,
+            closing: Vec::new(),
             key_buf: Vec::with_capacity(64),
             result_key: Vec::new(),
             settings: settings::Settings::default(),
@@ -220,11 +225,24 @@ impl PgSession {
         self.unnamed_dropped = true;
     }
 
-    /// Forgets a statement the client closed.
-    fn forget_statement(&mut self, name: &[u8]) {
-        if let Some(s) = self.statements.remove(name) {
-            if !name.is_empty() {
-                self.statement_bytes -= s.parse.len();
+    /// Forgets a statement the client closed; the statement, if it was held.
+    fn forget_statement(&mut self, name: &[u8]) -> Option<Statement> {
+        let s = self.statements.remove(name)?;
+        if !name.is_empty() {
+            self.statement_bytes -= s.parse.len();
+        }
+        Some(s)
+    }
+
+    /// After a forwarded batch's reply: the named statements it closed are gone, except those
+    /// whose Close the origin skipped (`unclosed`), held again as they were before their
+    /// Close. Runs after the batch's failed Parses were forgotten, so that a skipped Close and
+    /// a (skipped) Parse of the same name after it leave the old statement.
+    fn settle_closes(&mut self, unclosed: &[u32]) {
+        for (k, name, s) in std::mem::take(&mut self.closing) {
+            if unclosed.contains(&k) && !self.statements.contains_key(&name) {
+                self.statement_bytes += s.parse.len();
+                self.statements.insert(name, s);
             }
         }
     }
@@ -665,6 +683,7 @@ pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
             for name in &reply.unparsed {
                 pg.forget_statement(name);
             }
+            pg.settle_closes(&reply.unclosed);
             pg.tx_status = status;
             pg.phase = Phase::Ready;
         }

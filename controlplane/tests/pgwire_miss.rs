@@ -1044,3 +1044,55 @@ async fn a_close_skipped_after_an_error_keeps_the_statement() {
     }
     p.shutdown().await;
 }
+
+/// Notifications that reach a listening session's connection while pgline runs its own
+/// statements there (here the fence and state read after each point lookup: a listening
+/// session is pinned, so the read runs after the reply) reach the client, as they all do from
+/// PostgreSQL. Before the fix pgline read them as part of its own round trip and dropped them
+/// (3 to 7 of 300 in three runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_during_pglines_own_statements_reach_the_client() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::bind_text;
+    use postgres_protocol::message::frontend;
+    const SENT: usize = 300;
+    let db = TestDb::create("pgw_miss_notify").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &[]).await;
+    let mut w = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let mut got = w.exchange(&query("LISTEN ch")).await;
+    let sender = tokio::spawn(async move {
+        for i in 0..SENT {
+            admin
+                .batch_execute(&format!("NOTIFY ch, 'n{i}'"))
+                .await
+                .unwrap();
+        }
+    });
+    let mut lookup = BytesMut::new();
+    frontend::parse("", "SELECT bal FROM acct WHERE id = $1", [], &mut lookup).unwrap();
+    bind_text(&mut lookup, "", &["5"]);
+    frontend::execute("", 0, &mut lookup).unwrap();
+    frontend::sync(&mut lookup);
+    while !sender.is_finished() {
+        got.extend(w.exchange(&lookup).await);
+    }
+    sender.await.unwrap();
+    // Those that came while the session was idle are read with its next reply.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    got.extend(w.exchange(&query("SELECT 1")).await);
+    let heard: std::collections::HashSet<_> = got
+        .iter()
+        .filter(|(t, _)| *t == b'A')
+        .map(|(_, body)| body.clone())
+        .collect();
+    assert_eq!(heard.len(), SENT, "notifications heard");
+    p.shutdown().await;
+}
+
+fn query(sql: &str) -> Vec<u8> {
+    let mut m = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::query(sql, &mut m).unwrap();
+    m.to_vec()
+}

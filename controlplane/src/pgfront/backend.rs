@@ -42,7 +42,16 @@ pub struct Backend {
     pub session_params: Vec<(String, String)>,
     /// The origin asked for SASL: the client's next message is its SASLInitialResponse.
     pub awaiting_sasl_initial: bool,
+    /// NotificationResponses (LISTEN) that arrived while pgline ran its own statements here
+    /// (the fence, a state read, closing statements), at most [`NOTIFICATIONS_MAX`] bytes: the
+    /// session holding the connection gets them with its reply (`session`); a connection
+    /// taken in the login state listens to nothing, and they are dropped.
+    pub notifications: Vec<u8>,
 }
+
+/// Bytes of NotificationResponses a connection keeps for its session (a payload is at most
+/// 8,000 bytes); later ones are dropped, with a warning.
+pub const NOTIFICATIONS_MAX: usize = 64 * 1024;
 
 /// The cancels sent at one origin connection that may not have landed yet.
 ///
@@ -121,6 +130,19 @@ impl Backend {
             host,
             session_params: Vec::new(),
             awaiting_sasl_initial: false,
+            notifications: Vec::new(),
+        }
+    }
+
+    /// Keeps a NotificationResponse (whole frame) that arrived during pgline's own statement.
+    fn keep_notification(&mut self, frame: &[u8]) {
+        if self.notifications.len() + frame.len() <= NOTIFICATIONS_MAX {
+            self.notifications.extend_from_slice(frame);
+        } else {
+            tracing::warn!(
+                pid = self.pid,
+                "pgwire: a notification arriving during pgline's own statement was dropped (more than {NOTIFICATIONS_MAX} bytes waiting)"
+            );
         }
     }
 
@@ -234,6 +256,7 @@ impl Backend {
                     self.write(&buf).await?;
                 }
                 b'Z' => return Ok((!failed).then(|| first.flatten())),
+                b'A' => self.keep_notification(&f),
                 _ => {}
             }
         }
@@ -266,6 +289,7 @@ impl Backend {
                 b'D' if first.is_none() => first = Some(row_texts(&f)),
                 b'E' => failed = true,
                 b'Z' => break,
+                b'A' => self.keep_notification(&f),
                 _ => {}
             }
         }
@@ -305,6 +329,7 @@ impl Backend {
                     return Err(io::Error::other("closing prepared statements failed"))
                 }
                 b'Z' => break,
+                b'A' => self.keep_notification(&f),
                 _ => {}
             }
         }

@@ -736,7 +736,9 @@ impl Tracker {
             Some(Act::Query { hidden: true } | Act::Snapshot | Act::Check)
         );
         if matches!(tag, b'N' | b'S' | b'A') {
-            if !hidden_now {
+            // A notification is the session's whenever it arrives; a notice or parameter
+            // status during pgline's own statement is pgline's.
+            if !hidden_now || tag == b'A' {
                 out.extend_from_slice(frame);
             }
             return Step::Continue;

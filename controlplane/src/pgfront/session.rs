@@ -767,6 +767,15 @@ impl Session {
         if cache.is_some() {
             out.capture = Some(Vec::new());
         }
+        if clean {
+            // In the login state: it listens to nothing of this session's.
+            b.notifications.clear();
+        } else if unread.is_none() {
+            // The session's own connection: notifications that arrived during pgline's own
+            // statements since its last reply go first, as PostgreSQL sent them first. (One
+            // taken from another session unread keeps them for that session.)
+            out.buf.append(&mut b.notifications);
+        }
         let started = std::time::Instant::now();
         let mut o = self.execute(&mut b, plan, &mut out).await;
         if let Some(settling) = unread {
@@ -845,6 +854,11 @@ impl Session {
         let fence = self
             .settle(b, &o, status, &sql, (want_fence, pipelined, state_free))
             .await;
+        // Those that arrived during the fence or the closing of statements after the reply
+        // follow it; a connection that went back to the pool listens to nothing.
+        if let Some(pinned) = self.pinned.as_mut() {
+            out.buf.append(&mut pinned.notifications);
+        }
         if let (Some((key, lease)), b'I', false, false, true) =
             (cache, status, o.failed, broken, self.serve_cached)
         {

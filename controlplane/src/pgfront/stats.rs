@@ -12,11 +12,16 @@
 //! At most [`MAX_ENTRIES`] texts are kept; later new texts count under [`OTHER`].
 //!
 //! A statement text seen before is not read again: its normalized text and what it may do to a
-//! backend ([`plan::Traits`]) are kept under a keyed 128-bit hash of the text as sent (the text
-//! itself, literals included, is not kept; two texts meet under one key with odds of 2^-128,
+//! backend ([`plan::Traits`]) are kept under a keyed 128-bit hash of its *shape* (the text
+//! itself, literals included, is not kept; two shapes meet under one key with odds of 2^-128,
 //! and the keys are random, so a client cannot choose texts that do), for at
-//! most [`TEXT_CACHE`] texts. A full cache starts over, so texts that differ in every batch
-//! (literals in the text) cannot keep the repeated ones out for good. The tokenizer allocates a
+//! most [`TEXT_CACHE`] texts. The shape is the text with each number written as `0`
+//! ([`shape_key`]), so the statements of a client that writes its values into the text
+//! (pgbench's simple protocol: `... WHERE aid = 48213`) are tokenized once per shape, not once
+//! per run. Texts of one shape have one normalized text (every number is a constant, `$n`) and
+//! the same traits (no keyword the traits look for holds a digit). A full cache starts over, so
+//! texts that differ in every batch (string literals in the text) cannot keep the repeated ones
+//! out for good. The tokenizer allocates a
 //! string per token, and it ran on every forwarded batch: about 1 % of the core's samples, and
 //! part of its `malloc` share, under pgbench `select 1` (`docs/decisions.md`).
 //!
@@ -99,10 +104,9 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// What is known of `sql`, from the text cache when it was seen before.
+    /// What is known of `sql`, from the text cache when a text of its shape was seen before.
     pub fn text(&self, sql: &str) -> Arc<Text> {
-        let h =
-            u128::from(self.hasher.0.hash_one(sql)) << 64 | u128::from(self.hasher.1.hash_one(sql));
+        let h = shape_key(&self.hasher, sql);
         let texts = || self.texts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(t) = texts().get(&h) {
             return t.clone();
@@ -156,6 +160,59 @@ impl Stats {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
+}
+
+/// The keyed 128-bit hash of `sql` with each number written as `0`: each maximal run of ASCII
+/// digits that does not continue a word (after a letter, digit, `_`, `$` or a non-ASCII byte: an
+/// identifier, or a parameter `$n`) and is not inside a double-quoted identifier becomes one
+/// `0`. Inside a string literal a run may become `0` too, which leaves it a string. Quotes are
+/// followed only in texts without a backslash, `$$`/`$tag$` quoting or comments, where `'` and
+/// `"` alone open and close literals and identifiers (doubling one inside is two toggles);
+/// any other text is hashed as sent.
+fn shape_key(keys: &(RandomState, RandomState), sql: &str) -> u128 {
+    use std::hash::Hasher;
+    let (mut a, mut b) = (keys.0.build_hasher(), keys.1.build_hasher());
+    let bytes = sql.as_bytes();
+    let plain = !bytes.contains(&b'\\')
+        && !sql.contains("--")
+        && !sql.contains("/*")
+        && !bytes
+            .windows(2)
+            .any(|w| w[0] == b'$' && !w[1].is_ascii_digit());
+    let mut written = 0;
+    if plain {
+        let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80;
+        let (mut single, mut double) = (false, false);
+        let mut i = 0;
+        while i < bytes.len() {
+            let c = bytes[i];
+            match c {
+                b'\'' if !double => single = !single,
+                b'"' if !single => double = !double,
+                b'0'..=b'9' if !double && (i == 0 || !word(bytes[i - 1])) => {
+                    let end = bytes[i..]
+                        .iter()
+                        .position(|d| !d.is_ascii_digit())
+                        .map_or(bytes.len(), |n| i + n);
+                    for h in [&mut a, &mut b] {
+                        h.write(&bytes[written..i]);
+                        h.write(b"0");
+                    }
+                    written = end;
+                    i = end;
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+    for h in [&mut a, &mut b] {
+        h.write(&bytes[written..]);
+        // The end, so that no text's shape is the start of another's.
+        h.write_u8(0xff);
+    }
+    u128::from(a.finish()) << 64 | u128::from(b.finish())
 }
 
 fn floor_char_boundary(s: &str, max: usize) -> usize {
@@ -240,6 +297,49 @@ mod tests {
     fn record(s: &Stats, sql: &[String], origin: Duration, bytes: usize, error: bool) {
         let texts: Vec<_> = sql.iter().map(|q| s.text(q)).collect();
         s.record(&texts, origin, bytes, error);
+    }
+
+    /// Texts that differ only in their numbers share a shape, and with it one normalized text
+    /// and one set of traits; identifiers, parameters and quoted names with digits, and texts
+    /// whose quoting is not followed, do not.
+    #[test]
+    fn texts_differing_in_numbers_share_a_shape() {
+        let keys = (RandomState::new(), RandomState::new());
+        let same = [
+            (
+                "UPDATE pgbench_accounts SET abalance = abalance + 4021 WHERE aid = 7;",
+                "UPDATE pgbench_accounts SET abalance = abalance + 12 WHERE aid = 999999;",
+            ),
+            (
+                "select 1.5e10, x[3] from t1 where a = $1",
+                "select 2.0e10, x[10] from t1 where a = $1",
+            ),
+            ("select '1' as \"c\"\"1\"", "select '22' as \"c\"\"1\""),
+            ("SET work_mem = 4096", "SET work_mem = 1"),
+            (
+                "CREATE TEMP TABLE x AS SELECT 1",
+                "CREATE TEMP TABLE x AS SELECT 22",
+            ),
+        ];
+        for (x, y) in same {
+            assert_eq!(shape_key(&keys, x), shape_key(&keys, y), "{x} / {y}");
+            assert_eq!(normalize(x), normalize(y), "{x} / {y}");
+            assert_eq!(plan::Traits::of(x), plan::Traits::of(y), "{x} / {y}");
+        }
+        let different = [
+            ("select * from t1", "select * from t2"),
+            ("select $1, 5", "select $2, 5"),
+            ("select \"1\" from t", "select \"2\" from t"),
+            ("select \"a 1\" from t", "select \"a 2\" from t"),
+            ("select 'x\\' as \"1\" -- 1", "select 'x\\' as \"2\" -- 1"),
+            ("select 1 -- note", "select 2 -- note"),
+            ("select $$1$$", "select $$2$$"),
+            ("select 1", "select 1 "),
+            ("select 1", "select 1;"),
+        ];
+        for (x, y) in different {
+            assert_ne!(shape_key(&keys, x), shape_key(&keys, y), "{x} / {y}");
+        }
     }
 
     /// A text's traits come from the cache as from the text, for every text of the cache.

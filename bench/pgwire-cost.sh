@@ -7,11 +7,13 @@
 #   bench/pgwire-cost.sh                                  # select1, 8 and 32 clients, 3 rounds
 #   BINS="/tmp/old/pgline target/release/pgline" bench/pgwire-cost.sh   # builds side by side
 #   BINS="pgbouncer target/release/pgline" bench/pgwire-cost.sh     # against PgBouncer
+#   DB=pgline_pgbench_s10 SCRIPT= BUILTIN=tpcb-like CLIENTS=8 bench/pgwire-cost.sh   # TPC-B
 #
 # Environment: BINS (pgline binaries, default target/release/pgline, or the word `pgbouncer`
 # for Debian's PgBouncer in transaction mode, bench/pgbouncer.sh; each round runs every one in
 # turn), CLIENTS ("8 32"), ROUNDS (3), DURATION (seconds counted, 5), SCRIPT (pgbench script,
-# bench/pgwire-select1.pgbench), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442),
+# bench/pgwire-select1.pgbench; empty for none), BUILTIN (a pgbench builtin such as tpcb-like,
+# with SCRIPT= and a DB that pgbench -i made), DB (pgline_cost), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442),
 # BOUNCER_PORT (6444).
 # One line per run: tps, the proxy's CPU µs per transaction, system calls per transaction
 # (all, and without sched_yield, which a spinning core makes when idle), eventfd/epoll calls
@@ -24,12 +26,12 @@ BINS=${BINS:-target/release/pgline}
 CLIENTS=${CLIENTS:-8 32}
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
-SCRIPT=${SCRIPT:-bench/pgwire-select1.pgbench}
+SCRIPT=${SCRIPT-bench/pgwire-select1.pgbench}
 PGWIRE_PORT=${PGWIRE_PORT:-6443}
 PGLINE_PORT=${PGLINE_PORT:-6441}
 API_PORT=${API_PORT:-6442}
 BOUNCER_PORT=${BOUNCER_PORT:-6444}
-DB=pgline_cost
+DB=${DB:-pgline_cost}
 command -v perf >/dev/null || { echo "pgwire-cost.sh: needs perf (apt-get install linux-perf)" >&2; exit 1; }
 eval "$(deploy/lab/pg.sh env)"
 export PGHOST PGPORT PGUSER PGPASSWORD
@@ -69,7 +71,7 @@ run() { # binary-or-pgbouncer clients
     fi
     sleep 1
     # pgbench runs a second longer than the count, which starts half a second in.
-    pgbench -n -f "$SCRIPT" -h 127.0.0.1 -p "$port" -c "$c" -j 2 -T $((DURATION + 1)) \
+    pgbench -n ${BUILTIN:+-b "$BUILTIN"} ${SCRIPT:+-f "$SCRIPT"} -h 127.0.0.1 -p "$port" -c "$c" -j 2 -T $((DURATION + 1)) \
         "$DB" >"$TMPD/pgbench.out" 2>&1 &
     local bench=$!
     sleep 0.5

@@ -50,6 +50,26 @@ fn comparable(reply: &[u8]) -> Vec<(u8, Vec<u8>)> {
         .collect()
 }
 
+/// Each batch's reply (`comparable`), on one session through pgline and on one straight at the
+/// origin: `[pgline's, the origin's]`.
+async fn through_both(
+    p: &Pgline,
+    db: &TestDb,
+    batches: &[bytes::BytesMut],
+) -> [Vec<Vec<(u8, Vec<u8>)>>; 2] {
+    let mut replies = [Vec::new(), Vec::new()];
+    for (i, addr) in [p.pg_addr().unwrap(), origin::origin_addr()]
+        .into_iter()
+        .enumerate()
+    {
+        let mut w = Wire::connect(addr, &db.name, &[]).await;
+        for m in batches {
+            replies[i].push(comparable(&w.exchange_bytes(m).await));
+        }
+    }
+    replies
+}
+
 fn counts(p: &Pgline) -> Counts {
     Counts {
         filled: p.shared.total(|s| &s.pg_lookup_filled),
@@ -927,16 +947,7 @@ async fn a_parse_the_origin_did_not_take_leaves_no_statement() {
         frontend::sync(&mut m);
         batches.push(m);
     }
-    let mut replies = Vec::new();
-    for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
-        let mut w = Wire::connect(addr, &db.name, &[]).await;
-        let mut each = Vec::new();
-        for m in &batches {
-            let got = comparable(&w.exchange_bytes(m).await);
-            each.push(got);
-        }
-        replies.push(each);
-    }
+    let replies = through_both(&p, &db, &batches).await;
     assert!(
         String::from_utf8_lossy(&replies[1][2][0].1).contains("26000"),
         "{:?}",
@@ -1017,15 +1028,7 @@ async fn a_close_skipped_after_an_error_keeps_the_statement() {
     frontend::sync(&mut m);
     batches.push(m);
     batches.push(run_a());
-    let mut replies = Vec::new();
-    for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
-        let mut w = Wire::connect(addr, &db.name, &[]).await;
-        let mut each = Vec::new();
-        for m in &batches {
-            each.push(comparable(&w.exchange_bytes(m).await));
-        }
-        replies.push(each);
-    }
+    let replies = through_both(&p, &db, &batches).await;
     // What PostgreSQL answered: the row after the skipped Close, 42P05 for the Parse of the
     // held name, and 26000 once a Close stood.
     let has = |i: usize, tag: u8, text: &str| {

@@ -1028,6 +1028,43 @@ async fn a_close_skipped_after_an_error_keeps_the_statement() {
     frontend::sync(&mut m);
     batches.push(m);
     batches.push(run_a());
+    // A Parse skipped after pgline's own 42P05 leaves no statement: its Bind fails (26000),
+    // also once the session is served from cache again.
+    for parses in [&["a"][..], &["a", "s3"][..]] {
+        let mut m = BytesMut::new();
+        for name in parses {
+            frontend::parse(name, lookup, [], &mut m).unwrap();
+        }
+        frontend::sync(&mut m);
+        batches.push(m);
+    }
+    batches.push(run_a());
+    batches.push(run_a());
+    let mut m = BytesMut::new();
+    bind_text(&mut m, "s3", &["5"]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    // A skipped Close of a statement whose own Parse in the batch failed, or was skipped,
+    // brings nothing back: the name can be parsed, and the statement run.
+    for first in [("s1", "SELEC 1"), ("x", "SELEC")] {
+        let mut m = BytesMut::new();
+        frontend::parse(first.0, first.1, [], &mut m).unwrap();
+        if first.0 == "x" {
+            frontend::parse("s1", lookup, [], &mut m).unwrap();
+        }
+        frontend::close(b'S', "s1", &mut m).unwrap();
+        frontend::sync(&mut m);
+        batches.push(m);
+        batches.push(run_a());
+        let mut m = BytesMut::new();
+        frontend::parse("s1", lookup, [], &mut m).unwrap();
+        bind_text(&mut m, "s1", &["5"]);
+        frontend::execute("", 0, &mut m).unwrap();
+        frontend::close(b'S', "s1", &mut m).unwrap();
+        frontend::sync(&mut m);
+        batches.push(m);
+    }
     let replies = through_both(&p, &db, &batches).await;
     // What PostgreSQL answered: the row after the skipped Close, 42P05 for the Parse of the
     // held name, and 26000 once a Close stood.
@@ -1039,6 +1076,11 @@ async fn a_close_skipped_after_an_error_keeps_the_statement() {
     assert!(has(4, b'D', "") && has(5, b'E', "42P05") && has(8, b'E', "42P05"));
     assert!(
         has(12, b'D', "") && has(14, b'E', "26000"),
+        "{:?}",
+        replies[1]
+    );
+    assert!(
+        has(16, b'E', "42P05") && has(19, b'E', "26000") && has(22, b'D', "") && has(25, b'D', ""),
         "{:?}",
         replies[1]
     );

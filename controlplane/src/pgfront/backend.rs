@@ -47,6 +47,8 @@ pub struct Backend {
     /// session holding the connection gets them with its reply (`session`); a connection
     /// taken in the login state listens to nothing, and they are dropped.
     pub notifications: Vec<u8>,
+    /// Some were dropped past the bound (warned once).
+    notifications_dropped: bool,
 }
 
 /// Bytes of NotificationResponses a connection keeps for its session (a payload is at most
@@ -131,17 +133,21 @@ impl Backend {
             session_params: Vec::new(),
             awaiting_sasl_initial: false,
             notifications: Vec::new(),
+            notifications_dropped: false,
         }
     }
 
-    /// Keeps a NotificationResponse (whole frame) that arrived during pgline's own statement.
-    fn keep_notification(&mut self, frame: &[u8]) {
-        if self.notifications.len() + frame.len() <= NOTIFICATIONS_MAX {
-            self.notifications.extend_from_slice(frame);
-        } else {
+    /// Keeps NotificationResponses (whole frames) for the session that holds the connection.
+    pub fn keep_notifications(&mut self, frames: &[u8]) {
+        if frames.is_empty() {
+            return;
+        }
+        if self.notifications.len() + frames.len() <= NOTIFICATIONS_MAX {
+            self.notifications.extend_from_slice(frames);
+        } else if !std::mem::replace(&mut self.notifications_dropped, true) {
             tracing::warn!(
                 pid = self.pid,
-                "pgwire: a notification arriving during pgline's own statement was dropped (more than {NOTIFICATIONS_MAX} bytes waiting)"
+                "pgwire: notifications that arrived during pgline's own statements were dropped (more than {NOTIFICATIONS_MAX} bytes waiting; warned once per connection)"
             );
         }
     }
@@ -256,7 +262,7 @@ impl Backend {
                     self.write(&buf).await?;
                 }
                 b'Z' => return Ok((!failed).then(|| first.flatten())),
-                b'A' => self.keep_notification(&f),
+                b'A' => self.keep_notifications(&f),
                 _ => {}
             }
         }
@@ -289,7 +295,7 @@ impl Backend {
                 b'D' if first.is_none() => first = Some(row_texts(&f)),
                 b'E' => failed = true,
                 b'Z' => break,
-                b'A' => self.keep_notification(&f),
+                b'A' => self.keep_notifications(&f),
                 _ => {}
             }
         }
@@ -329,7 +335,7 @@ impl Backend {
                     return Err(io::Error::other("closing prepared statements failed"))
                 }
                 b'Z' => break,
-                b'A' => self.keep_notification(&f),
+                b'A' => self.keep_notifications(&f),
                 _ => {}
             }
         }

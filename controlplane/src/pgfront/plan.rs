@@ -140,6 +140,10 @@ pub struct Plan {
     pub acts: Vec<Act>,
     /// SQL texts of the batch (Query strings and Parse texts), for session-state detection.
     pub sql: Vec<String>,
+    /// The client's named Parses of names the session did not hold that pgline skipped after
+    /// an error it raised itself (never planned): like a Parse the backend skipped, they leave
+    /// no statement.
+    pub skipped_parses: Vec<String>,
     /// The client's named Parses: (index in `acts`, client name). The planner books the name
     /// as open; if that act fails or is skipped after an error, the name must be forgotten
     /// again ([`Tracker::dropped`]), or a retried Parse would get 42P05.
@@ -165,6 +169,9 @@ pub struct NamedClose {
     pub act: Option<usize>,
     /// The statement it took from the session, by name (None: the session held none).
     pub took: Option<(String, Stmt)>,
+    /// The act of this batch's Parse that made the statement it took (None: the session
+    /// held it before the batch). A skipped Close gives it back only if that Parse stood.
+    pub parsed_at: Option<usize>,
 }
 
 /// The session's unnamed statement: the body of its last `Parse ""` after the name (text and
@@ -192,10 +199,16 @@ pub fn plan_batch(
     let mut skipping = false;
     for f in frames {
         if skipping && f.tag != b'S' {
+            if let (b'P', Ok((name, _))) = (f.tag, cstr(f.body)) {
+                if !name.is_empty() && !stmts.contains_key(name) {
+                    plan.skipped_parses.push(name.to_owned());
+                }
+            }
             if f.tag == b'C' && matches!(f.body, [b'S', first, ..] if *first != 0) {
                 plan.closes.push(NamedClose {
                     act: None,
                     took: None,
+                    parsed_at: None,
                 });
             }
             continue;
@@ -249,9 +262,20 @@ fn plan_frame(
             }
             let statement = variant == b'S' && !name.is_empty();
             if statement && f.tag == b'C' {
+                let took = stmts.remove(name).map(|st| (name.to_owned(), st));
+                // A Parse of a held name fails, so the last Parse of this name in the batch, if
+                // any, made the statement taken.
+                let parsed_at = took.as_ref().and_then(|_| {
+                    plan.named_parses
+                        .iter()
+                        .rev()
+                        .find(|(_, n)| n == name)
+                        .map(|(i, _)| *i)
+                });
                 plan.closes.push(NamedClose {
                     act: Some(plan.acts.len()),
-                    took: stmts.remove(name).map(|st| (name.to_owned(), st)),
+                    took,
+                    parsed_at,
                 });
                 plan.acts.push(Act::Local(CLOSE_COMPLETE));
                 return Ok(());
@@ -551,6 +575,11 @@ fn put_first(plan: &mut Plan, mut out: BytesMut, act: Act) {
     for (i, _) in &mut plan.unnamed {
         *i += 1;
     }
+    for c in &mut plan.closes {
+        for i in [c.act.as_mut(), c.parsed_at.as_mut()].into_iter().flatten() {
+            *i += 1;
+        }
+    }
 }
 
 /// The longest text [`is_transaction_start`] accepts: its reply, even an error, stays far below
@@ -675,6 +704,10 @@ pub struct Tracker {
     pub dropped: Vec<usize>,
     /// Indexes of acts the backend answered with an error (a subset of `dropped`).
     pub errored: Vec<usize>,
+    /// Set for a backend taken from another session before its state was read: the
+    /// NotificationResponses that arrive are that session's, kept in `notifications`.
+    pub divert_notifications: bool,
+    pub notifications: Vec<u8>,
 }
 
 impl Tracker {
@@ -696,6 +729,8 @@ impl Tracker {
             failed: false,
             dropped: Vec::new(),
             errored: Vec::new(),
+            divert_notifications: false,
+            notifications: Vec::new(),
         }
     }
 
@@ -736,9 +771,12 @@ impl Tracker {
             Some(Act::Query { hidden: true } | Act::Snapshot | Act::Check)
         );
         if matches!(tag, b'N' | b'S' | b'A') {
-            // A notification is the session's whenever it arrives; a notice or parameter
-            // status during pgline's own statement is pgline's.
-            if !hidden_now || tag == b'A' {
+            // A notification is the session's whenever it arrives (the backend's owner's when
+            // this one took it unread); a notice or parameter status during pgline's own
+            // statement is pgline's.
+            if tag == b'A' && self.divert_notifications {
+                self.notifications.extend_from_slice(frame);
+            } else if !hidden_now || tag == b'A' {
                 out.extend_from_slice(frame);
             }
             return Step::Continue;

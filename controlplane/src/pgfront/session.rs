@@ -777,7 +777,7 @@ impl Session {
             out.buf.append(&mut b.notifications);
         }
         let started = std::time::Instant::now();
-        let mut o = self.execute(&mut b, plan, &mut out).await;
+        let mut o = self.execute(&mut b, plan, &mut out, unread.is_some()).await;
         if let Some(settling) = unread {
             let read = o.checked.as_ref().map(OriginState::fingerprint);
             if read.as_deref() != Some(&self.login_state) && o.broken.is_none() && out.sent == 0 {
@@ -1012,8 +1012,17 @@ impl Session {
     }
 
     /// Sends the plan and streams the replies (see [`Outcome`]).
-    async fn execute(&self, b: &mut Backend, plan: Plan, out: &mut Out<'_>) -> Outcome {
+    /// Runs `plan` on `b`; `theirs`: `b` was taken from another session before its state
+    /// was read, so notifications that arrive are kept on it for that session.
+    async fn execute(
+        &self,
+        b: &mut Backend,
+        plan: Plan,
+        out: &mut Out<'_>,
+        theirs: bool,
+    ) -> Outcome {
         let mut tracker = Tracker::new(plan.acts);
+        tracker.divert_notifications = theirs;
         let mut o = Outcome::default();
         if let Err(e) = b.write(&plan.out).await {
             o.broken = Some(e);
@@ -1066,6 +1075,7 @@ impl Session {
                 out.spill().await;
             }
         }
+        b.keep_notifications(&std::mem::take(&mut tracker.notifications));
         o.failed = tracker.failed;
         o.snapshot = tracker.snapshot.take();
         o.checked = tracker.checked.take();
@@ -1077,10 +1087,19 @@ impl Session {
             .filter(|(i, _)| tracker.dropped.contains(i))
             .map(|(_, name)| name)
             .collect();
+        o.unparsed.extend(plan.skipped_parses);
+        // A skipped Close leaves what the session held at that point: a statement from before
+        // the batch, or one this batch's Parse made if that Parse stood. (The core, told the
+        // Close's place, decides the same from its own table and `unparsed`.)
         for (k, close) in plan.closes.into_iter().enumerate() {
             if close.act.is_none_or(|i| tracker.dropped.contains(&i)) {
                 o.unclosed.push(k as u32);
-                o.reopened.extend(close.took);
+                if close
+                    .parsed_at
+                    .is_none_or(|p| !tracker.dropped.contains(&p))
+                {
+                    o.reopened.extend(close.took);
+                }
             }
         }
         o

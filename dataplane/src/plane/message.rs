@@ -187,8 +187,9 @@ pub enum PgReplyEnd {
     More,
     /// Startup: the client must answer with a password/SASL message.
     Auth,
-    /// The request is complete and the session is ready: `bytes` ends with ReadyForQuery
-    /// carrying this transaction status (`b'I'`, `b'T'` or `b'E'`).
+    /// The request is complete and the session is ready: `bytes` holds its ReadyForQuery,
+    /// carrying this transaction status (`b'I'`, `b'T'` or `b'E'`), followed only by
+    /// NotificationResponses that arrived after it (as PostgreSQL sends them while idle).
     Ready(u8),
     /// Fatal: write `bytes` (an ErrorResponse) and close the connection.
     Close,

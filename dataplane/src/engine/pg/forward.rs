@@ -15,6 +15,8 @@ use crate::plane::{ConnToken, CorePort, CoreStats, PgRequest, PgRequestKind, Res
 
 use crate::engine::conn::Conn;
 
+use super::Closing;
+
 /// What the core tells the relay about a batch beside its messages (see [`PgRequest`]).
 #[derive(Default)]
 pub(super) struct Marks {
@@ -151,8 +153,10 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
     let Some(pg) = pg.as_deref_mut() else { return };
     pg.unnamed_dropped = false;
     pg.closing.clear();
-    // The place of each named Close among the batch's (as the relay counts them).
+    // The place of each named Close among the batch's (as the relay counts them), and the
+    // names whose statement a Parse of this batch made.
     let mut closes = 0u32;
+    let mut made: Vec<&[u8]> = Vec::new();
     let batch = &rbuf[*rpos..*rpos + end];
     let mut at = 0;
     while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
@@ -174,6 +178,7 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
                 }
                 _ => {
                     pg.remember_parse(name, query, param_types, raw, true);
+                    made.push(name);
                     if name.is_empty() {
                         // Whether the origin took it (it may fail, or be skipped after an
                         // earlier error) only the relay sees: later Binds of it go there.
@@ -201,8 +206,13 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
                 name,
             } if !name.is_empty() => {
                 // Kept until the reply tells whether the origin skipped the Close.
-                if let Some(s) = pg.forget_statement(name) {
-                    pg.closing.push((closes, name.into(), s));
+                if let Some(statement) = pg.forget_statement(name) {
+                    pg.closing.push(Closing {
+                        place: closes,
+                        name: name.into(),
+                        statement,
+                        parsed_here: made.contains(&name),
+                    });
                 }
                 closes += 1;
             }

@@ -90,6 +90,16 @@ pub(crate) enum Phase {
     Ready,
 }
 
+/// A statement a forwarded batch closed (see `PgSession::closing`).
+pub(crate) struct Closing {
+    /// The Close's place among the batch's Closes of named statements.
+    place: u32,
+    name: Box<[u8]>,
+    statement: Statement,
+    /// A Parse of the same batch made it.
+    parsed_here: bool,
+}
+
 /// Protocol state of one PostgreSQL connection.
 pub(crate) struct PgSession {
     pub phase: Phase,
@@ -121,9 +131,10 @@ pub(crate) struct PgSession {
     /// forwarded batch: the relay, which may hold one, must hear it.
     pub unnamed_dropped: bool,
     /// Named statements the outstanding forwarded batch closed, with the place of their Close
-    /// among the batch's named Closes, kept until its reply says which Closes the origin
-    /// skipped after an error (`PgReply::unclosed`): those are held again.
-    pub closing: Vec<(u32, Box<[u8]>, Statement)>,
+    /// among the batch's named Closes and whether a Parse of the same batch made them, kept
+    /// until its reply says which Closes the origin skipped after an error
+    /// (`PgReply::unclosed`): those are held again, unless that Parse did not stand either.
+    pub closing: Vec<Closing>,
     /// The store key of the lookup being served (reused).
     pub key_buf: Vec<u8>,
     /// The key of the cacheable statement being served (reused).
@@ -236,13 +247,17 @@ impl PgSession {
 
     /// After a forwarded batch's reply: the named statements it closed are gone, except those
     /// whose Close the origin skipped (`unclosed`), held again as they were before their
-    /// Close. Runs after the batch's failed Parses were forgotten, so that a skipped Close and
-    /// a (skipped) Parse of the same name after it leave the old statement.
-    fn settle_closes(&mut self, unclosed: &[u32]) {
-        for (k, name, s) in std::mem::take(&mut self.closing) {
-            if unclosed.contains(&k) && !self.statements.contains_key(&name) {
-                self.statement_bytes += s.parse.len();
-                self.statements.insert(name, s);
+    /// Close, unless a Parse of the batch that did not stand (`unparsed`) had made them. Runs
+    /// after the failed Parses were forgotten, so that a skipped Close and a (skipped) Parse
+    /// of the same name after it leave the old statement.
+    fn settle_closes(&mut self, unclosed: &[u32], unparsed: &[Box<[u8]>]) {
+        for c in std::mem::take(&mut self.closing) {
+            if unclosed.contains(&c.place)
+                && !(c.parsed_here && unparsed.contains(&c.name))
+                && !self.statements.contains_key(&c.name)
+            {
+                self.statement_bytes += c.statement.parse.len();
+                self.statements.insert(c.name, c.statement);
             }
         }
     }
@@ -683,7 +698,7 @@ pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
             for name in &reply.unparsed {
                 pg.forget_statement(name);
             }
-            pg.settle_closes(&reply.unclosed);
+            pg.settle_closes(&reply.unclosed, &reply.unparsed);
             pg.tx_status = status;
             pg.phase = Phase::Ready;
         }

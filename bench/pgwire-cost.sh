@@ -44,6 +44,8 @@ PID=""
 cleanup() {
     [ -z "$PID" ] || kill "$PID" 2>/dev/null || true
     wait 2>/dev/null || true
+    # pgline's slot (named after DB) would hold the origin's WAL.
+    deploy/lab/pg.sh drop-slot "$DB" >/dev/null || true
     rm -rf "$TMPD"
 }
 trap cleanup EXIT

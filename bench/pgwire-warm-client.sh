@@ -31,6 +31,8 @@ PID=""
 cleanup() {
     [ -z "$PID" ] || kill "$PID" 2>/dev/null || true
     wait 2>/dev/null || true
+    # A slot left behind holds the origin's WAL, and its name is the one other scripts use.
+    deploy/lab/pg.sh drop-slot "$SLOT" >/dev/null || true
     rm -rf "$TMPD"
 }
 trap cleanup EXIT

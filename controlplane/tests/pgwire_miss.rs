@@ -70,6 +70,32 @@ async fn through_both(
     replies
 }
 
+/// The same batches sent through pgline in one write, as a pipeline of several `Sync`s: each
+/// batch's reply (`comparable`), in order.
+async fn pipelined(
+    p: &Pgline,
+    db: &TestDb,
+    batches: &[bytes::BytesMut],
+) -> Vec<Vec<(u8, Vec<u8>)>> {
+    let mut w = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    w.send(&batches.concat()).await;
+    let mut replies = Vec::new();
+    for _ in batches {
+        let mut reply = Vec::new();
+        loop {
+            let (tag, body) = w.next().await;
+            reply.push(tag);
+            reply.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+            reply.extend_from_slice(&body);
+            if tag == b'Z' {
+                break;
+            }
+        }
+        replies.push(comparable(&reply));
+    }
+    replies
+}
+
 fn counts(p: &Pgline) -> Counts {
     Counts {
         filled: p.shared.total(|s| &s.pg_lookup_filled),
@@ -1086,6 +1112,12 @@ async fn a_close_skipped_after_an_error_keeps_the_statement() {
     );
     for (i, (ours, theirs)) in replies[0].iter().zip(&replies[1]).enumerate() {
         assert_eq!(ours, theirs, "batch {i}");
+    }
+    // The same batches as one pipeline of several `Sync`s, in one write: a later part that uses
+    // a name an earlier part's skipped Close or Parse named answers as PostgreSQL does.
+    let ours = pipelined(&p, &db, &batches).await;
+    for (i, (ours, theirs)) in ours.iter().zip(&replies[1]).enumerate() {
+        assert_eq!(ours, theirs, "pipelined, batch {i}");
     }
     p.shutdown().await;
 }

@@ -1122,6 +1122,105 @@ async fn a_close_skipped_after_an_error_keeps_the_statement() {
     p.shutdown().await;
 }
 
+/// A batch refused because no origin connection of its pool came free in time (SQLSTATE 53300,
+/// `pgwire.pool_wait_ms`) ran nothing, as if its first message had failed: a Parse in it did
+/// not make its statement, so the client's retry of that Parse succeeds, and a Close in it
+/// did not close. Before the fix the core dropped the statement the refused Close named, so
+/// its next Bind got 26000 "prepared statement does not exist" (and the core kept the refused
+/// Parse booked: the retry still ran, through the relay, but the name was no longer served from
+/// cache).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_a_busy_pool_leaves_the_sessions_statements() {
+    use bytes::BytesMut;
+    use pgline_testkit::pg::{bind_text, error_field, msgs};
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_busy").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let extra = ["pgwire.pool_size=1", "pgwire.pool_wait_ms=300"].map(str::to_owned);
+    let p = start(&db, &extra).await;
+    let lookup = "SELECT bal FROM acct WHERE id = $1";
+    let tags = |reply: &[(u8, Vec<u8>)]| reply.iter().map(|(t, _)| *t).collect::<Vec<u8>>();
+    let run = |name: &str, parse: Option<&str>| {
+        let mut m = BytesMut::new();
+        if let Some(text) = parse {
+            frontend::parse(name, text, [], &mut m).unwrap();
+        }
+        bind_text(&mut m, name, &["5"]);
+        frontend::execute("", 0, &mut m).unwrap();
+        frontend::sync(&mut m);
+        m
+    };
+    let mut holder = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let mut client = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let first = client.exchange(&run("kept", Some(lookup))).await;
+    assert_eq!(tags(&first), b"12DCZ", "{first:?}");
+    // The pool's one connection is held by another session's open transaction.
+    assert_eq!(
+        tags(
+            &holder
+                .exchange(&msgs(|b| frontend::query("BEGIN", b).unwrap()))
+                .await
+        ),
+        b"CZ"
+    );
+    let mut refused = BytesMut::new();
+    frontend::parse("s1", lookup, [], &mut refused).unwrap();
+    frontend::parse("kept", "SELECT 2", [], &mut refused).unwrap();
+    frontend::close(b'S', "kept", &mut refused).unwrap();
+    frontend::parse("kept", "SELECT 3", [], &mut refused).unwrap();
+    bind_text(&mut refused, "s1", &["5"]);
+    frontend::execute("", 0, &mut refused).unwrap();
+    frontend::sync(&mut refused);
+    let reply = client.exchange(&refused).await;
+    assert_eq!(tags(&reply), b"EZ", "{reply:?}");
+    assert_eq!(
+        error_field(&reply[0].1, b'C').as_deref(),
+        Some("53300"),
+        "{reply:?}"
+    );
+    assert_eq!(
+        tags(
+            &holder
+                .exchange(&msgs(|b| frontend::query("COMMIT", b).unwrap()))
+                .await
+        ),
+        b"CZ"
+    );
+    // The refused Parse made nothing: parsing the name again, here with another text,
+    // succeeds, and it runs.
+    for _ in 0..3 {
+        let again = client
+            .exchange(&run("s1", Some("SELECT note FROM acct WHERE id = $1")))
+            .await;
+        assert_eq!(tags(&again), b"12DCZ", "{again:?}");
+        let mut close = BytesMut::new();
+        frontend::close(b'S', "s1", &mut close).unwrap();
+        frontend::sync(&mut close);
+        assert_eq!(tags(&client.exchange(&close).await), b"3Z");
+    }
+    // The refused Parses and Close of `kept` did nothing: the old statement still runs, and
+    // its name is still taken.
+    for _ in 0..3 {
+        let kept = client.exchange(&run("kept", None)).await;
+        assert_eq!(tags(&kept), b"2DCZ", "{kept:?}");
+        assert!(
+            kept[1].1.ends_with(b"50"),
+            "the old statement's row: {kept:?}"
+        );
+    }
+    let mut reparse = BytesMut::new();
+    frontend::parse("kept", "SELECT 2", [], &mut reparse).unwrap();
+    frontend::sync(&mut reparse);
+    let reply = client.exchange(&reparse).await;
+    assert_eq!(
+        error_field(&reply[0].1, b'C').as_deref(),
+        Some("42P05"),
+        "{reply:?}"
+    );
+    p.shutdown().await;
+}
+
 /// Notifications that reach a listening session's connection while pgline runs its own
 /// statements there (here the fence and state read after each point lookup: a listening
 /// session is pinned, so the read runs after the reply) reach the client, as they all do from

@@ -20,6 +20,7 @@ pub const DEFAULT_PG_MAX_PENDING_STARTUPS: usize = 32;
 pub const DEFAULT_PG_STARTUP_WAIT_MS: u64 = 3_000;
 pub const DEFAULT_PG_AUTH_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_PG_POOL_IDLE_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_PG_POOL_WAIT_MS: u64 = 30_000;
 pub const DEFAULT_PG_MAX_POOLS: usize = 256;
 pub const DEFAULT_PG_MAX_ORIGIN_STATEMENTS: usize = 1_000;
 
@@ -61,6 +62,9 @@ pub struct PgwireConfig {
     /// An origin connection idle in its pool for longer than this is closed; a pool left with
     /// no connection and no session is forgotten.
     pub pool_idle_timeout_ms: u64,
+    /// How long a batch waits for a free origin connection of its pool before it is answered
+    /// SQLSTATE 53300 (the session stays open; nothing of the batch ran).
+    pub pool_wait_ms: u64,
     /// Backend pools (one per user, database and startup settings) at once; past it, pools
     /// no session uses are forgotten (their idle connections closed), and a startup that
     /// would need one more is refused with SQLSTATE 53300.
@@ -95,6 +99,7 @@ impl Default for PgwireConfig {
             startup_wait_ms: DEFAULT_PG_STARTUP_WAIT_MS,
             auth_timeout_ms: DEFAULT_PG_AUTH_TIMEOUT_MS,
             pool_idle_timeout_ms: DEFAULT_PG_POOL_IDLE_TIMEOUT_MS,
+            pool_wait_ms: DEFAULT_PG_POOL_WAIT_MS,
             max_pools: DEFAULT_PG_MAX_POOLS,
             max_session_statements: DEFAULT_MAX_PG_STATEMENTS,
             max_session_statement_bytes: DEFAULT_MAX_PG_STATEMENT_BYTES,
@@ -185,6 +190,11 @@ impl PgwireConfig {
             (1..=86_400_000).contains(&self.pool_idle_timeout_ms),
             "pgwire.pool_idle_timeout_ms",
             "must be 1..=86400000",
+        )?;
+        check(
+            (1..=600_000).contains(&self.pool_wait_ms),
+            "pgwire.pool_wait_ms",
+            "must be 1..=600000",
         )?;
         check(
             (1..=100_000).contains(&self.max_pools),

@@ -89,8 +89,6 @@ use crate::config::{Config, ConfigError};
 
 /// Largest `bytes` of one [`PgReply`].
 pub const CHUNK: usize = 64 * 1024;
-/// How long a batch waits for a free origin connection of its pool.
-pub const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// The relay's settings.
 #[derive(Debug, Clone)]
@@ -112,6 +110,8 @@ pub struct RelayConfig {
     pub auth_timeout: Duration,
     /// Pooled connections idle longer are closed.
     pub pool_idle_timeout: Duration,
+    /// How long a batch waits for a free origin connection of its pool.
+    pub pool_wait: Duration,
     /// Backend pools at once.
     pub max_pools: usize,
     /// pgline's prepared statements on one origin connection before they are closed.
@@ -143,6 +143,7 @@ impl RelayConfig {
             startup_wait: Duration::from_millis(cfg.pgwire.startup_wait_ms),
             auth_timeout: Duration::from_millis(cfg.pgwire.auth_timeout_ms),
             pool_idle_timeout: Duration::from_millis(cfg.pgwire.pool_idle_timeout_ms),
+            pool_wait: Duration::from_millis(cfg.pgwire.pool_wait_ms),
             max_pools: cfg.pgwire.max_pools,
             max_origin_statements: cfg.pgwire.max_origin_statements,
         })

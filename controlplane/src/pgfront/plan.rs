@@ -418,6 +418,43 @@ fn named_stmt(rest: &[u8]) -> Result<Stmt, PlanError> {
     })
 }
 
+/// What the core must take back after a batch that did not run at all (no origin connection
+/// was free, or the session's transaction was lost): the names of the Parses it booked
+/// ([`PgReply::unparsed`](pgline_dataplane::plane::PgReply::unparsed); the unnamed one as
+/// `""`) and the places of every named Close ([`PgReply::unclosed`](pgline_dataplane::plane::PgReply::unclosed)),
+/// as if the batch's first message had failed and PostgreSQL had skipped the rest. The core
+/// booked a named Parse only for a name not held at that point of the batch, which `stmts`
+/// (untouched by a batch that was never planned) and the batch's own Closes decide.
+pub fn not_run(messages: &[u8], stmts: &HashMap<String, Stmt>) -> (Vec<String>, Vec<u32>) {
+    // Whether a name is held at this point of the batch, where the batch changed it.
+    let mut now: HashMap<&str, bool> = HashMap::new();
+    let mut parsed: Vec<String> = Vec::new();
+    let mut closes = 0u32;
+    for f in parse_frames(messages).unwrap_or_default() {
+        let named = |body| cstr(body).ok().map(|(name, _)| name);
+        match (f.tag, f.body) {
+            (b'P', body) => {
+                let Some(name) = named(body) else { continue };
+                let held = !name.is_empty() && *now.get(name).unwrap_or(&stmts.contains_key(name));
+                if !held {
+                    now.insert(name, true);
+                    if !parsed.iter().any(|n| n == name) {
+                        parsed.push(name.to_owned());
+                    }
+                }
+            }
+            (b'C', [b'S', rest @ ..]) => {
+                if let Some(name) = named(rest).filter(|n| !n.is_empty()) {
+                    closes += 1;
+                    now.insert(name, false);
+                }
+            }
+            _ => {}
+        }
+    }
+    (parsed, (0..closes).collect())
+}
+
 /// The reply to a batch of named Parses and a Sync alone (what libpq's `PQprepare` sends)
 /// when every statement is one `known` says a backend of the pool has accepted, the names are
 /// new to the session and distinct: a ParseComplete each and ReadyForQuery (idle). The

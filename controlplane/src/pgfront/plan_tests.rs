@@ -589,3 +589,29 @@ fn the_unnamed_statement_is_parsed_again_where_a_later_batch_binds_it() {
     assert_eq!(u, Unnamed(None));
     assert!(book_statements(&frame(b'C', b"Sx\0"), &mut stmts, &mut u).is_err());
 }
+
+#[test]
+fn a_batch_that_did_not_run_gives_back_what_the_core_booked() {
+    let mut stmts = HashMap::new();
+    let mut u = Unnamed::default();
+    let held = msgs(|b| frontend::parse("a", "SELECT 1", [], b).unwrap());
+    book_statements(&held, &mut stmts, &mut u).unwrap();
+    let m = msgs(|b| {
+        frontend::parse("b", "SELECT 2", [], b).unwrap();
+        // Held: the core booked nothing for it.
+        frontend::parse("a", "SELECT 3", [], b).unwrap();
+        frontend::close(b'S', "a", b).unwrap();
+        // Free after the Close: booked.
+        frontend::parse("a", "SELECT 4", [], b).unwrap();
+        frontend::parse("b", "SELECT 5", [], b).unwrap();
+        frontend::close(b'S', "c", b).unwrap();
+        frontend::close(b'P', "portal", b).unwrap();
+        frontend::parse("", "SELECT 6", [], b).unwrap();
+        frontend::sync(b);
+    });
+    let (unparsed, unclosed) = not_run(&m, &stmts);
+    assert_eq!(unparsed, ["b", "a", ""]);
+    assert_eq!(unclosed, [0, 1]);
+    // Nothing of it was planned: the relay's own table is as it was.
+    assert_eq!(stmts.keys().collect::<Vec<_>>(), ["a"]);
+}

@@ -43,7 +43,7 @@ use super::pool::{Pool, PoolError, Taken};
 use super::results;
 use super::state::{self, OriginState};
 use super::stats::Text;
-use super::{lock, CancelState, RelayState, CHUNK, POOL_WAIT};
+use super::{lock, CancelState, RelayState, CHUNK};
 use crate::origin;
 use crate::result_plane::ResultFill;
 
@@ -667,6 +667,7 @@ impl Session {
             )
             .compose_error(&mut out.buf);
             compose_ready(&mut out.buf, b'I');
+            self.not_run(&req.messages, &mut out);
             return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
         }
         // A batch that only starts a transaction may run on a stolen backend behind its state
@@ -684,7 +685,7 @@ impl Session {
                 out.buf.extend_from_slice(&reply);
                 return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
             }
-            got = self.backend(now + POOL_WAIT, defer).await;
+            got = self.backend(now + self.relay.cfg.pool_wait, defer).await;
         }
         let Got {
             mut b,
@@ -697,6 +698,7 @@ impl Session {
                 let mut out = out_for(&self.relay, &req, self.flow.as_ref());
                 e.compose_error(&mut out.buf);
                 compose_ready(&mut out.buf, self.status);
+                self.not_run(&req.messages, &mut out);
                 return out.finish(PgReplyEnd::Ready(self.status), 0).await;
             }
             Err(e) => return self.fatal(&req, &e).await,
@@ -880,6 +882,14 @@ impl Session {
             .await;
     }
 
+    /// A batch answered with an error before any of it ran: the core takes back what it
+    /// booked for its Parses and Closes (see [`plan::not_run`]).
+    fn not_run(&self, messages: &[u8], out: &mut Out<'_>) {
+        let (unparsed, unclosed) = plan::not_run(messages, &self.stmts);
+        out.unparsed = unparsed.iter().map(|n| n.as_bytes().into()).collect();
+        out.unclosed = unclosed;
+    }
+
     /// After the client's reply: where the backend goes, the session's state, the fence.
     /// `fenced`: (the core asked for the fence, it was pipelined behind the batch, the batch
     /// left a backend taken in the login state in it: see `PgRequest::state_free`).
@@ -998,7 +1008,7 @@ impl Session {
     /// from then on, never older data than its last write.
     async fn fence_elsewhere(&mut self) -> u64 {
         if let Ok(Got { mut b, .. }) = self
-            .backend(tokio::time::Instant::now() + POOL_WAIT, None)
+            .backend(tokio::time::Instant::now() + self.relay.cfg.pool_wait, None)
             .await
         {
             if let Ok((lsn, _)) = ask_fence(&mut b).await {

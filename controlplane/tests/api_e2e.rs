@@ -165,6 +165,13 @@ impl Answer {
                 "error without detail: {}",
                 self.text
             );
+            // The detail is the message alone: the CLI prints `{error}: {detail}`.
+            let kind = format!("{}:", code.replace('_', " "));
+            assert!(
+                !self.body["detail"].as_str().unwrap().starts_with(&kind),
+                "the detail repeats the code: {}",
+                self.text
+            );
         }
         &self.body
     }

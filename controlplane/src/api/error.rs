@@ -79,15 +79,17 @@ impl ApiError {
 
 impl From<AdminError> for ApiError {
     fn from(e: AdminError) -> ApiError {
-        let detail = e.to_string();
+        // The code names the kind; the detail is the message alone (the CLI prints both).
         match e {
-            AdminError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", detail),
-            AdminError::BadRequest(_) => ApiError::bad_request(detail),
-            AdminError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", detail),
-            AdminError::RestartRequired(_) => {
+            AdminError::NotFound(detail) => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", detail)
+            }
+            AdminError::BadRequest(detail) => ApiError::bad_request(detail),
+            AdminError::Conflict(detail) => ApiError::new(StatusCode::CONFLICT, "conflict", detail),
+            AdminError::RestartRequired(detail) => {
                 ApiError::new(StatusCode::CONFLICT, "restart_required", detail)
             }
-            AdminError::Origin(_) => {
+            AdminError::Origin(detail) => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "origin_unavailable", detail)
             }
         }

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use pgline_controlplane::config::{ClusterConfig, ClusterNodeConfig, ClusterShardConfig};
 use pgline_controlplane::server::Pgline;
 use pgline_dataplane::cluster::key_slot;
-use pgline_testkit::lab;
 use pgline_testkit::TestDb;
+use pgline_testkit::{free_port, lab};
 
 const ROWS: i64 = 300;
 /// The fleet's API token (`PUT /v1/cluster` changes the topology).
@@ -39,15 +39,6 @@ fn shard_of(key: &str) -> usize {
         .iter()
         .position(|&(lo, hi)| (lo..=hi).contains(&slot))
         .expect("every slot is assigned")
-}
-
-/// A port free on loopback now (bound and released: the fleet's addresses must be in every
-/// node's configuration before any node starts).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// The fleet's configuration as node `me` has it; `ports` are each node's RESP and API ports.

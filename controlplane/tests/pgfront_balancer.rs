@@ -19,16 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgline_testkit::{origin, TestDb};
-
-/// A port free on loopback now (HAProxy's configuration names every port before anything
-/// starts, and a restarted appliance takes its old ports again).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
+use pgline_testkit::{free_port, origin, TestDb};
 
 /// One appliance: a `pgline serve` process with its RESP, API and PostgreSQL ports.
 struct Appliance {

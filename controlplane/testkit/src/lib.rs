@@ -35,3 +35,12 @@ pub mod pki;
 pub mod resp;
 
 pub use origin::TestDb;
+
+/// A loopback port free at the time of the call, for a server the test starts as a process
+/// (which must be told its port): another process may take it before the server binds.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}

@@ -1091,6 +1091,67 @@ async fn a_close_skipped_after_an_error_keeps_the_statement() {
         frontend::sync(&mut m);
         batches.push(m);
     }
+    // A statement parsed, then an error: its skipped Close and the skipped Parse of its name
+    // after it leave it held (the core cannot tell this from the name alone, since the
+    // batch's second Parse of the name failed too).
+    let mut m = BytesMut::new();
+    frontend::parse("s4", lookup, [], &mut m).unwrap();
+    frontend::parse("x", "SELEC", [], &mut m).unwrap();
+    frontend::close(b'S', "s4", &mut m).unwrap();
+    frontend::parse("s4", "SELECT 2", [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    let mut m = BytesMut::new();
+    frontend::parse("s4", "SELECT note FROM acct WHERE id = $1", [], &mut m).unwrap();
+    bind_text(&mut m, "s4", &["5"]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    let mut m = BytesMut::new();
+    bind_text(&mut m, "s4", &["5"]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m.clone());
+    batches.push(m);
+    // Parsed, closed and parsed again, then an error: the skipped second Close leaves the
+    // second statement.
+    let mut m = BytesMut::new();
+    frontend::parse("t4", "SELECT note FROM acct WHERE id = $1", [], &mut m).unwrap();
+    frontend::close(b'S', "t4", &mut m).unwrap();
+    frontend::parse("t4", lookup, [], &mut m).unwrap();
+    frontend::parse("x", "SELEC", [], &mut m).unwrap();
+    frontend::close(b'S', "t4", &mut m).unwrap();
+    frontend::parse("t4", "SELECT 3", [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    let mut m = BytesMut::new();
+    bind_text(&mut m, "t4", &["5"]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m.clone());
+    batches.push(m);
+    // The unnamed statement: one answered from cache, then a batch whose own unnamed Parse is
+    // skipped after an error; a Bind of the unnamed statement runs the one from cache.
+    let unnamed = |text: &str, id: &str| {
+        let mut m = BytesMut::new();
+        frontend::parse("", text, [], &mut m).unwrap();
+        bind_text(&mut m, "", &[id]);
+        frontend::execute("", 0, &mut m).unwrap();
+        frontend::sync(&mut m);
+        m
+    };
+    batches.push(unnamed(lookup, "5"));
+    batches.push(unnamed("SELECT note FROM acct WHERE id = $1", "7"));
+    let mut m = BytesMut::new();
+    frontend::parse("x", "SELEC", [], &mut m).unwrap();
+    frontend::parse("", "SELECT 2", [], &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
+    let mut m = BytesMut::new();
+    bind_text(&mut m, "", &["8"]);
+    frontend::execute("", 0, &mut m).unwrap();
+    frontend::sync(&mut m);
+    batches.push(m);
     let replies = through_both(&p, &db, &batches).await;
     // What PostgreSQL answered: the row after the skipped Close, 42P05 for the Parse of the
     // held name, and 26000 once a Close stood.
@@ -1153,71 +1214,103 @@ async fn a_batch_refused_for_a_busy_pool_leaves_the_sessions_statements() {
     };
     let mut holder = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
     let mut client = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let simple = |sql: &str| msgs(|b| frontend::query(sql, b).unwrap());
+    // `kept` is answered from its fill: only the core has seen it.
+    let filled = p.shared.total(|s| &s.pg_lookup_filled);
     let first = client.exchange(&run("kept", Some(lookup))).await;
     assert_eq!(tags(&first), b"12DCZ", "{first:?}");
-    // The pool's one connection is held by another session's open transaction.
-    assert_eq!(
-        tags(
-            &holder
-                .exchange(&msgs(|b| frontend::query("BEGIN", b).unwrap()))
-                .await
-        ),
-        b"CZ"
-    );
-    let mut refused = BytesMut::new();
-    frontend::parse("s1", lookup, [], &mut refused).unwrap();
-    frontend::parse("kept", "SELECT 2", [], &mut refused).unwrap();
-    frontend::close(b'S', "kept", &mut refused).unwrap();
-    frontend::parse("kept", "SELECT 3", [], &mut refused).unwrap();
-    bind_text(&mut refused, "s1", &["5"]);
-    frontend::execute("", 0, &mut refused).unwrap();
-    frontend::sync(&mut refused);
-    let reply = client.exchange(&refused).await;
-    assert_eq!(tags(&reply), b"EZ", "{reply:?}");
-    assert_eq!(
-        error_field(&reply[0].1, b'C').as_deref(),
-        Some("53300"),
-        "{reply:?}"
-    );
-    assert_eq!(
-        tags(
-            &holder
-                .exchange(&msgs(|b| frontend::query("COMMIT", b).unwrap()))
-                .await
-        ),
-        b"CZ"
-    );
-    // The refused Parse made nothing: parsing the name again, here with another text,
-    // succeeds, and it runs.
-    for _ in 0..3 {
-        let again = client
-            .exchange(&run("s1", Some("SELECT note FROM acct WHERE id = $1")))
-            .await;
-        assert_eq!(tags(&again), b"12DCZ", "{again:?}");
-        let mut close = BytesMut::new();
-        frontend::close(b'S', "s1", &mut close).unwrap();
-        frontend::sync(&mut close);
-        assert_eq!(tags(&client.exchange(&close).await), b"3Z");
-    }
-    // The refused Parses and Close of `kept` did nothing: the old statement still runs, and
-    // its name is still taken.
-    for _ in 0..3 {
-        let kept = client.exchange(&run("kept", None)).await;
-        assert_eq!(tags(&kept), b"2DCZ", "{kept:?}");
-        assert!(
-            kept[1].1.ends_with(b"50"),
-            "the old statement's row: {kept:?}"
-        );
+    assert!(p.shared.total(|s| &s.pg_lookup_filled) > filled);
+    let code = |reply: &[(u8, Vec<u8>)]| error_field(&reply[0].1, b'C');
+    let closed = || {
+        let mut m = BytesMut::new();
+        frontend::close(b'S', "s1", &mut m).unwrap();
+        frontend::sync(&mut m);
+        m
+    };
+    let refused_kept = {
+        let mut m = BytesMut::new();
+        frontend::parse("kept", "SELECT 2", [], &mut m).unwrap();
+        frontend::close(b'S', "kept", &mut m).unwrap();
+        frontend::parse("kept", "SELECT 3", [], &mut m).unwrap();
+        frontend::sync(&mut m);
+        m
+    };
+    let refused_s1 = {
+        let mut m = BytesMut::new();
+        frontend::parse("s1", lookup, [], &mut m).unwrap();
+        frontend::close(b'S', "kept", &mut m).unwrap();
+        bind_text(&mut m, "s1", &["5"]);
+        frontend::execute("", 0, &mut m).unwrap();
+        frontend::sync(&mut m);
+        m
+    };
+    for refused in [refused_s1, refused_kept] {
+        // The pool's one connection is held by another session's open transaction.
+        assert_eq!(tags(&holder.exchange(&simple("BEGIN")).await), b"CZ");
+        let reply = client.exchange(&refused).await;
+        assert_eq!(tags(&reply), b"EZ", "{reply:?}");
+        assert_eq!(code(&reply).as_deref(), Some("53300"), "{reply:?}");
+        assert_eq!(tags(&holder.exchange(&simple("COMMIT")).await), b"CZ");
+        // The refused Parse made nothing: a Bind of the name fails, and parsing it again,
+        // here with another text, succeeds, and it runs.
+        let bound = client.exchange(&run("s1", None)).await;
+        assert_eq!(code(&bound).as_deref(), Some("26000"), "{bound:?}");
+        for _ in 0..2 {
+            let again = client
+                .exchange(&run("s1", Some("SELECT note FROM acct WHERE id = $1")))
+                .await;
+            assert_eq!(tags(&again), b"12DCZ", "{again:?}");
+            assert_eq!(tags(&client.exchange(&closed()).await), b"3Z");
+        }
+        // The refused Parses and Close of `kept` did nothing: the old statement still
+        // runs, and its name is still taken.
+        for _ in 0..3 {
+            let kept = client.exchange(&run("kept", None)).await;
+            assert_eq!(tags(&kept), b"2DCZ", "{kept:?}");
+            assert!(
+                kept[1].1.ends_with(b"50"),
+                "the old statement's row: {kept:?}"
+            );
+        }
     }
     let mut reparse = BytesMut::new();
     frontend::parse("kept", "SELECT 2", [], &mut reparse).unwrap();
     frontend::sync(&mut reparse);
     let reply = client.exchange(&reparse).await;
-    assert_eq!(
-        error_field(&reply[0].1, b'C').as_deref(),
-        Some("42P05"),
-        "{reply:?}"
-    );
+    assert_eq!(code(&reply).as_deref(), Some("42P05"), "{reply:?}");
+    p.shutdown().await;
+}
+
+/// A simple Query after extended-protocol messages, before their Sync: PostgreSQL skips it
+/// after an error in the messages before it and waits for the Sync, which pgline would not
+/// read before the batch's reply. pgline refuses the shape (0A000) and closes only that
+/// connection; before, the session hung with its origin connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_inside_an_extended_batch_is_refused_not_hung() {
+    use pgline_testkit::pg::{error_field, msgs};
+    use postgres_protocol::message::frontend;
+    let db = TestDb::create("pgw_miss_query_mid").await;
+    let p = start(&db, &[]).await;
+    let mut w = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    w.send(&msgs(|b| {
+        frontend::parse("x", "SELEC", [], b).unwrap();
+        frontend::query("SELECT 1", b).unwrap();
+        frontend::sync(b);
+    }))
+    .await;
+    let (tag, body) = w
+        .message(Duration::from_secs(5))
+        .await
+        .expect("an answer, not a hang");
+    assert_eq!(tag, b'E');
+    assert_eq!(error_field(&body, b'C').as_deref(), Some("0A000"));
+    assert_eq!(w.message(Duration::from_secs(5)).await, None, "closed");
+    // Other sessions go on.
+    let mut other = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    let reply = other
+        .exchange(&msgs(|b| frontend::query("SELECT 1", b).unwrap()))
+        .await;
+    assert_eq!(reply.last().map(|m| m.0), Some(b'Z'));
     p.shutdown().await;
 }
 

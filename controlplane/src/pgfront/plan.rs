@@ -421,38 +421,55 @@ fn named_stmt(rest: &[u8]) -> Result<Stmt, PlanError> {
 /// What the core must take back after a batch that did not run at all (no origin connection
 /// was free, or the session's transaction was lost): the names of the Parses it booked
 /// ([`PgReply::unparsed`](pgline_dataplane::plane::PgReply::unparsed); the unnamed one as
-/// `""`) and the places of every named Close ([`PgReply::unclosed`](pgline_dataplane::plane::PgReply::unclosed)),
-/// as if the batch's first message had failed and PostgreSQL had skipped the rest. The core
-/// booked a named Parse only for a name not held at that point of the batch, which `stmts`
-/// (untouched by a batch that was never planned) and the batch's own Closes decide.
-pub fn not_run(messages: &[u8], stmts: &HashMap<String, Stmt>) -> (Vec<String>, Vec<u32>) {
-    // Whether a name is held at this point of the batch, where the batch changed it.
-    let mut now: HashMap<&str, bool> = HashMap::new();
-    let mut parsed: Vec<String> = Vec::new();
+/// `""`) and the places of the named Closes whose statement it must hold again
+/// ([`PgReply::unclosed`](pgline_dataplane::plane::PgReply::unclosed)): none of the batch
+/// ran. The core booked a named Parse only for a name not held at that point of the batch,
+/// which `stmts` (untouched by a batch that was never planned) and the batch's own Closes
+/// decide; a Close gives back whatever the core held before the batch under its name (one
+/// the relay may never have seen), not one a Parse of the batch made, which never existed.
+/// Names are raw bytes, as the core keeps them.
+pub fn not_run(messages: &[u8], stmts: &HashMap<String, Stmt>) -> (Vec<Vec<u8>>, Vec<u32>) {
+    // Whether a name is held at this point of the batch, where the batch changed it, and
+    // whether a Parse of the batch made what it holds.
+    let mut now: HashMap<&[u8], (bool, bool)> = HashMap::new();
+    let mut parsed: Vec<Vec<u8>> = Vec::new();
+    let mut unclosed = Vec::new();
     let mut closes = 0u32;
+    let held_before = |name: &[u8]| std::str::from_utf8(name).is_ok_and(|n| stmts.contains_key(n));
     for f in parse_frames(messages).unwrap_or_default() {
-        let named = |body| cstr(body).ok().map(|(name, _)| name);
         match (f.tag, f.body) {
             (b'P', body) => {
-                let Some(name) = named(body) else { continue };
-                let held = !name.is_empty() && *now.get(name).unwrap_or(&stmts.contains_key(name));
-                if !held {
-                    now.insert(name, true);
+                let Some(name) = name_of(body) else { continue };
+                let (held, _) = *now.get(name).unwrap_or(&(held_before(name), false));
+                if name.is_empty() || !held {
+                    now.insert(name, (!name.is_empty(), true));
                     if !parsed.iter().any(|n| n == name) {
-                        parsed.push(name.to_owned());
+                        parsed.push(name.to_vec());
                     }
                 }
             }
             (b'C', [b'S', rest @ ..]) => {
-                if let Some(name) = named(rest).filter(|n| !n.is_empty()) {
-                    closes += 1;
-                    now.insert(name, false);
+                let Some(name) = name_of(rest).filter(|n| !n.is_empty()) else {
+                    continue;
+                };
+                // Not `held`: the core may hold a statement the relay has not seen (one
+                // answered from cache), and holds nothing to give back otherwise.
+                let (_, made) = *now.get(name).unwrap_or(&(false, false));
+                if !made {
+                    unclosed.push(closes);
                 }
+                closes += 1;
+                now.insert(name, (false, false));
             }
             _ => {}
         }
     }
-    (parsed, (0..closes).collect())
+    (parsed, unclosed)
+}
+
+/// The C string at the start of `body`, as bytes.
+fn name_of(body: &[u8]) -> Option<&[u8]> {
+    body.iter().position(|&b| b == 0).map(|n| &body[..n])
 }
 
 /// The reply to a batch of named Parses and a Sync alone (what libpq's `PQprepare` sends)
@@ -955,6 +972,16 @@ impl Tracker {
             }
         }
         after
+    }
+
+    /// The connection ended before the reply did: the acts not answered yet count as not
+    /// done (their Parses made nothing, their Closes closed nothing), as after an error.
+    pub fn drop_unanswered(&mut self) {
+        for i in self.i..self.acts.len() {
+            if !self.dropped.contains(&i) {
+                self.dropped.push(i);
+            }
+        }
     }
 
     /// Whether hidden acts (the fence) follow the client's last one.

@@ -600,18 +600,46 @@ fn a_batch_that_did_not_run_gives_back_what_the_core_booked() {
         frontend::parse("b", "SELECT 2", [], b).unwrap();
         // Held: the core booked nothing for it.
         frontend::parse("a", "SELECT 3", [], b).unwrap();
+        // Took the statement from before the batch: given back (place 0).
         frontend::close(b'S', "a", b).unwrap();
         // Free after the Close: booked.
         frontend::parse("a", "SELECT 4", [], b).unwrap();
         frontend::parse("b", "SELECT 5", [], b).unwrap();
+        // Took what this batch's Parse made, which never existed: nothing back (place 1).
+        frontend::close(b'S', "b", b).unwrap();
+        // Held nothing here, but the core may hold a statement the relay never saw: place 2.
         frontend::close(b'S', "c", b).unwrap();
         frontend::close(b'P', "portal", b).unwrap();
         frontend::parse("", "SELECT 6", [], b).unwrap();
         frontend::sync(b);
     });
     let (unparsed, unclosed) = not_run(&m, &stmts);
-    assert_eq!(unparsed, ["b", "a", ""]);
-    assert_eq!(unclosed, [0, 1]);
+    assert_eq!(unparsed, [&b"b"[..], b"a", b""]);
+    assert_eq!(unclosed, [0, 2]);
     // Nothing of it was planned: the relay's own table is as it was.
     assert_eq!(stmts.keys().collect::<Vec<_>>(), ["a"]);
+}
+
+#[test]
+fn acts_not_answered_when_the_connection_ends_count_as_not_done() {
+    let mut stmts = HashMap::new();
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| {
+        frontend::parse("a", "SELECT 1", [], b).unwrap();
+        frontend::parse("b", "SELECT 2", [], b).unwrap();
+        frontend::sync(b);
+    });
+    let plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    // `a` answered; then the connection ends.
+    t.on_message(&frame(b'1', b""), &mut out, &mut prepared);
+    t.drop_unanswered();
+    let dropped: Vec<&str> = plan
+        .named_parses
+        .iter()
+        .filter(|(i, _)| t.dropped.contains(i))
+        .map(|(_, n)| n.as_str())
+        .collect();
+    assert_eq!(dropped, ["b"]);
 }

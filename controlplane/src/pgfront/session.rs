@@ -886,7 +886,7 @@ impl Session {
     /// booked for its Parses and Closes (see [`plan::not_run`]).
     fn not_run(&self, messages: &[u8], out: &mut Out<'_>) {
         let (unparsed, unclosed) = plan::not_run(messages, &self.stmts);
-        out.unparsed = unparsed.iter().map(|n| n.as_bytes().into()).collect();
+        out.unparsed = unparsed.into_iter().map(Vec::into_boxed_slice).collect();
         out.unclosed = unclosed;
     }
 
@@ -1036,10 +1036,10 @@ impl Session {
         let mut o = Outcome::default();
         if let Err(e) = b.write(&plan.out).await {
             o.broken = Some(e);
-            return o;
+        } else {
+            self.set_running(b);
         }
-        self.set_running(b);
-        loop {
+        while o.broken.is_none() {
             let frame = match b.read_frame().await {
                 Ok(f) => f,
                 Err(e) => {
@@ -1085,6 +1085,11 @@ impl Session {
                 out.spill().await;
             }
         }
+        if o.status.is_none() {
+            // The client gets an error for the whole batch: what was not answered did not
+            // happen, for the core and the relay alike.
+            tracker.drop_unanswered();
+        }
         b.keep_notifications(&std::mem::take(&mut tracker.notifications));
         o.failed = tracker.failed;
         o.snapshot = tracker.snapshot.take();
@@ -1099,17 +1104,18 @@ impl Session {
             .collect();
         o.unparsed.extend(plan.skipped_parses);
         // A skipped Close leaves what the session held at that point: a statement from before
-        // the batch, or one this batch's Parse made if that Parse stood. (The core, told the
-        // Close's place, decides the same from its own table and `unparsed`.)
+        // the batch, or one this batch's Parse made if that Parse stood. The core is told the
+        // places of those Closes and gives back what each took; it cannot decide it by names,
+        // since a batch may parse a name, close it and parse it again.
         for (k, close) in plan.closes.into_iter().enumerate() {
-            if close.act.is_none_or(|i| tracker.dropped.contains(&i)) {
-                o.unclosed.push(k as u32);
-                if close
+            let skipped = close.act.is_none_or(|i| tracker.dropped.contains(&i));
+            if skipped
+                && close
                     .parsed_at
                     .is_none_or(|p| !tracker.dropped.contains(&p))
-                {
-                    o.reopened.extend(close.took);
-                }
+            {
+                o.unclosed.push(k as u32);
+                o.reopened.extend(close.took);
             }
         }
         o

@@ -215,13 +215,16 @@ pub struct PgReply {
     /// not known, so the session is not served from cache until a later reply says so.
     pub serve_cached: bool,
     /// On a reply that ends [`PgReplyEnd::Ready`]: the new statement names the request's
-    /// Parse messages gave that the origin did not take (the Parse failed, or was skipped
-    /// after an earlier error). The core forgets them: PostgreSQL holds no such statement.
+    /// Parse messages gave that the origin did not take (the Parse failed, was skipped after
+    /// an earlier error, or the batch never ran; the unnamed statement as an empty name). The
+    /// core forgets them: PostgreSQL holds no such statement.
     pub unparsed: Vec<Box<[u8]>>,
     /// On a reply that ends [`PgReplyEnd::Ready`]: which of the request's `Close S` messages
-    /// of named statements did not take effect (skipped after an earlier error), by their
-    /// place among those messages (0 for the first). The core forgot those statements when
-    /// it forwarded the request and holds them again: PostgreSQL keeps them.
+    /// of named statements did not take effect (skipped after an earlier error) and took a
+    /// statement that stands, by their place among those messages (0 for the first). The
+    /// core forgot what each took when it forwarded the request and holds it again:
+    /// PostgreSQL keeps it. (A skipped Close of a statement whose own Parse in the batch
+    /// failed or was skipped is not listed: PostgreSQL holds nothing under that name.)
     pub unclosed: Vec<u32>,
 }
 

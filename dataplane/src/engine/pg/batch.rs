@@ -1,7 +1,8 @@
 //! Framing of an open session's input into batches: up to Sync, or one Query. The first
 //! [`SHAPE`] messages are kept parsed for `serve.rs` to match the shapes it serves; the batch's
-//! end is what a forward sends (`forward.rs`). Copy and FunctionCall end the session (0A000), as
-//! does bad input (08P01).
+//! end is what a forward sends (`forward.rs`). Copy, FunctionCall and a Query after
+//! extended-protocol messages (before their Sync) end the session (0A000), as does bad input
+//! (08P01).
 //!
 //! Thread model: the owning core. Allocates nothing.
 
@@ -68,6 +69,15 @@ pub(super) fn frame<'a>(input: &'a [u8], limits: &PgLimits, max_bytes: usize) ->
             Frontend::Unsupported(_) => {
                 return Frame::Bad(
                     b"COPY and FunctionCall are not supported by pgline",
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                )
+            }
+            // PostgreSQL runs such a Query as a sync point, unless an earlier message of the
+            // batch failed: then it skips the Query and waits for the Sync, which pgline would
+            // not read before the batch's reply (the session would hang). No driver sends it.
+            Frontend::Query(_) if count > 0 => {
+                return Frame::Bad(
+                    b"a simple Query before the Sync of an extended-protocol batch is not supported by pgline",
                     sqlstate::FEATURE_NOT_SUPPORTED,
                 )
             }

@@ -131,11 +131,10 @@ pub(super) fn forward_messages(conn: &Conn, limits: &PgLimits, end: usize) -> (V
             continue;
         }
         if parses {
+            // Even the unnamed statement the batch replaces: if its Parse is skipped (after
+            // an error) or the batch does not run, the session's stays, and later Binds of it
+            // go to the relay, which must hold that one, not an older one.
             parsed.push(name);
-            if name.is_empty() {
-                // The batch's own unnamed statement replaces the session's.
-                continue;
-            }
         }
         if let Some(s) = pg.statements.get(name) {
             if !s.relay_knows && !s.parse.is_empty() {
@@ -153,10 +152,8 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
     let Some(pg) = pg.as_deref_mut() else { return };
     pg.unnamed_dropped = false;
     pg.closing.clear();
-    // The place of each named Close among the batch's (as the relay counts them), and the
-    // names whose statement a Parse of this batch made.
+    // The place of each named Close among the batch's (as the relay counts them).
     let mut closes = 0u32;
-    let mut made: Vec<&[u8]> = Vec::new();
     let batch = &rbuf[*rpos..*rpos + end];
     let mut at = 0;
     while let Ok((msg, n)) = parse_frontend(&batch[at..], limits) {
@@ -178,7 +175,6 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
                 }
                 _ => {
                     pg.remember_parse(name, query, param_types, raw, true);
-                    made.push(name);
                     if name.is_empty() {
                         // Whether the origin took it (it may fail, or be skipped after an
                         // earlier error) only the relay sees: later Binds of it go there.
@@ -211,7 +207,6 @@ pub(super) fn note_statements(conn: &mut Conn, limits: &PgLimits, end: usize) {
                         place: closes,
                         name: name.into(),
                         statement,
-                        parsed_here: made.contains(&name),
                     });
                 }
                 closes += 1;

@@ -96,8 +96,6 @@ pub(crate) struct Closing {
     place: u32,
     name: Box<[u8]>,
     statement: Statement,
-    /// A Parse of the same batch made it.
-    parsed_here: bool,
 }
 
 /// Protocol state of one PostgreSQL connection.
@@ -246,16 +244,13 @@ impl PgSession {
     }
 
     /// After a forwarded batch's reply: the named statements it closed are gone, except those
-    /// whose Close the origin skipped (`unclosed`), held again as they were before their
-    /// Close, unless a Parse of the batch that did not stand (`unparsed`) had made them. Runs
-    /// after the failed Parses were forgotten, so that a skipped Close and a (skipped) Parse
-    /// of the same name after it leave the old statement.
-    fn settle_closes(&mut self, unclosed: &[u32], unparsed: &[Box<[u8]>]) {
+    /// whose Close the origin skipped and whose statement stands (`unclosed`, decided by the
+    /// relay, which knows which of the batch's Parses stood), held again as they were before
+    /// their Close. Runs after the failed Parses were forgotten, so that a skipped Close and a
+    /// (skipped) Parse of the same name after it leave the old statement.
+    fn settle_closes(&mut self, unclosed: &[u32]) {
         for c in std::mem::take(&mut self.closing) {
-            if unclosed.contains(&c.place)
-                && !(c.parsed_here && unparsed.contains(&c.name))
-                && !self.statements.contains_key(&c.name)
-            {
+            if unclosed.contains(&c.place) && !self.statements.contains_key(&c.name) {
                 self.statement_bytes += c.statement.parse.len();
                 self.statements.insert(c.name, c.statement);
             }
@@ -698,7 +693,7 @@ pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
             for name in &reply.unparsed {
                 pg.forget_statement(name);
             }
-            pg.settle_closes(&reply.unclosed, &reply.unparsed);
+            pg.settle_closes(&reply.unclosed);
             pg.tx_status = status;
             pg.phase = Phase::Ready;
         }

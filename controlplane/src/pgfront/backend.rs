@@ -139,12 +139,9 @@ impl Backend {
 
     /// Keeps NotificationResponses (whole frames) for the session that holds the connection.
     pub fn keep_notifications(&mut self, frames: &[u8]) {
-        if frames.is_empty() {
-            return;
-        }
-        if self.notifications.len() + frames.len() <= NOTIFICATIONS_MAX {
-            self.notifications.extend_from_slice(frames);
-        } else if !std::mem::replace(&mut self.notifications_dropped, true) {
+        if !keep_bounded(&mut self.notifications, frames, NOTIFICATIONS_MAX)
+            && !std::mem::replace(&mut self.notifications_dropped, true)
+        {
             tracing::warn!(
                 pid = self.pid,
                 "pgwire: notifications that arrived during pgline's own statements were dropped (more than {NOTIFICATIONS_MAX} bytes waiting; warned once per connection)"
@@ -503,9 +500,43 @@ pub async fn send_cancel(
     }
 }
 
+/// Appends `frames` to `held` if that keeps it within `max` bytes; false when they were
+/// dropped (whole: a notification is never cut).
+fn keep_bounded(held: &mut Vec<u8>, frames: &[u8], max: usize) -> bool {
+    if held.len() + frames.len() > max {
+        return false;
+    }
+    held.extend_from_slice(frames);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notifications_kept_for_a_session_stop_at_their_bound() {
+        let frame = |payload: usize| {
+            let mut f = vec![b'A'];
+            f.extend_from_slice(&(4 + payload as i32).to_be_bytes());
+            f.resize(5 + payload, b'x');
+            f
+        };
+        let mut held = Vec::new();
+        let big = frame(1000);
+        let mut kept = 0;
+        while keep_bounded(&mut held, &big, NOTIFICATIONS_MAX) {
+            kept += 1;
+        }
+        assert_eq!(kept, NOTIFICATIONS_MAX / big.len());
+        assert!(held.len() <= NOTIFICATIONS_MAX);
+        // Past the bound nothing is cut in half; a smaller one that still fits is kept.
+        let room = NOTIFICATIONS_MAX - held.len();
+        assert!(!keep_bounded(&mut held, &frame(room), NOTIFICATIONS_MAX));
+        assert!(keep_bounded(&mut held, &frame(room - 5), NOTIFICATIONS_MAX));
+        assert_eq!(held.len(), NOTIFICATIONS_MAX);
+        assert!(!keep_bounded(&mut held, &frame(0), NOTIFICATIONS_MAX));
+    }
 
     #[test]
     fn scram_plus_is_not_relayed() {

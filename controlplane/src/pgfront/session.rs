@@ -459,9 +459,12 @@ impl Session {
                         origin.primary.set(b.host);
                     }
                     out.buf.extend_from_slice(&frame);
-                    let login = match state::ask_state(&mut b).await {
-                        Ok(Some(s)) => s,
-                        Ok(None) => {
+                    // With the WAL position: a session sees every write committed before it
+                    // connected, as a new PostgreSQL session does, so its cached answers wait
+                    // for pgline's WAL to reach that position (the fence).
+                    let (fence, login) = match ask_fence(&mut b).await {
+                        Ok((lsn, Some(s))) => (lsn, s),
+                        Ok((_, None)) => {
                             tokio::spawn(b.terminate());
                             out.buf.clear();
                             RelayError::origin(
@@ -506,7 +509,7 @@ impl Session {
                             });
                         }
                     }
-                    return out.finish(PgReplyEnd::Ready(b'I'), 0).await;
+                    return out.finish(PgReplyEnd::Ready(b'I'), fence).await;
                 }
                 b'S' => {
                     b.note_parameter(&frame);

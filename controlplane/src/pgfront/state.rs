@@ -5,10 +5,10 @@
 //! `public`, pgline's output settings. A client session may get them only while the origin,
 //! in that session's exact state, would send the same bytes. Rather than guess that state from
 //! statement text (which `set_config('search'||'_path', ...)`, a function, a role default or a
-//! startup `options` evade), the relay asks the origin: the fence query that follows a batch
-//! asking for it (see `session`), and the state query at login, before a session takes another
-//! session's reserved backend and at a session's end, return (beside the WAL position) these
-//! columns:
+//! startup `options` evade), the relay asks the origin: the fence query, at login and after a
+//! batch asking for it (see `session`), and the state query, before a session takes another
+//! session's reserved backend and at a session's end, return (the fence query beside the WAL
+//! position) these columns:
 //!
 //! - `session_user` and `current_user`: `SET ROLE`, `SET SESSION AUTHORIZATION` and
 //!   `set_config('role', ...)` show here (a `SECURITY DEFINER` function's role lasts only
@@ -82,14 +82,15 @@ macro_rules! state_columns {
     };
 }
 
-/// The fence query: the WAL position, then the state (its reply is hidden from the client).
+/// The fence query: the WAL position (a standby's replayed one: what its snapshots see), then
+/// the state (its reply is hidden from the client). Asked at login as well.
 pub const FENCE_SQL: &str = concat!(
-    "SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text, ",
+    "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+     ELSE pg_catalog.pg_current_wal_lsn() END)::pg_catalog.text, ",
     state_columns!()
 );
 
-/// The state alone (at login, before another session takes a reserved backend, and at a
-/// session's end).
+/// The state alone (before another session takes a reserved backend, and at a session's end).
 pub const STATE_SQL: &str = concat!("SELECT ", state_columns!());
 
 /// The names [`FENCE_SQL`] and [`STATE_SQL`] are prepared under on each backend (once, then

@@ -507,6 +507,74 @@ async fn a_new_session_reads_what_committed_before_it_connected() {
     p.shutdown().await;
 }
 
+/// A role that may not call `pg_current_wal_lsn()` (an administrator revoked it) still logs
+/// in and gets the origin's answers; without a fence it reads nothing from cache, and its
+/// session is not asked for the fence again. Before the login fence, such a session was served
+/// from cache from its first read with no fence at all (this test failed on "served from cache
+/// without a fence"); with the first login fence its login failed; and a refused fence after a
+/// batch dropped the session's backend as if it had died, which for a role whose login only the
+/// client can replay closed the session at its next batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_denied_the_wal_position_logs_in_and_reads_the_origin() {
+    let db = TestDb::create("pgw_no_lsn").await;
+    let role = format!("{}_r", db.name);
+    let admin = origin::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw';
+             GRANT CONNECT ON DATABASE {} TO {role};",
+            db.name
+        ))
+        .await
+        .unwrap();
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "{SCHEMA} GRANT SELECT ON counters TO {role};
+             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_current_wal_lsn() FROM PUBLIC;"
+        ))
+        .await
+        .unwrap();
+    let mut cfg = lab::config(&db, 1);
+    cfg.pgwire.cache_users = vec![role.clone()];
+    let p = lab::start(cfg).await;
+    let addr = p.pg_addr().unwrap();
+    let reader = connect(&format!(
+        "host={} port={} user={role} password=rpw dbname={}",
+        addr.ip(),
+        addr.port(),
+        db.name
+    ))
+    .await;
+    let hits = p.shared.total(|s| &s.keys_hit);
+    for id in [1i64, 2, 1, 1] {
+        let row = reader
+            .query_one("SELECT n, note FROM counters WHERE id = $1", &[&id])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, &str>(1), format!("row {id}"));
+    }
+    assert_eq!(
+        p.shared.total(|s| &s.keys_hit),
+        hits,
+        "served from cache without a fence"
+    );
+    drop(reader);
+    p.shutdown().await;
+    db.client()
+        .await
+        .batch_execute(&format!("REVOKE ALL ON counters FROM {role}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "REVOKE ALL ON DATABASE {} FROM {role}; DROP ROLE {role}",
+            db.name
+        ))
+        .await
+        .unwrap();
+}
+
 /// pgline's `pgline_pgwire_backend_steals_total`.
 async fn steals(p: &Pgline) -> u64 {
     let api = format!("http://{}", p.api_addr().expect("the API is on"));

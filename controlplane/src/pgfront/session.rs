@@ -231,6 +231,9 @@ pub(super) struct Session {
     status: u8,
     /// The backend of the client's open transaction died after its reply went out.
     lost: bool,
+    /// The origin refuses this session's role the fence query: it is not asked again, and the
+    /// session reads nothing from cache (see [`fence_refused`]).
+    no_fence: bool,
     closed: bool,
 }
 
@@ -262,6 +265,7 @@ impl Session {
             flow: None,
             status: b'I',
             lost: false,
+            no_fence: false,
             closed: false,
         }
     }
@@ -462,8 +466,16 @@ impl Session {
                     // With the WAL position: a session sees every write committed before it
                     // connected, as a new PostgreSQL session does, so its cached answers wait
                     // for pgline's WAL to reach that position (the fence).
-                    let (fence, login) = match ask_fence(&mut b).await {
-                        Ok((lsn, Some(s))) => (lsn, s),
+                    let asked = match ask_fence(&mut b).await {
+                        Ok(Some((lsn, s))) => Ok((Some(lsn), s)),
+                        Ok(None) => {
+                            fence_refused(&mut self.no_fence, self.id, &self.user);
+                            state::ask_state(&mut b).await.map(|s| (None, s))
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let (fence, login) = match asked {
+                        Ok((fence, Some(s))) => (fence, s),
                         Ok((_, None)) => {
                             tokio::spawn(b.terminate());
                             out.buf.clear();
@@ -478,7 +490,8 @@ impl Session {
                         Err(e) => return self.origin_gone(&req, &e).await,
                     };
                     self.login_state = login.fingerprint();
-                    self.serve_cached = self.serves_cache(&login).await;
+                    // No fence, no cached answer (its next cacheable read asks for one).
+                    self.serve_cached = fence.is_some() && self.serves_cache(&login).await;
                     out.serve_cached = self.serve_cached;
                     // Sessions share connections only with sessions that logged in to the
                     // same state (a role or database default changed since is another pool).
@@ -509,7 +522,9 @@ impl Session {
                             });
                         }
                     }
-                    return out.finish(PgReplyEnd::Ready(b'I'), fence).await;
+                    return out
+                        .finish(PgReplyEnd::Ready(b'I'), fence.unwrap_or(0))
+                        .await;
                 }
                 b'S' => {
                     b.note_parameter(&frame);
@@ -661,7 +676,7 @@ impl Session {
         let cache = req.cache.take();
         // The core asks for the fence and the state verdict only when the batch holds a
         // statement it could have answered from cache; without them its gate stays closed.
-        let want_fence = req.fence;
+        let want_fence = req.fence && !self.no_fence;
         if std::mem::take(&mut self.lost) {
             let mut out = out_for(&self.relay, &req, self.flow.as_ref());
             RelayError::origin(
@@ -934,10 +949,11 @@ impl Session {
         }
         if status == b'I' && want_fence && fence.is_none() {
             match ask_fence(&mut b).await {
-                Ok((lsn, s)) => {
+                Ok(Some((lsn, s))) => {
                     fence = Some(lsn);
                     after = s;
                 }
+                Ok(None) => self.fence_refused(),
                 Err(_) => {
                     // The connection died after the reply, or a cancel sent at it went
                     // astray: drop it, and ask another one (the batch may have written).
@@ -1005,6 +1021,11 @@ impl Session {
         fence
     }
 
+    /// See [`fence_refused`].
+    fn fence_refused(&mut self) {
+        fence_refused(&mut self.no_fence, self.id, &self.user);
+    }
+
     /// The origin's WAL position read over a pooled connection, when the batch's own one
     /// died before telling it. If none answers either, `u64::MAX`: the core keeps a session's
     /// highest fence, so this session (whose origin is failing anyway) reads from the origin
@@ -1014,9 +1035,17 @@ impl Session {
             .backend(tokio::time::Instant::now() + self.relay.cfg.pool_wait, None)
             .await
         {
-            if let Ok((lsn, _)) = ask_fence(&mut b).await {
-                self.put_back(b);
-                return lsn;
+            match ask_fence(&mut b).await {
+                Ok(Some((lsn, _))) => {
+                    self.put_back(b);
+                    return lsn;
+                }
+                Ok(None) => {
+                    self.fence_refused();
+                    self.put_back(b);
+                    return u64::MAX;
+                }
+                Err(_) => {}
             }
             self.discard();
             tokio::spawn(b.terminate());
@@ -1219,27 +1248,37 @@ async fn reset(b: &mut Backend, login_state: &str) -> bool {
     matches!(state::ask_state(b).await, Ok(Some(s)) if s.fingerprint() == login_state)
 }
 
-/// The origin's WAL position, asked over `b` (once its cancels have landed, see
+/// The origin's WAL position and the state, asked over `b` (once its cancels have landed, see
 /// [`Backend::simple`]: one landing on the query would lose the fence). An error answer is asked
-/// again once; a second one, a connection error or a cancel gone astray is an error: `b` is
-/// not to be reused.
-async fn ask_fence(b: &mut Backend) -> std::io::Result<(u64, Option<OriginState>)> {
+/// again once (a client's SQL-level `DEALLOCATE` or `PREPARE` may have taken the statement's
+/// name); a second one is `Ok(None)`: the origin refuses the fence to this role (an
+/// administrator revoked `pg_current_wal_lsn()`), and `b` is idle and fit for use. A
+/// connection error is an error: `b` is not to be reused.
+async fn ask_fence(b: &mut Backend) -> std::io::Result<Option<(u64, Option<OriginState>)>> {
     for _ in 0..2 {
         let Some(cols) = state::query_row(b, state::FENCE_STATEMENT, plan::FENCE_SQL).await? else {
             continue;
         };
-        if let Some(lsn) = cols
-            .first()
-            .cloned()
-            .flatten()
-            .and_then(|t| crate::lsn::parse_lsn(&t))
-        {
-            return Ok((lsn, OriginState::from_columns(&cols[1..])));
+        let lsn = cols.first().cloned().flatten();
+        if let Some(lsn) = lsn.and_then(|t| crate::lsn::parse_lsn(&t)) {
+            return Ok(Some((lsn, OriginState::from_columns(&cols[1..]))));
         }
     }
-    Err(std::io::Error::other(
-        "the origin refused pg_current_wal_lsn()",
-    ))
+    Ok(None)
+}
+
+/// The origin refused the fence query to session `id`'s role (an administrator revoked
+/// `pg_current_wal_lsn()` from it): the session goes on with the origin's answers and is no
+/// longer asked for a fence its cache gate would need (each batch would pay for two refused
+/// queries), so it reads nothing from cache.
+fn fence_refused(no_fence: &mut bool, id: u64, user: &str) {
+    if !std::mem::replace(no_fence, true) {
+        tracing::warn!(
+            session = id,
+            user,
+            "pgwire: the origin refuses this role pg_current_wal_lsn(): its session reads nothing from cache"
+        );
+    }
 }
 
 /// What a StartupMessage says about the session's pool.

@@ -70,16 +70,21 @@ pub async fn start(cfg: Config) -> std::sync::Arc<Pgline> {
 }
 
 /// A tokio-postgres client of `db` through pgline's PostgreSQL front, as the lab origin's user.
+/// Returns once pgline has applied the WAL up to the session's login fence, so the session
+/// may be answered from cache from its first statement (the lab origin's WAL moves with every
+/// other test's writes).
 pub async fn pg_client(p: &Pgline, db: &TestDb) -> tokio_postgres::Client {
     let addr = p.pg_addr().expect("the pgwire front is on");
     let (_, _, user, password) = crate::origin::origin_base();
-    crate::origin::connect(&format!(
+    let c = crate::origin::connect(&format!(
         "host={} port={} user={user} password={password} dbname={}",
         addr.ip(),
         addr.port(),
         db.name
     ))
-    .await
+    .await;
+    sync(p, &db.client().await).await;
+    c
 }
 
 /// Waits until pgline has applied everything the origin has written so far.

@@ -677,6 +677,8 @@ async fn a_statement_first_answered_from_cache_is_bound_at_the_origin_later() {
     let p = start(&db, &[]).await;
     let mut ours = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
     let mut theirs = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
+    // Past the login fence: the session's first lookup is a miss, not forwarded.
+    lab::sync(&p, &admin).await;
     let mut first = BytesMut::new();
     frontend::parse("s1", "SELECT bal FROM acct WHERE id = $1", [], &mut first).unwrap();
     pgline_testkit::pg::bind_text(&mut first, "s1", &["5"]);
@@ -704,6 +706,8 @@ async fn a_statement_first_answered_from_cache_is_bound_at_the_origin_later() {
         got.push(w.simple("COMMIT").await);
         got.push(w.exchange_bytes(&second).await);
         got.push(w.exchange_bytes(&describe).await);
+        // Past the fence `second` brought (COMMIT closed the gate): `again` is a miss.
+        lab::sync(&p, &admin).await;
         got.push(w.exchange_bytes(&again).await);
         replies.push(got);
     }
@@ -730,6 +734,8 @@ async fn a_parse_of_a_held_name_keeps_the_old_statement() {
     let p = start(&db, &[]).await;
     let mut ours = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
     let mut theirs = Wire::connect(origin::origin_addr(), &db.name, &[]).await;
+    // Past the login fence: the session's first lookup is a miss, not forwarded.
+    lab::sync(&p, &admin).await;
     let run = |text: &str, key: &str| {
         let mut m = BytesMut::new();
         frontend::parse("s1", text, [], &mut m).unwrap();
@@ -837,7 +843,10 @@ async fn an_unnamed_statement_answered_from_cache_is_described_later() {
     let mut replies = Vec::new();
     for addr in [p.pg_addr().unwrap(), origin::origin_addr()] {
         let mut w = Wire::connect(addr, &db.name, &[]).await;
+        // Past the login fence, then past the first fill's: both lookups answered on the core.
+        lab::sync(&p, &admin).await;
         w.exchange_bytes(&lookup).await;
+        lab::sync(&p, &admin).await;
         let looked = w.exchange_bytes(&lookup).await;
         let described = w.exchange_bytes(&describe).await;
         replies.push((looked, described));
@@ -1214,6 +1223,8 @@ async fn a_batch_refused_for_a_busy_pool_leaves_the_sessions_statements() {
     };
     let mut holder = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
     let mut client = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    // Past the login fences: `kept` below is a miss, not forwarded.
+    lab::sync(&p, &admin).await;
     let simple = |sql: &str| msgs(|b| frontend::query(sql, b).unwrap());
     // `kept` is answered from its fill: only the core has seen it.
     let filled = p.shared.total(|s| &s.pg_lookup_filled);

@@ -498,3 +498,64 @@ async fn row_level_security_is_never_served_from_cache() {
         }
     }
 }
+
+/// A client cannot forge pgline's fence statement. Statements prepared by SQL `PREPARE` share
+/// their name space with the protocol's, so a session can `DEALLOCATE pgl_fence` and `PREPARE`
+/// its own under that name; through a function's `EXECUTE`, no rule on the statement's text
+/// sees it. Before, the relay then ran the client's statement as its fence and trusted its
+/// row: a session that hid `public_info` behind a temporary table and had the forged fence
+/// report the clean state got its count of the temporary table stored in the shared result
+/// cache, and every other session read it. Now a backend that ran anything the core did not
+/// vouch for parses pgline's statements again (Close, then Parse) before their answers count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_fence_statement_is_never_trusted() {
+    let lab = lab("adv_forge").await;
+    let clean_count = answer(&lab.origin("").await, COUNT).await;
+    let attacker = lab.pgline("").await;
+    // A cached lookup first: the relay has run its fence statement on the session's backend.
+    let public = answer(&lab.origin("").await, LOOKUP).await;
+    warm(&lab.p, &attacker, LOOKUP, &public).await;
+    // The clean state, as the fence query reads it before the temporary table exists.
+    let Ok(rows) = answer(&attacker, pgline_controlplane::pgfront::FENCE_SQL).await else {
+        panic!("the fence query runs as a client's query");
+    };
+    let forged: Vec<String> = std::iter::once("'0/0'::text".to_string())
+        .chain(rows[0][1..].iter().map(|v| match v {
+            Some(v) => format!("'{}'::text", v.replace('\'', "''")),
+            None => "NULL::text".to_string(),
+        }))
+        .collect();
+    lab.origin("")
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION forge() RETURNS int LANGUAGE plpgsql AS $f$
+             BEGIN
+               EXECUTE 'CREATE TEMP TABLE public_info (id int PRIMARY KEY, v text NOT NULL, \
+                        f float8, b bytea)';
+               EXECUTE 'INSERT INTO public_info SELECT g, ''zzz forged'', 0, NULL \
+                        FROM generate_series(1, 4) g';
+               BEGIN EXECUTE 'DEALLOCATE pgl_fence'; EXCEPTION WHEN OTHERS THEN NULL; END;
+               EXECUTE $p$PREPARE pgl_fence AS SELECT {}$p$;
+               RETURN 1;
+             END $f$",
+            forged.join(", ")
+        ))
+        .await
+        .unwrap();
+    answer(&attacker, "SELECT forge()").await.unwrap();
+    let forged_count = Ok(vec![vec![Some("4".into()), Some("zzz forged".into())]]);
+    for _ in 0..3 {
+        assert_eq!(
+            answer(&attacker, COUNT).await,
+            forged_count,
+            "the attacker's own count (its temporary table)"
+        );
+    }
+    // The attacker's answer never reaches another session, now or once the writer ran.
+    for _ in 0..10 {
+        let other = lab.pgline("").await;
+        assert_eq!(answer(&other, COUNT).await, clean_count, "another session");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(attacker);
+}

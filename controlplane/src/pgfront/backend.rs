@@ -265,6 +265,14 @@ impl Backend {
         }
     }
 
+    /// After a batch that may have run any SQL: pgline's own statements are parsed again before
+    /// their answers are trusted (see `state::FENCE_STATEMENT`).
+    pub fn distrust_own_statements(&mut self) {
+        for name in super::state::OWN_STATEMENTS {
+            self.prepared.remove(name);
+        }
+    }
+
     /// Runs pgline's own statement `name` (text `sql`, no parameters, one row) as a prepared
     /// statement: parsed on this connection the first time (booked in `prepared`), then
     /// Bind/Execute only, which costs the origin no parse and plan. As [`Backend::query_row`]
@@ -314,7 +322,7 @@ impl Backend {
                 "a cancel sent at the connection went astray",
             ));
         }
-        let own = [super::state::FENCE_STATEMENT, super::state::STATE_STATEMENT];
+        let own = super::state::OWN_STATEMENTS;
         let mut buf = BytesMut::new();
         let mut closed = 0;
         for name in self.prepared.iter().filter(|n| !own.contains(&n.as_str())) {
@@ -348,11 +356,14 @@ impl Backend {
     }
 }
 
-/// `[Parse(name, sql)] Bind(unnamed portal, name) Execute Sync`: one run of pgline's own
-/// prepared statement, text results. The unnamed portal is free: pgline runs its statements only
-/// while the connection is idle, when no portal outlives the client's Sync.
+/// `[Close(name) Parse(name, sql)] Bind(unnamed portal, name) Execute Sync`: one run of
+/// pgline's own prepared statement, text results. Parsed, it first closes whatever holds the
+/// name (a client's SQL-level `PREPARE`, see `state::FENCE_STATEMENT`; closing a name nothing
+/// holds is no error). The unnamed portal is free: pgline runs its statements only while the
+/// connection is idle, when no portal outlives the client's Sync.
 pub fn compose_prepared(name: &str, sql: &str, parse: bool, buf: &mut BytesMut) -> io::Result<()> {
     if parse {
+        frontend::close(b'S', name, buf)?;
         frontend::parse(name, sql, [], buf)?;
     }
     // Bind: unnamed portal, no parameter formats, no parameters, text results.

@@ -126,6 +126,7 @@ fn error_skips_to_sync_and_forgets_failed_parse() {
     assert_eq!(tags(&out), b"EZ");
     // The fence's reply is hidden; its LSN is kept.
     let mut out = Vec::new();
+    t.on_message(&frame(b'3', b""), &mut out, &mut prepared);
     t.on_message(&frame(b'1', b""), &mut out, &mut prepared);
     t.on_message(&frame(b'2', b""), &mut out, &mut prepared);
     t.on_message(
@@ -433,13 +434,15 @@ fn the_check_goes_first_and_its_state_is_kept_hidden() {
     let m = msgs(|b| frontend::query("BEGIN", b).unwrap());
     let mut plan = plan_batch(&m, &mut HashMap::new(), &Unnamed::default(), &mut prepared).unwrap();
     add_check(&mut plan, &mut prepared);
-    assert_eq!(tags(&plan.out), b"PBESQ");
+    // Close first: whatever a client's SQL-level PREPARE put under the name goes.
+    assert_eq!(tags(&plan.out), b"CPBESQ");
     assert!(prepared.contains(super::super::state::STATE_STATEMENT));
     let mut t = Tracker::new(plan.acts);
     let mut out = Vec::new();
     let cols = super::super::state::CLEAN_COLUMNS;
     let row = data_row(&cols);
     for r in [
+        frame(b'3', b""),
         frame(b'1', b""),
         frame(b'2', b""),
         frame(b'D', &row),

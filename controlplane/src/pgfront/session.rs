@@ -12,7 +12,8 @@
 //! state, pins it for good if the session left state behind (`plan::leaves_session_state`, or
 //! a state read that differs), and reserves it for the session when its state was not read.
 //! The fence and state are read only when the core asked (`PgRequest::fence`): then, when the
-//! batch ends idle, `fence_lsn` is the origin's `pg_current_wal_lsn()` after it; otherwise the
+//! batch ends idle, `fence_lsn` is the origin's WAL position after it (`state::FENCE_SQL`; also
+//! read at login, so a new session sees what committed before it); otherwise the
 //! reply carries no fence and `serve_cached` false, which closes the session's cache gate in
 //! the core.
 //!
@@ -677,6 +678,9 @@ impl Session {
         // The core asks for the fence and the state verdict only when the batch holds a
         // statement it could have answered from cache; without them its gate stays closed.
         let want_fence = req.fence && !self.no_fence;
+        // The core vouches for a cacheable read (no unknown function) and for a batch that
+        // runs nothing or only constants: nothing else in it can touch pgline's own statements.
+        let vouched = req.fence || req.state_free;
         if std::mem::take(&mut self.lost) {
             let mut out = out_for(&self.relay, &req, self.flow.as_ref());
             RelayError::origin(
@@ -798,6 +802,9 @@ impl Session {
         }
         let started = std::time::Instant::now();
         let mut o = self.execute(&mut b, plan, &mut out, unread.is_some()).await;
+        if !vouched {
+            b.distrust_own_statements();
+        }
         if let Some(settling) = unread {
             let read = o.checked.as_ref().map(OriginState::fingerprint);
             if read.as_deref() != Some(&self.login_state) && o.broken.is_none() && out.sent == 0 {
@@ -1267,16 +1274,17 @@ async fn ask_fence(b: &mut Backend) -> std::io::Result<Option<(u64, Option<Origi
     Ok(None)
 }
 
-/// The origin refused the fence query to session `id`'s role (an administrator revoked
-/// `pg_current_wal_lsn()` from it): the session goes on with the origin's answers and is no
-/// longer asked for a fence its cache gate would need (each batch would pay for two refused
-/// queries), so it reads nothing from cache.
+/// The origin refused the fence query twice to session `id` (an administrator revoked
+/// `pg_current_wal_lsn()` from its role; also the session's own settings, a `statement_timeout`
+/// too short for it): the session goes on with the origin's answers and is no longer asked for
+/// a fence its cache gate would need (each batch would pay for the refused queries), so it
+/// reads nothing from cache. Errs on the safe side: a cost, never a wrong answer.
 fn fence_refused(no_fence: &mut bool, id: u64, user: &str) {
     if !std::mem::replace(no_fence, true) {
         tracing::warn!(
             session = id,
             user,
-            "pgwire: the origin refuses this role pg_current_wal_lsn(): its session reads nothing from cache"
+            "pgwire: the origin refused pgline's fence query twice (pg_current_wal_lsn() revoked from this role, or the session's own settings, such as a short statement_timeout): this session reads nothing from cache"
         );
     }
 }

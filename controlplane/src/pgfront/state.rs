@@ -93,14 +93,23 @@ pub const FENCE_SQL: &str = concat!(
 /// The state alone (before another session takes a reserved backend, and at a session's end).
 pub const STATE_SQL: &str = concat!("SELECT ", state_columns!());
 
-/// The names [`FENCE_SQL`] and [`STATE_SQL`] are prepared under on each backend (once, then
-/// only bound and executed: parsing and planning them was half the origin's cost of a short
-/// batch). They cannot meet a client statement's backend name, which is `pgl_` and 16 hex
-/// digits (`plan::backend_name`); like those, they are booked in `Backend::prepared`, which
-/// `DISCARD ALL` / `DEALLOCATE ALL` clear, and a run that fails (a client's SQL-level
-/// `DEALLOCATE` or `PREPARE` took the name) forgets the name and falls back to a simple query.
+/// The names [`FENCE_SQL`] and [`STATE_SQL`] are prepared under on each backend (then only
+/// bound and executed while trusted: parsing and planning them was half the origin's cost of a
+/// short batch). They cannot meet a client statement's backend name, which is `pgl_` and 16
+/// hex digits (`plan::backend_name`); like those, they are booked in `Backend::prepared`, which
+/// `DISCARD ALL` / `DEALLOCATE ALL` clear, and a run that fails forgets the name and falls back
+/// to a simple query.
+///
+/// SQL-level `PREPARE` shares the protocol's name space, so a client can `DEALLOCATE pgl_fence`
+/// and `PREPARE` its own statement under the name (in plain text, or unseen through a
+/// function's `EXECUTE`), one that reports a clean state. After any batch the core did not
+/// vouch for (one that is not a cacheable read or a statement of constants), a backend forgets
+/// both names ([`Backend::distrust_own_statements`](super::backend::Backend)), and the next run
+/// parses pgline's text again, closing whatever held the name first.
 pub const FENCE_STATEMENT: &str = "pgl_fence";
 pub const STATE_STATEMENT: &str = "pgl_state";
+/// Both, as [`Backend::prepared`](super::backend::Backend) books them.
+pub const OWN_STATEMENTS: [&str; 2] = [FENCE_STATEMENT, STATE_STATEMENT];
 
 /// The one search path whose name resolution the store follows: unqualified names are read as
 /// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.

@@ -8,11 +8,13 @@
 #   BINS="/tmp/old/pgline target/release/pgline" bench/pgwire-cost.sh   # builds side by side
 #   BINS="pgbouncer target/release/pgline" bench/pgwire-cost.sh     # against PgBouncer
 #   DB=pgline_pgbench_s10 SCRIPT= BUILTIN=tpcb-like CLIENTS=8 bench/pgwire-cost.sh   # TPC-B
+#   SCRIPT=bench/pgwire-write-read.pgbench SETUP=bench/pgwire-write-read.sql bench/pgwire-cost.sh
+#                                               # a write, then a cached read of the row
 #
 # Environment: BINS (pgline binaries, default target/release/pgline, or the word `pgbouncer`
 # for Debian's PgBouncer in transaction mode, bench/pgbouncer.sh; each round runs every one in
 # turn), CLIENTS ("8 32"), ROUNDS (3), DURATION (seconds counted, 5), SCRIPT (pgbench script,
-# bench/pgwire-select1.pgbench; empty for none), BUILTIN (a pgbench builtin such as tpcb-like,
+# bench/pgwire-select1.pgbench; empty for none), SETUP (SQL file run on DB first), BUILTIN (a pgbench builtin such as tpcb-like,
 # with SCRIPT= and a DB that pgbench -i made), DB (pgline_cost), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442),
 # BOUNCER_PORT (6444).
 # One line per run: tps, the proxy's CPU µs per transaction, system calls per transaction
@@ -37,6 +39,7 @@ eval "$(deploy/lab/pg.sh env)"
 export PGHOST PGPORT PGUSER PGPASSWORD
 psql -qtA -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$DB'" | grep -q 1 \
     || psql -q -d postgres -c "CREATE DATABASE $DB"
+[ -z "${SETUP:-}" ] || psql -q -v ON_ERROR_STOP=1 -d "$DB" -f "$SETUP" >/dev/null
 ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
 TMPD=$(mktemp -d)
 chmod 755 "$TMPD" # PgBouncer runs as postgres

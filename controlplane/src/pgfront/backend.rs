@@ -32,6 +32,9 @@ pub struct Backend {
     pub secret: i32,
     /// Backend statement names this connection has prepared.
     pub prepared: HashSet<String>,
+    /// The connection ran a batch nobody vouched for since pgline last parsed its fence
+    /// statement here: the name may hold a client's statement (see `state::FENCE_STATEMENT`).
+    pub fence_suspect: bool,
     /// Cancels sent at this connection that may not have reached it yet.
     pub cancels: Arc<CancelGate>,
     /// Held while the connection is in authentication (see `admit`).
@@ -124,6 +127,7 @@ impl Backend {
             pid: 0,
             secret: 0,
             prepared: HashSet::new(),
+            fence_suspect: false,
             cancels: Arc::new(CancelGate {
                 origin: origin.addrs().get(host).cloned().unwrap_or_default(),
                 ..CancelGate::default()
@@ -265,11 +269,26 @@ impl Backend {
         }
     }
 
-    /// After a batch that may have run any SQL: pgline's own statements are parsed again before
-    /// their answers are trusted (see `state::FENCE_STATEMENT`).
+    /// After a batch that may have run any SQL (see `state::FENCE_STATEMENT`): the state
+    /// statement is parsed again at its next run, and the fence statement's answers count only
+    /// for the session that ran it until it is parsed again.
     pub fn distrust_own_statements(&mut self) {
-        for name in super::state::OWN_STATEMENTS {
-            self.prepared.remove(name);
+        self.prepared.remove(super::state::STATE_STATEMENT);
+        self.fence_suspect = true;
+    }
+
+    /// Before pgline's fence statement runs: whether this run parses it (`Close`, then
+    /// `Parse`), which makes its answers trustworthy again.
+    pub fn fence_parsed_fresh(&self) -> bool {
+        !self.prepared.contains(super::state::FENCE_STATEMENT)
+    }
+
+    /// Before a suspect fence statement's answer would count for more than the session whose
+    /// batch made it suspect (another session's gate, a stored answer, the pool): parsed again
+    /// at its next run.
+    pub fn reparse_suspect_fence(&mut self) {
+        if self.fence_suspect {
+            self.prepared.remove(super::state::FENCE_STATEMENT);
         }
     }
 

@@ -232,6 +232,9 @@ pub(super) struct Session {
     status: u8,
     /// The backend of the client's open transaction died after its reply went out.
     lost: bool,
+    /// The last batch's state verdict came from a fence statement pgline parsed on its backend
+    /// since that backend last ran a batch nobody vouched for (see `settle`).
+    verdict_trusted: bool,
     /// The origin refuses this session's role the fence query: it is not asked again, and the
     /// session reads nothing from cache (see [`fence_refused`]).
     no_fence: bool,
@@ -267,6 +270,7 @@ impl Session {
             status: b'I',
             lost: false,
             no_fence: false,
+            verdict_trusted: false,
             closed: false,
         }
     }
@@ -563,7 +567,12 @@ impl Session {
         deadline: tokio::time::Instant,
         defer: Option<&[u8]>,
     ) -> Result<Got, RelayError> {
-        let got = self.take_backend(deadline, defer).await?;
+        let mut got = self.take_backend(deadline, defer).await?;
+        if got.clean || got.unread.is_some() {
+            // Another session's, or the pool's: a fence statement another session may have
+            // replaced is not run for this one.
+            got.b.reparse_suspect_fence();
+        }
         if !got.b.cancels.clear() {
             got.b.cancels.settled().await;
         }
@@ -768,6 +777,12 @@ impl Session {
         let copy = sql.iter().any(|t| t.traits.copy);
         let may_open_tx = sql.iter().any(|t| t.traits.may_open_tx);
         let pipelined = want_fence && idle_before && !copy && !may_open_tx;
+        if cache.is_some() {
+            // A stored answer serves every session: its verdict comes from a fence statement
+            // pgline parsed here since the last batch nobody vouched for.
+            b.reparse_suspect_fence();
+        }
+        let fresh = pipelined && b.fence_parsed_fresh();
         if pipelined {
             plan::add_fence(&mut plan, &mut b.prepared);
         }
@@ -879,16 +894,27 @@ impl Session {
         // set_config, no SET): the state it ran under is the one read after it.
         let broken = o.broken.is_some();
         let fence = self
-            .settle(b, &o, status, &sql, (want_fence, pipelined, state_free))
+            .settle(
+                b,
+                &o,
+                status,
+                &sql,
+                (want_fence, pipelined, fresh, state_free),
+            )
             .await;
         // Those that arrived during the fence or the closing of statements after the reply
         // follow it; a connection that went back to the pool listens to nothing.
         if let Some(pinned) = self.pinned.as_mut() {
             out.buf.append(&mut pinned.notifications);
         }
-        if let (Some((key, lease)), b'I', false, false, true) =
-            (cache, status, o.failed, broken, self.serve_cached)
-        {
+        if let (Some((key, lease)), b'I', false, false, true, true) = (
+            cache,
+            status,
+            o.failed,
+            broken,
+            self.serve_cached,
+            self.verdict_trusted,
+        ) {
             let answer = out
                 .capture
                 .take()
@@ -916,11 +942,13 @@ impl Session {
     }
 
     /// After the client's reply: where the backend goes, the session's state, the fence.
-    /// `fenced`: (the core asked for the fence, it was pipelined behind the batch, the batch
-    /// left a backend taken in the login state in it: see `PgRequest::state_free`).
+    /// `fenced`: (the core asked for the fence, it was pipelined behind the batch, that fence
+    /// statement was parsed in this run, the batch left a backend taken in the login state in
+    /// it: see `PgRequest::state_free`).
     ///
     /// The backend goes back to the pool only when the state read with the fence shows the
-    /// login state; after a batch without that read, its state is unknown and it stays
+    /// login state and the fence statement is pgline's own for sure (`Backend::fence_suspect`);
+    /// after a batch without that read, its state is unknown and it stays
     /// reserved for this session (see `pool`); a backend known to hold session state, or in a
     /// transaction, stays pinned to it.
     async fn settle(
@@ -929,8 +957,9 @@ impl Session {
         o: &Outcome,
         status: u8,
         sql: &[Arc<Text>],
-        (want_fence, pipelined, state_free): (bool, bool, bool),
+        (want_fence, pipelined, mut fresh, state_free): (bool, bool, bool, bool),
     ) -> Option<u64> {
+        self.verdict_trusted = false;
         self.status = status;
         // Known again only from a state read after this batch.
         self.serve_cached = false;
@@ -955,10 +984,12 @@ impl Session {
             b.prepared.remove(state::FENCE_STATEMENT);
         }
         if status == b'I' && want_fence && fence.is_none() {
+            let parse = b.fence_parsed_fresh();
             match ask_fence(&mut b).await {
                 Ok(Some((lsn, s))) => {
                     fence = Some(lsn);
                     after = s;
+                    fresh = parse;
                 }
                 Ok(None) => self.fence_refused(),
                 Err(_) => {
@@ -976,6 +1007,12 @@ impl Session {
         }
         self.sticky |= sql.iter().any(|t| t.traits.leaves_state);
         let verified = status == b'I' && fence.is_some();
+        if verified && fresh {
+            b.fence_suspect = false;
+        }
+        // A verdict from a fence statement a client may have replaced counts for this session
+        // alone (it ran the batch that made it suspect): not for the pool, nor a stored answer.
+        self.verdict_trusted = verified && !b.fence_suspect;
         if verified {
             // However the batch changed the backend's session (SET, set_config under any
             // spelling, a function), the origin's own answer shows it: a backend no longer
@@ -1017,7 +1054,7 @@ impl Session {
             // statements are not either, so it is not pooled again.
             self.discard();
             tokio::spawn(b.terminate());
-        } else if verified || state_free {
+        } else if self.verdict_trusted || state_free {
             self.put_back(b);
         } else if let Some(pool) = self.pool.clone() {
             // Not read: whatever the batch left on the backend stays this session's.

@@ -103,9 +103,13 @@ pub const STATE_SQL: &str = concat!("SELECT ", state_columns!());
 /// SQL-level `PREPARE` shares the protocol's name space, so a client can `DEALLOCATE pgl_fence`
 /// and `PREPARE` its own statement under the name (in plain text, or unseen through a
 /// function's `EXECUTE`), one that reports a clean state. After any batch the core did not
-/// vouch for (one that is not a cacheable read or a statement of constants), a backend forgets
-/// both names ([`Backend::distrust_own_statements`](super::backend::Backend)), and the next run
-/// parses pgline's text again, closing whatever held the name first.
+/// vouch for (one that is not a cacheable read or a statement of constants),
+/// [`Backend::distrust_own_statements`](super::backend::Backend): the state statement is
+/// parsed again at its next run (closing whatever held the name first), and the fence
+/// statement's answers count only for the session that ran that batch (its own cache gate)
+/// until pgline parses it again, which it does before its answer would serve another session,
+/// a stored query result or the pool. Parsing the fence after every write would cost a
+/// write-then-read session 35-40 % of its throughput (`docs/decisions.md`).
 pub const FENCE_STATEMENT: &str = "pgl_fence";
 pub const STATE_STATEMENT: &str = "pgl_state";
 /// Both, as [`Backend::prepared`](super::backend::Backend) books them.

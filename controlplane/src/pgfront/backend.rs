@@ -269,11 +269,9 @@ impl Backend {
         }
     }
 
-    /// After a batch that may have run any SQL (see `state::FENCE_STATEMENT`): the state
-    /// statement is parsed again at its next run, and the fence statement's answers count only
-    /// for the session that ran it until it is parsed again.
+    /// After a batch that may have run any SQL (see `state::FENCE_STATEMENT`): the fence
+    /// statement's answers count only for the session that ran it until it is parsed again.
     pub fn distrust_own_statements(&mut self) {
-        self.prepared.remove(super::state::STATE_STATEMENT);
         self.fence_suspect = true;
     }
 

@@ -104,12 +104,14 @@ pub const STATE_SQL: &str = concat!("SELECT ", state_columns!());
 /// and `PREPARE` its own statement under the name (in plain text, or unseen through a
 /// function's `EXECUTE`), one that reports a clean state. After any batch the core did not
 /// vouch for (one that is not a cacheable read or a statement of constants),
-/// [`Backend::distrust_own_statements`](super::backend::Backend): the state statement is
-/// parsed again at its next run (closing whatever held the name first), and the fence
-/// statement's answers count only for the session that ran that batch (its own cache gate)
-/// until pgline parses it again, which it does before its answer would serve another session,
-/// a stored query result or the pool. Parsing the fence after every write would cost a
-/// write-then-read session 35-40 % of its throughput (`docs/decisions.md`).
+/// [`Backend::distrust_own_statements`](super::backend::Backend): the fence statement's
+/// answers count only for the session that ran that batch (its own cache gate) until pgline
+/// parses it again (closing whatever held the name first), which it does before its answer
+/// would serve another session, a stored query result or the pool. Parsing the fence after
+/// every write would cost a write-then-read session 35-40 % of its throughput. The state
+/// statement, read when a session steals another's backend of the same pool (same user), is
+/// not parsed again: that cost TPC-B at 32 clients a quarter of its throughput, and a user's
+/// session that forges it harms only sessions of the same user (`docs/decisions.md`).
 pub const FENCE_STATEMENT: &str = "pgl_fence";
 pub const STATE_STATEMENT: &str = "pgl_state";
 /// Both, as [`Backend::prepared`](super::backend::Backend) books them.

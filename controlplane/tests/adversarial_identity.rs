@@ -509,7 +509,17 @@ async fn row_level_security_is_never_served_from_cache() {
 /// vouch for parses pgline's statements again (Close, then Parse) before their answers count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_fence_statement_is_never_trusted() {
-    let lab = lab("adv_forge").await;
+    forge_then_count("adv_forge", "SELECT forge()").await;
+}
+
+/// Makes `forge()` (hides `public_info` behind a temporary table, replaces `pgl_fence` with a
+/// statement reporting the clean state) and the domain `forge_dom` whose check calls it; runs
+/// `trigger` on a session through pgline, then a cacheable count on it, and asserts that no
+/// other session ever reads that count. (Tried as well: the forgery run while the origin only
+/// parses `SELECT '{1}'::forge_dom[]`, in a batch that runs nothing. That test passed without
+/// the per-run fence of stored answers too, so it proved nothing and is not kept.)
+async fn forge_then_count(tag: &str, trigger: &str) {
+    let lab = lab(tag).await;
     let clean_count = answer(&lab.origin("").await, COUNT).await;
     let attacker = lab.pgline("").await;
     // A cached lookup first: the relay has run its fence statement on the session's backend.
@@ -528,21 +538,22 @@ async fn a_forged_fence_statement_is_never_trusted() {
     lab.origin("")
         .await
         .batch_execute(&format!(
-            "CREATE FUNCTION forge() RETURNS int LANGUAGE plpgsql AS $f$
+            "CREATE FUNCTION forge() RETURNS bool LANGUAGE plpgsql AS $f$
              BEGIN
-               EXECUTE 'CREATE TEMP TABLE public_info (id int PRIMARY KEY, v text NOT NULL, \
-                        f float8, b bytea)';
+               EXECUTE 'CREATE TEMP TABLE IF NOT EXISTS public_info (id int PRIMARY KEY, \
+                        v text NOT NULL, f float8, b bytea)';
                EXECUTE 'INSERT INTO public_info SELECT g, ''zzz forged'', 0, NULL \
-                        FROM generate_series(1, 4) g';
+                        FROM generate_series(1, 4) g ON CONFLICT DO NOTHING';
                BEGIN EXECUTE 'DEALLOCATE pgl_fence'; EXCEPTION WHEN OTHERS THEN NULL; END;
                EXECUTE $p$PREPARE pgl_fence AS SELECT {}$p$;
-               RETURN 1;
-             END $f$",
+               RETURN true;
+             END $f$;
+             CREATE DOMAIN forge_dom AS int CHECK (forge());",
             forged.join(", ")
         ))
         .await
         .unwrap();
-    answer(&attacker, "SELECT forge()").await.unwrap();
+    answer(&attacker, trigger).await.unwrap();
     let forged_count = Ok(vec![vec![Some("4".into()), Some("zzz forged".into())]]);
     for _ in 0..3 {
         assert_eq!(

@@ -246,6 +246,36 @@ async fn pgbench_runs_through_pgline() {
     p.shutdown().await;
 }
 
+/// A login role `role` (password `rpw`) that may connect to `db`.
+async fn create_role(db: &TestDb, role: &str) {
+    origin::admin_client()
+        .await
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw';
+             GRANT CONNECT ON DATABASE {} TO {role};",
+            db.name
+        ))
+        .await
+        .unwrap();
+}
+
+/// Drops a role of [`create_role`] that was granted `SELECT` on `counters`.
+async fn drop_role(db: &TestDb, role: &str) {
+    db.client()
+        .await
+        .batch_execute(&format!("REVOKE ALL ON counters FROM {role}"))
+        .await
+        .unwrap();
+    origin::admin_client()
+        .await
+        .batch_execute(&format!(
+            "REVOKE ALL ON DATABASE {} FROM {role}; DROP ROLE {role}",
+            db.name
+        ))
+        .await
+        .unwrap();
+}
+
 /// The cache holds one database's rows as `origin.url`'s role reads them: another role, or
 /// the same table name in another database, must get the origin's answer, never the cache's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,15 +294,7 @@ async fn only_the_cached_identity_reads_the_cache() {
         .await
         .unwrap();
     let role = format!("{}_reader", db.name);
-    let admin = origin::admin_client().await;
-    admin
-        .batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw';
-             GRANT CONNECT ON DATABASE {} TO {role};",
-            db.name
-        ))
-        .await
-        .unwrap();
+    create_role(&db, &role).await;
     db.client()
         .await
         .batch_execute(&format!("GRANT SELECT ON counters TO {role}"))
@@ -330,18 +352,7 @@ async fn only_the_cached_identity_reads_the_cache() {
     }
     drop((reader, elsewhere));
     p.shutdown().await;
-    db.client()
-        .await
-        .batch_execute(&format!("REVOKE ALL ON counters FROM {role}"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!(
-            "REVOKE ALL ON DATABASE {} FROM {role}; DROP ROLE {role}",
-            db.name
-        ))
-        .await
-        .unwrap();
+    drop_role(&db, &role).await;
 }
 
 /// Reads a point lookup until it is answered from cache (`keys_hit` grows).
@@ -518,15 +529,7 @@ async fn a_new_session_reads_what_committed_before_it_connected() {
 async fn a_role_denied_the_wal_position_logs_in_and_reads_the_origin() {
     let db = TestDb::create("pgw_no_lsn").await;
     let role = format!("{}_r", db.name);
-    let admin = origin::admin_client().await;
-    admin
-        .batch_execute(&format!(
-            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'rpw';
-             GRANT CONNECT ON DATABASE {} TO {role};",
-            db.name
-        ))
-        .await
-        .unwrap();
+    create_role(&db, &role).await;
     db.client()
         .await
         .batch_execute(&format!(
@@ -561,18 +564,7 @@ async fn a_role_denied_the_wal_position_logs_in_and_reads_the_origin() {
     );
     drop(reader);
     p.shutdown().await;
-    db.client()
-        .await
-        .batch_execute(&format!("REVOKE ALL ON counters FROM {role}"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!(
-            "REVOKE ALL ON DATABASE {} FROM {role}; DROP ROLE {role}",
-            db.name
-        ))
-        .await
-        .unwrap();
+    drop_role(&db, &role).await;
 }
 
 /// pgline's `pgline_pgwire_backend_steals_total`.

@@ -364,9 +364,15 @@ async fn misses_past_the_cores_two_reads_go_to_the_writer() {
     let p = start(&db, &["origin.fill_delay_ms=600".to_string()]).await;
     lab::sync(&p, &admin).await;
     let before = (counts(&p), p.shared.total(|s| &s.pg_core_fills));
-    let mut sessions = Vec::new();
+    // Connected first (each waits for the WAL past its login fence), so that the four reads
+    // start 100 ms apart, well inside the first two reads' 600 ms.
+    let mut clients = Vec::new();
     for id in [11i64, 12, 13, 14] {
-        let c = lab::pg_client(&p, &db).await;
+        clients.push((id, lab::pg_client(&p, &db).await));
+    }
+    lab::sync(&p, &admin).await;
+    let mut sessions = Vec::new();
+    for (id, c) in clients {
         sessions.push(tokio::spawn(async move {
             let bal: i64 = c
                 .query_one("SELECT bal FROM acct WHERE id = $1", &[&id])

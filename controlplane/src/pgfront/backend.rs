@@ -35,6 +35,8 @@ pub struct Backend {
     /// The connection ran a batch nobody vouched for since pgline last parsed its fence
     /// statement here: the name may hold a client's statement (see `state::FENCE_STATEMENT`).
     pub fence_suspect: bool,
+    /// The same for the state statement, until a session's end parses it again.
+    pub state_suspect: bool,
     /// Cancels sent at this connection that may not have reached it yet.
     pub cancels: Arc<CancelGate>,
     /// Held while the connection is in authentication (see `admit`).
@@ -128,6 +130,7 @@ impl Backend {
             secret: 0,
             prepared: HashSet::new(),
             fence_suspect: false,
+            state_suspect: false,
             cancels: Arc::new(CancelGate {
                 origin: origin.addrs().get(host).cloned().unwrap_or_default(),
                 ..CancelGate::default()
@@ -270,9 +273,11 @@ impl Backend {
     }
 
     /// After a batch that may have run any SQL (see `state::FENCE_STATEMENT`): the fence
-    /// statement's answers count only for the session that ran it until it is parsed again.
+    /// statement's answers count only for the session that ran it until it is parsed again,
+    /// and the state statement is parsed again before the backend is pooled at a session's end.
     pub fn distrust_own_statements(&mut self) {
         self.fence_suspect = true;
+        self.state_suspect = true;
     }
 
     /// Before pgline's fence statement runs: whether this run parses it (`Close`, then

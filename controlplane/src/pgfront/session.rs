@@ -777,10 +777,12 @@ impl Session {
         let copy = sql.iter().any(|t| t.traits.copy);
         let may_open_tx = sql.iter().any(|t| t.traits.may_open_tx);
         let pipelined = want_fence && idle_before && !copy && !may_open_tx;
-        if cache.is_some() {
-            // A stored answer serves every session: its verdict comes from a fence statement
-            // pgline parsed here since the last batch nobody vouched for.
-            b.reparse_suspect_fence();
+        if cache.is_some() && idle_before && !copy && self.plain_startup {
+            // A stored answer serves every cache user: its verdict comes from a fence
+            // statement parsed in this very run (`Close`, `Parse`), whatever ran before on
+            // this backend, vouched for or not (a batch's text cannot show all the code it
+            // runs: a domain's check, say).
+            b.prepared.remove(state::FENCE_STATEMENT);
         }
         let fresh = pipelined && b.fence_parsed_fresh();
         if pipelined {
@@ -1241,7 +1243,12 @@ impl Session {
             clean &= matches!(b.simple("ROLLBACK").await, Ok(Some(_)));
         }
         if clean && !self.sticky {
-            // Not known to hold session state: pooled as it is if it shows the login state.
+            // Not known to hold session state: pooled as it is if it shows the login state,
+            // read by a state statement parsed again if a batch nobody vouched for ran since
+            // (so that one a client replaced does not stay on the pooled backend).
+            if std::mem::take(&mut b.state_suspect) {
+                b.prepared.remove(state::STATE_STATEMENT);
+            }
             match state::ask_state(&mut b).await {
                 Ok(Some(s)) if s.fingerprint() == self.login_state => {
                     return self.put_back(b);

@@ -136,6 +136,14 @@ const TABLE: &[(&str, &str)] = &[
     ("SELECT current_user, id FROM users", "pass Volatile(\"current_user\")"),
     ("SELECT my_func(id) FROM users", "pass UnknownFunction(\"my_func\")"),
     ("SELECT pg_catalog.pg_get_userbyid(1) FROM users", "pass UnknownFunction(\"pg_get_userbyid\")"),
+    // A type or operator of the database's own runs user code (a domain's CHECK, a cast or
+    // operator function): not cacheable. PostgreSQL's own types are.
+    ("SELECT count(*) FROM users WHERE id::forge_dom IS NOT NULL", "pass UnknownFunction(\"cast to forge_dom\")"),
+    ("SELECT * FROM users WHERE id = CAST($1 AS public.money2)", "pass UnknownFunction(\"cast to public.money2\")"),
+    ("SELECT * FROM users WHERE name = my_type 'x'", "pass UnknownFunction(\"input of type my_type\")"),
+    ("SELECT * FROM users WHERE id = ANY('{1}'::dom[])", "pass UnknownFunction(\"cast to dom[]\")"),
+    ("SELECT * FROM users WHERE id === 1", "pass Unparsed"),
+    ("SELECT * FROM users WHERE id OPERATOR(public.=) 1", "pass UnknownFunction(\"operator OPERATOR(public.=)\")"),
     ("SELECT * FROM users WHERE id = $1 FOR UPDATE", "pass Locking"),
     ("SELECT * FROM orders FOR SHARE", "pass Locking"),
     ("SELECT * FROM orders o WHERE o.id IN (SELECT id FROM orders FOR UPDATE)", "pass Locking"),

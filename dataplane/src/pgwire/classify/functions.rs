@@ -5,7 +5,8 @@
 
 use super::PassReason;
 use sqlparser::ast::{
-    Expr, ObjectName, ObjectNamePart, Query, Select, SetExpr, TableFactor, Value, Visitor,
+    ArrayElemTypeDef, BinaryOperator, DataType, Expr, ObjectName, ObjectNamePart, Query, Select,
+    SetExpr, TableFactor, Value, Visitor,
 };
 use std::ops::ControlFlow;
 
@@ -330,9 +331,79 @@ impl Visitor for Checker {
                         return ControlFlow::Break(PassReason::Volatile(format!("'{s}'")));
                     }
                 }
+                if !builtin_type(&ts.data_type) {
+                    return ControlFlow::Break(PassReason::UnknownFunction(format!(
+                        "input of type {}",
+                        ts.data_type
+                    )));
+                }
+            }
+            // A cast to a type of the database's own (a domain's CHECK, a user cast function)
+            // runs user code, as does an operator that is not one of PostgreSQL's.
+            Expr::Cast { data_type, .. } if !builtin_type(data_type) => {
+                return ControlFlow::Break(PassReason::UnknownFunction(format!(
+                    "cast to {data_type}"
+                )));
+            }
+            Expr::BinaryOp {
+                op: op @ (BinaryOperator::Custom(_) | BinaryOperator::PGCustomBinaryOperator(_)),
+                ..
+            } => {
+                return ControlFlow::Break(PassReason::UnknownFunction(format!("operator {op}")));
             }
             _ => {}
         }
         ControlFlow::Continue(())
+    }
+}
+
+/// Whether `t` names one of PostgreSQL's own types: a type sqlparser knows by keyword, or one of
+/// a few `pg_catalog` types it does not, unqualified or qualified with `pg_catalog` (the search
+/// path a cached answer is served under puts `pg_catalog` first). Anything else may be a
+/// domain or a type of the database's own, whose input, checks or casts run user code.
+fn builtin_type(t: &DataType) -> bool {
+    const CATALOG: &[&str] = &[
+        "oid",
+        "regclass",
+        "regtype",
+        "regproc",
+        "name",
+        "inet",
+        "cidr",
+        "macaddr",
+        "macaddr8",
+        "money",
+        "xid",
+        "tsvector",
+        "tsquery",
+        "int2vector",
+        "oidvector",
+        "pg_lsn",
+    ];
+    match t {
+        DataType::Custom(name, _) => {
+            let parts: Vec<String> = name
+                .0
+                .iter()
+                .map(|p| match p {
+                    ObjectNamePart::Identifier(id) => id.value.to_lowercase(),
+                    other => other.to_string().to_lowercase(),
+                })
+                .collect();
+            match parts.as_slice() {
+                [n] => CATALOG.contains(&n.as_str()),
+                [schema, n] => schema == "pg_catalog" && CATALOG.contains(&n.as_str()),
+                _ => false,
+            }
+        }
+        DataType::Array(def) => match def {
+            ArrayElemTypeDef::None => true,
+            ArrayElemTypeDef::SquareBracket(inner, _)
+            | ArrayElemTypeDef::AngleBracket(inner)
+            | ArrayElemTypeDef::Parenthesis(inner)
+            | ArrayElemTypeDef::ParenthesisNotNull(inner)
+            | ArrayElemTypeDef::Qualified(inner, _) => builtin_type(inner),
+        },
+        _ => true,
     }
 }

@@ -570,3 +570,55 @@ async fn forge_then_count(tag: &str, trigger: &str) {
     }
     drop(attacker);
 }
+
+/// A schema made under the session user's name (`"$user"`, first on the default path) by
+/// another connection redirects an unqualified name in a cacheable read to a view of its own,
+/// whose function moves the schema away while the statement runs, so the state read after the
+/// statement shows the clean path again. Before, that answer was stored for every session of
+/// the user; now the state is read before the statement too (with its snapshot), and an answer
+/// is stored only if both reads serve the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_redirected_while_the_statement_ran_is_not_stored() {
+    let lab = lab("adv_user_schema").await;
+    let clean_count = answer(&lab.origin("").await, COUNT).await;
+    // Logged in (and fenced) before the schema exists: the session's cache gate is open.
+    let victim = lab.pgline("").await;
+    let public = answer(&lab.origin("").await, LOOKUP).await;
+    warm(&lab.p, &victim, LOOKUP, &public).await;
+    let ident = format!("\"{}\"", lab.user.replace('"', "\"\""));
+    let lit = format!("'{}'", lab.user.replace('\'', "''"));
+    let gone = format!("'{}_gone'", lab.user.replace('\'', "''"));
+    lab.origin("")
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.move_away() RETURNS bool LANGUAGE plpgsql AS $f$
+             BEGIN
+               IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = {lit}) THEN
+                 EXECUTE pg_catalog.format('ALTER SCHEMA %I RENAME TO %I', {lit}, {gone});
+               END IF;
+               RETURN true;
+             END $f$;
+             CREATE SCHEMA {ident};
+             CREATE VIEW {ident}.public_info AS
+               SELECT id, 'zzz redirected'::text AS v, f, b FROM public.public_info
+               WHERE public.move_away();"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer(&victim, COUNT).await,
+        Ok(vec![vec![Some("2".into()), Some("zzz redirected".into())]]),
+        "the session's count read the view (PostgreSQL's answer while the schema stood)"
+    );
+    assert_eq!(
+        answer(&lab.origin("").await, COUNT).await,
+        clean_count,
+        "the schema moved away"
+    );
+    // The redirected answer never reaches another session, now or once the writer ran.
+    for _ in 0..10 {
+        let other = lab.pgline("").await;
+        assert_eq!(answer(&other, COUNT).await, clean_count, "another session");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -588,11 +588,7 @@ fn own_statement(name: &str, sql: &str, prepared: &mut HashSet<String>) -> Bytes
     out
 }
 
-pub use super::state::FENCE_SQL;
-
-/// The query pipelined before a cacheable statement: under READ COMMITTED the statement's own
-/// snapshot is taken later, so it sees everything this one sees.
-pub const SNAPSHOT_SQL: &str = "SELECT pg_current_snapshot()::text";
+pub use super::state::{FENCE_SQL, SNAPSHOT_SQL};
 
 /// Makes the Describe of the portal that pgline added (see `results::with_describe`) hidden.
 pub fn hide_added_describe(plan: &mut Plan) {
@@ -748,6 +744,8 @@ pub struct Tracker {
     pub fence_state: Option<super::state::OriginState>,
     /// The text the snapshot query returned.
     pub snapshot: Option<String>,
+    /// How the session resolved names as the snapshot query ran (see `state::SNAPSHOT_SQL`).
+    pub snapshot_state: Option<super::state::Resolution>,
     /// The state the check query returned (`None`: it failed).
     pub checked: Option<super::state::OriginState>,
     /// The RowDescription of a hidden Describe.
@@ -778,6 +776,7 @@ impl Tracker {
             fence: None,
             fence_state: None,
             snapshot: None,
+            snapshot_state: None,
             checked: None,
             described: None,
             failed: false,
@@ -856,7 +855,11 @@ impl Tracker {
         let done = match (&act, tag) {
             (Act::Snapshot, _) => {
                 match tag {
-                    b'D' => self.snapshot = parse_text_row(frame),
+                    b'D' => {
+                        self.snapshot = parse_text_row(frame);
+                        self.snapshot_state = super::backend::row_texts(frame)
+                            .and_then(|c| super::state::Resolution::from_columns(c.get(1..)?));
+                    }
                     b'Z' => {
                         self.i += 1;
                         self.error = false;

@@ -61,8 +61,10 @@ struct Outcome {
     failed: bool,
     /// The connection failed; it must be dropped.
     broken: Option<std::io::Error>,
-    /// What the snapshot query before a cacheable statement returned.
+    /// What the snapshot query before a cacheable statement returned: the snapshot, and how
+    /// the session resolved names as the statement started.
     snapshot: Option<String>,
+    snapshot_state: Option<state::Resolution>,
     /// The RowDescription of the Describe pgline added.
     described: Option<Vec<u8>>,
     /// Client statement names whose Parse failed or was skipped: not open after all.
@@ -909,13 +911,20 @@ impl Session {
         if let Some(pinned) = self.pinned.as_mut() {
             out.buf.append(&mut pinned.notifications);
         }
-        if let (Some((key, lease)), b'I', false, false, true, true) = (
+        // The statement must have started resolving names as the store does: the state read
+        // after it does not show a path that changed back while it ran (`state::SNAPSHOT_SQL`).
+        let started_clean = o
+            .snapshot_state
+            .as_ref()
+            .is_some_and(|r| r.serves_cache(&self.user));
+        if let (Some((key, lease)), b'I', false, false, true, true, true) = (
             cache,
             status,
             o.failed,
             broken,
             self.serve_cached,
             self.verdict_trusted,
+            started_clean,
         ) {
             let answer = out
                 .capture
@@ -1171,6 +1180,7 @@ impl Session {
         b.keep_notifications(&std::mem::take(&mut tracker.notifications));
         o.failed = tracker.failed;
         o.snapshot = tracker.snapshot.take();
+        o.snapshot_state = tracker.snapshot_state.take();
         o.checked = tracker.checked.take();
         o.described = tracker.described.take();
         o.unnamed = tracker.unnamed(plan.unnamed);

@@ -205,6 +205,16 @@ fn refused_sql() -> String {
     )
 }
 
+/// The origin's schema and role names, as one digest: a schema made or renamed (under a
+/// session user's name, `"$user"`, or one a role's `search_path` names) or a role renamed can
+/// change how an open session resolves names with no statement of its own (`writer/ddl.rs`).
+pub const NAMES_SQL: &str = "SELECT pg_catalog.md5(     (SELECT pg_catalog.string_agg(nspname::pg_catalog.text, ',' ORDER BY nspname)       FROM pg_catalog.pg_namespace) OPERATOR(pg_catalog.||) ';' OPERATOR(pg_catalog.||)      (SELECT pg_catalog.string_agg(rolname::pg_catalog.text, ',' ORDER BY rolname)       FROM pg_catalog.pg_roles))";
+
+/// See [`NAMES_SQL`].
+pub async fn load_names(client: &tokio_postgres::Client) -> Result<String, CatalogError> {
+    Ok(client.query_one(NAMES_SQL, &[]).await?.get(0))
+}
+
 /// The user tables pgline cannot cache (see [`Catalog::refused`]).
 pub async fn load_refused(
     client: &tokio_postgres::Client,

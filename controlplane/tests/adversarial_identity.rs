@@ -622,3 +622,46 @@ async fn a_name_redirected_while_the_statement_ran_is_not_stored() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A schema another connection makes under the session user's name after the session logged in
+/// changes how that session resolves names (`"$user"` comes first on the default path), though
+/// the session runs nothing. Before, a session whose cache gate was open kept being served the
+/// cached table's row, where PostgreSQL answers from the new schema's table. Now the catalog
+/// check sees the origin's schema names change and publishes a new key space generation, which
+/// closes every session's gate: the next cacheable read asks the origin, and the state read with
+/// it shows the new path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_made_under_the_users_name_after_login_is_followed() {
+    let lab = lab("adv_new_schema").await;
+    let session = lab.pgline("").await;
+    let public = answer(&lab.origin("").await, LOOKUP).await;
+    warm(&lab.p, &session, LOOKUP, &public).await;
+    let ident = format!("\"{}\"", lab.user.replace('"', "\"\""));
+    lab.origin("")
+        .await
+        .batch_execute(&format!(
+            "CREATE SCHEMA {ident};
+             CREATE TABLE {ident}.public_info (id int PRIMARY KEY, v text NOT NULL, f float8,
+                                               b bytea);
+             INSERT INTO {ident}.public_info VALUES (1, 'zzz in the user''s schema', 0, NULL);"
+        ))
+        .await
+        .unwrap();
+    let now = answer(&lab.origin("").await, LOOKUP).await;
+    assert_ne!(
+        now, public,
+        "the new schema comes first on the origin's path"
+    );
+    // Within a catalog check interval (1 s here) of the DDL, as for DROP and RENAME.
+    let until = Instant::now() + Duration::from_secs(10);
+    while answer(&session, LOOKUP).await != now {
+        assert!(
+            Instant::now() < until,
+            "still served the cached table's row 10 s after the schema was made"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..5 {
+        assert_eq!(answer(&session, LOOKUP).await, now, "after the check");
+    }
+}

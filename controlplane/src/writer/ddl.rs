@@ -55,6 +55,8 @@ pub(super) struct DdlCheck {
     rx: mpsc::UnboundedReceiver<DdlReport>,
     /// Quoted `schema.name`s of dropped or renamed tables that nothing has taken yet.
     pending: Vec<String>,
+    /// The origin's schema and role names as last read (`catalog::NAMES_SQL`).
+    names: Option<String>,
 }
 
 impl DdlCheck {
@@ -66,6 +68,7 @@ impl DdlCheck {
             tx,
             rx,
             pending: Vec::new(),
+            names: None,
         }
     }
 }
@@ -82,6 +85,8 @@ struct DdlReport {
     added: Vec<TableInfo>,
     /// Names still to resolve at the next check.
     pending: Vec<String>,
+    /// The origin's schema and role names, when read.
+    names: Option<String>,
     error: Option<String>,
     /// The check's last report. The first reports only `gone`, before any name is resolved (which
     /// may wait for old transactions), so a dropped table leaves as early as possible.
@@ -141,6 +146,7 @@ impl Writer {
                     refused: None,
                     added: Vec::new(),
                     pending,
+                    names: None,
                     error: Some(format!("timed out after {CHECK_TIMEOUT:?}")),
                     last: true,
                 },
@@ -177,6 +183,18 @@ impl Writer {
             tracing::warn!("catalog check failed: {e}");
         }
         let mut changed = false;
+        if let Some(names) = report.names {
+            // A new key space generation closes every session's cache gate: each asks the
+            // origin for its state again before its next cached answer. Also at the first
+            // read, for sessions whose state was read before it.
+            if self.ddl.names.as_ref() != Some(&names) {
+                if self.ddl.names.is_some() {
+                    tracing::info!("schema or role names changed: sessions read their state again");
+                }
+                changed = true;
+            }
+            self.ddl.names = Some(names);
+        }
         if let Some(refused) = report.refused {
             if refused != self.catalog.refused {
                 self.catalog.refused = refused;
@@ -247,6 +265,7 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
         refused: None,
         added: Vec::new(),
         pending: input.pending.clone(),
+        names: None,
         error: None,
         last: true,
     };
@@ -278,6 +297,10 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
     match catalog::load_refused(&client).await {
         Ok(r) => report.refused = Some(r),
         Err(e) => report.error = Some(format!("listing tables that cannot be cached: {e}")),
+    }
+    match catalog::load_names(&client).await {
+        Ok(n) => report.names = Some(n),
+        Err(e) => report.error = Some(format!("reading schema and role names: {e}")),
     }
     let old_name = |id: u32| {
         input
@@ -315,6 +338,7 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
             refused: None,
             added: Vec::new(),
             pending: Vec::new(),
+            names: None,
             error: None,
             last: false,
         });

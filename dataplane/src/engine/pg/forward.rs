@@ -50,6 +50,8 @@ pub(super) fn push(
     if !matches!(kind, PgRequestKind::Close | PgRequestKind::Cancel) {
         if let Some(pg) = conn.pg.as_mut() {
             pg.waiting = Some(seq);
+            // Read before the relay can read the session's state for this request.
+            pg.asked_generation = port.keyspace().generation();
         }
     }
     true

@@ -111,6 +111,14 @@ pub(crate) struct PgSession {
     pub tx_status: u8,
     /// Cached answers only once the applied LSN has reached this.
     pub fence: u64,
+    /// The key space generation when the outstanding request was sent, and the one the relay's
+    /// last verdict on the session's origin state was asked under: the gate opens only while
+    /// that is the current generation. The writer publishes a new one when the origin's schema
+    /// or role names change (`writer/ddl.rs`), which can change how a session resolves names
+    /// (a schema made under its user's name) with no statement of its own: every session then
+    /// asks again.
+    pub asked_generation: u64,
+    pub verdict_generation: u64,
     /// The outstanding batch runs nothing (Parse, Describe, Close only) or only one statement
     /// of constants (`PgRequest::state_free`): its reply leaves the cache gate as it was (it
     /// read and wrote nothing, and changed no session state).
@@ -162,6 +170,8 @@ impl PgSession {
             landed: None,
             tx_status: b'I',
             fence: 0,
+            asked_generation: 0,
+            verdict_generation: 0,
             keeps_gate: false,
             opened: false,
             memo: FxHashMap::default(),
@@ -689,6 +699,7 @@ pub(crate) fn apply_reply(conn: &mut Conn, reply: PgReply) {
             pg.waiting = None;
             if !std::mem::take(&mut pg.keeps_gate) {
                 pg.settings.note_origin_state(reply.serve_cached);
+                pg.verdict_generation = pg.asked_generation;
             }
             for name in &reply.unparsed {
                 pg.forget_statement(name);

@@ -89,10 +89,13 @@ impl Serve<'_> {
         pg.tx_status == b'I' && pg.settings.eligible() && self.port.serve_hits()
     }
 
-    /// The session's cache gate: the relay's last reply vouched for its origin state and the
-    /// applied WAL has reached its fence.
+    /// The session's cache gate: the relay's last reply vouched for its origin state, under
+    /// the current key space generation (see `PgSession::verdict_generation`), and the applied
+    /// WAL has reached its fence.
     pub(super) fn gate_open(&self, pg: &PgSession) -> bool {
-        pg.settings.origin_state_ok() && self.port.applied_lsn() >= pg.fence
+        pg.settings.origin_state_ok()
+            && pg.verdict_generation == self.keyspace_generation
+            && self.port.applied_lsn() >= pg.fence
     }
 
     /// Serves the batch from the store when it is a cached point lookup or cached result;

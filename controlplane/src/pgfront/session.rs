@@ -779,7 +779,10 @@ impl Session {
         let copy = sql.iter().any(|t| t.traits.copy);
         let may_open_tx = sql.iter().any(|t| t.traits.may_open_tx);
         let pipelined = want_fence && idle_before && !copy && !may_open_tx;
-        if cache.is_some() && idle_before && !copy && self.plain_startup {
+        // The answer may be stored: a cacheable statement run with the session idle, in a
+        // session whose startup set nothing.
+        let stores = cache.is_some() && idle_before && !copy && self.plain_startup;
+        if stores {
             // A stored answer serves every cache user: its verdict comes from a fence
             // statement parsed in this very run (`Close`, `Parse`), whatever ran before on
             // this backend, vouched for or not (a batch's text cannot show all the code it
@@ -797,13 +800,11 @@ impl Session {
             plan::hide_added_describe(&mut plan);
         }
         // The lease is taken before the statement (and its snapshot) reaches the origin.
-        let cache = cache
-            .filter(|_| idle_before && !copy && self.plain_startup)
-            .map(|key| {
-                plan::add_snapshot(&mut plan);
-                let lease = self.relay.results.lease(&key.tables);
-                (key, lease)
-            });
+        let cache = cache.filter(|_| stores).map(|key| {
+            plan::add_snapshot(&mut plan);
+            let lease = self.relay.results.lease(&key.tables);
+            (key, lease)
+        });
         let parsed: Vec<String> = plan.named_parses.iter().map(|(_, n)| n.clone()).collect();
         let relay = self.relay.clone();
         let mut out = out_for(&relay, &req, self.flow.as_ref());

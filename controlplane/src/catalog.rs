@@ -205,10 +205,21 @@ fn refused_sql() -> String {
     )
 }
 
-/// The origin's schema and role names, as one digest: a schema made or renamed (under a
-/// session user's name, `"$user"`, or one a role's `search_path` names) or a role renamed can
-/// change how an open session resolves names with no statement of its own (`writer/ddl.rs`).
-pub const NAMES_SQL: &str = "SELECT pg_catalog.md5(     (SELECT pg_catalog.string_agg(nspname::pg_catalog.text, ',' ORDER BY nspname)       FROM pg_catalog.pg_namespace) OPERATOR(pg_catalog.||) ';' OPERATOR(pg_catalog.||)      (SELECT pg_catalog.string_agg(rolname::pg_catalog.text, ',' ORDER BY rolname)       FROM pg_catalog.pg_roles))";
+/// The origin's schemas (each one's OID, name and row version, so a rename, a `GRANT` or an
+/// owner change shows even when undone before the next read; temporary schemas, which only their
+/// own session sees, left out), roles and role memberships, as one digest: a schema made,
+/// renamed or granted (under a session user's name, `"$user"`, or one a role's `search_path`
+/// names), a role renamed or a membership granted can change how an open session resolves
+/// names with no statement of its own (`writer/ddl.rs`). Names starting `pg_` are reserved,
+/// so no user schema passes for a temporary one.
+pub const NAMES_SQL: &str = "SELECT pg_catalog.md5(pg_catalog.concat_ws(';', \
+     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', oid, xmin, nspname), ',' \
+      ORDER BY oid) FROM pg_catalog.pg_namespace \
+      WHERE nspname OPERATOR(pg_catalog.!~) '^pg_(toast_)?temp_'), \
+     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', oid, rolname), ',' ORDER BY oid) \
+      FROM pg_catalog.pg_roles), \
+     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', roleid, member), ',' \
+      ORDER BY roleid, member) FROM pg_catalog.pg_auth_members)))";
 
 /// See [`NAMES_SQL`].
 pub async fn load_names(client: &tokio_postgres::Client) -> Result<String, CatalogError> {

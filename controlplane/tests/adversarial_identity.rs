@@ -665,3 +665,144 @@ async fn a_schema_made_under_the_users_name_after_login_is_followed() {
         assert_eq!(answer(&session, LOOKUP).await, now, "after the check");
     }
 }
+
+/// The digest the catalog check compares (`catalog::NAMES_SQL`) moves with every change that can
+/// move an open session's name resolution, also one undone before the next read: a schema
+/// renamed and renamed back, `GRANT USAGE` on a schema (a schema without it is left out of the
+/// resolved path), a role membership granted. A temporary schema, which only its own session
+/// sees, does not move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_names_digest_moves_with_what_can_move_name_resolution() {
+    let lab = lab("adv_names").await;
+    let origin = lab.origin("").await;
+    let digest = || async {
+        pgline_controlplane::catalog::load_names(&lab.origin("").await)
+            .await
+            .unwrap()
+    };
+    let bob = &lab.bob;
+    origin
+        .batch_execute("CREATE SCHEMA adv_names_x")
+        .await
+        .unwrap();
+    let d0 = digest().await;
+    origin
+        .batch_execute(
+            "ALTER SCHEMA adv_names_x RENAME TO adv_names_y; \
+             ALTER SCHEMA adv_names_y RENAME TO adv_names_x",
+        )
+        .await
+        .unwrap();
+    let d1 = digest().await;
+    assert_ne!(d0, d1, "a rename undone before the read");
+    origin
+        .batch_execute(&format!("GRANT USAGE ON SCHEMA adv_names_x TO {bob}"))
+        .await
+        .unwrap();
+    let d2 = digest().await;
+    assert_ne!(d1, d2, "GRANT USAGE on a schema");
+    let role = format!("{bob}_group");
+    origin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role}; GRANT {role} TO {bob}"
+        ))
+        .await
+        .unwrap();
+    let d3 = digest().await;
+    assert_ne!(d2, d3, "a role and a membership");
+    // A session's temporary schema (new or reused) is its own.
+    let temp = lab.origin("").await;
+    temp.batch_execute("CREATE TEMP TABLE adv_names_t (id int)")
+        .await
+        .unwrap();
+    assert_eq!(digest().await, d3, "a temporary table");
+    drop(temp);
+    origin
+        .batch_execute(&format!(
+            "DROP SCHEMA adv_names_x; REVOKE {role} FROM {bob}; DROP ROLE {role}"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The window 31184ce leaves (DDL landing between the state read in front of a stored
+/// statement and the statement) can be held open: another connection locks the cached table,
+/// so the statement waits after its snapshot query read a clean state, then makes the
+/// redirecting schema and commits; the statement, once it has the lock, looks its name up again
+/// and reads the view, whose function moves the schema away. Its answer is stored. Since the
+/// origin's schema names then change, the catalog check drops every stored answer: other
+/// sessions read the view's answer for at most about one check interval (1 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_stored_under_a_redirected_name_goes_at_the_next_names_check() {
+    let lab = lab("adv_lock_redirect").await;
+    let clean_count = answer(&lab.origin("").await, COUNT).await;
+    let victim = lab.pgline("").await;
+    let public = answer(&lab.origin("").await, LOOKUP).await;
+    warm(&lab.p, &victim, LOOKUP, &public).await;
+    let ident = format!("\"{}\"", lab.user.replace('"', "\"\""));
+    let lit = format!("'{}'", lab.user.replace('\'', "''"));
+    let gone = format!("'{}_gone'", lab.user.replace('\'', "''"));
+    let attacker = lab.origin("").await;
+    attacker
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.move_away() RETURNS bool LANGUAGE plpgsql AS $f$
+             BEGIN
+               IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = {lit}) THEN
+                 EXECUTE pg_catalog.format('ALTER SCHEMA %I RENAME TO %I', {lit}, {gone});
+               END IF;
+               RETURN true;
+             END $f$;
+             BEGIN;
+             LOCK TABLE public.public_info IN ACCESS EXCLUSIVE MODE;"
+        ))
+        .await
+        .unwrap();
+    let counting = tokio::spawn(async move { answer(&victim, COUNT).await });
+    // The victim's statement waits for the lock (its snapshot query has run).
+    let watcher = lab.origin("").await;
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE 'SELECT count(*) AS n%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the count never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    attacker
+        .batch_execute(&format!(
+            "CREATE SCHEMA {ident};
+             CREATE VIEW {ident}.public_info AS
+               SELECT id, 'zzz redirected'::text AS v, f, b FROM public.public_info
+               WHERE public.move_away();
+             COMMIT;"
+        ))
+        .await
+        .unwrap();
+    let redirected = counting.await.unwrap();
+    assert_eq!(
+        redirected,
+        Ok(vec![vec![Some("2".into()), Some("zzz redirected".into())]]),
+        "the count read the view, made while it waited"
+    );
+    assert_eq!(answer(&lab.origin("").await, COUNT).await, clean_count);
+    // The answer may be stored after the victim has it (the writer installs it), and goes at the
+    // first names check that reads the new names: past two check intervals, it is gone for good.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for _ in 0..10 {
+        let other = lab.pgline("").await;
+        assert_eq!(answer(&other, COUNT).await, clean_count, "another session");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -55,13 +55,19 @@ pub(super) struct DdlCheck {
     rx: mpsc::UnboundedReceiver<DdlReport>,
     /// Quoted `schema.name`s of dropped or renamed tables that nothing has taken yet.
     pending: Vec<String>,
-    /// The origin's schema and role names as last read (`catalog::NAMES_SQL`).
+    /// The origin's schema and role names as last read (`catalog::NAMES_SQL`), read on a
+    /// schedule of their own (one query, never held up by the table check's waits).
     names: Option<String>,
+    names_next_at: Instant,
+    names_running: bool,
+    names_tx: mpsc::UnboundedSender<Option<String>>,
+    names_rx: mpsc::UnboundedReceiver<Option<String>>,
 }
 
 impl DdlCheck {
     pub(super) fn new() -> DdlCheck {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (names_tx, names_rx) = mpsc::unbounded_channel();
         DdlCheck {
             next_at: Instant::now(),
             running: false,
@@ -69,6 +75,10 @@ impl DdlCheck {
             rx,
             pending: Vec::new(),
             names: None,
+            names_next_at: Instant::now(),
+            names_running: false,
+            names_tx,
+            names_rx,
         }
     }
 }
@@ -85,8 +95,6 @@ struct DdlReport {
     added: Vec<TableInfo>,
     /// Names still to resolve at the next check.
     pending: Vec<String>,
-    /// The origin's schema and role names, when read.
-    names: Option<String>,
     error: Option<String>,
     /// The check's last report. The first reports only `gone`, before any name is resolved (which
     /// may wait for old transactions), so a dropped table leaves as early as possible.
@@ -107,6 +115,7 @@ struct CheckInput {
 impl Writer {
     /// Applies a finished check, and starts the next one when it is due.
     pub(super) fn poll_ddl_check(&mut self, now: Instant) {
+        self.poll_names_check(now);
         while let Ok(report) = self.ddl.rx.try_recv() {
             if report.last {
                 self.ddl.running = false;
@@ -146,12 +155,65 @@ impl Writer {
                     refused: None,
                     added: Vec::new(),
                     pending,
-                    names: None,
                     error: Some(format!("timed out after {CHECK_TIMEOUT:?}")),
                     last: true,
                 },
             };
             let _ = tx.send(report);
+        });
+    }
+
+    /// The origin's schema and role names (`catalog::NAMES_SQL`), read every
+    /// `catalog.check_interval_ms`. When they change, an open session may resolve a cached
+    /// table's name elsewhere with no statement of its own (a schema made under its user's
+    /// name), and a stored answer may have been read under such a name while its statement
+    /// ran: a new key space generation closes every session's cache gate (each reads its state
+    /// again before its next cached answer), and every stored answer goes.
+    fn poll_names_check(&mut self, now: Instant) {
+        while let Ok(read) = self.ddl.names_rx.try_recv() {
+            self.ddl.names_running = false;
+            let Some(names) = read else { continue };
+            // The first read is the baseline: a publish then would also flush every RESP
+            // tracking listener at start-up, for DDL in the few milliseconds before it.
+            let Some(before) = self.ddl.names.replace(names.clone()) else {
+                continue;
+            };
+            if before == names {
+                continue;
+            }
+            tracing::info!(
+                "schema or role names changed: sessions read their state again, stored answers dropped"
+            );
+            self.results
+                .drop_every_answer(&mut self.store, &self.leases);
+            self.publish_catalog();
+        }
+        if self.ddl.names_running || now < self.ddl.names_next_at {
+            return;
+        }
+        self.ddl.names_running = true;
+        self.ddl.names_next_at = now + Duration::from_millis(self.cfg.catalog.check_interval_ms);
+        let pool = self.pool.clone();
+        let tx = self.ddl.names_tx.clone();
+        tokio::spawn(async move {
+            let read = async {
+                let client = pool.get().await.map_err(|e| e.to_string())?;
+                catalog::load_names(&client)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            let names = match tokio::time::timeout(CHECK_TIMEOUT, read).await {
+                Ok(Ok(n)) => Some(n),
+                Ok(Err(e)) => {
+                    tracing::warn!("reading the origin's schema and role names failed: {e}");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!("reading the origin's schema and role names timed out");
+                    None
+                }
+            };
+            let _ = tx.send(names);
         });
     }
 
@@ -183,18 +245,6 @@ impl Writer {
             tracing::warn!("catalog check failed: {e}");
         }
         let mut changed = false;
-        if let Some(names) = report.names {
-            // A new key space generation closes every session's cache gate: each asks the
-            // origin for its state again before its next cached answer. Also at the first
-            // read, for sessions whose state was read before it.
-            if self.ddl.names.as_ref() != Some(&names) {
-                if self.ddl.names.is_some() {
-                    tracing::info!("schema or role names changed: sessions read their state again");
-                }
-                changed = true;
-            }
-            self.ddl.names = Some(names);
-        }
         if let Some(refused) = report.refused {
             if refused != self.catalog.refused {
                 self.catalog.refused = refused;
@@ -265,7 +315,6 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
         refused: None,
         added: Vec::new(),
         pending: input.pending.clone(),
-        names: None,
         error: None,
         last: true,
     };
@@ -297,10 +346,6 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
     match catalog::load_refused(&client).await {
         Ok(r) => report.refused = Some(r),
         Err(e) => report.error = Some(format!("listing tables that cannot be cached: {e}")),
-    }
-    match catalog::load_names(&client).await {
-        Ok(n) => report.names = Some(n),
-        Err(e) => report.error = Some(format!("reading schema and role names: {e}")),
     }
     let old_name = |id: u32| {
         input
@@ -338,7 +383,6 @@ async fn run_check(input: CheckInput, tx: &mpsc::UnboundedSender<DdlReport>) -> 
             refused: None,
             added: Vec::new(),
             pending: Vec::new(),
-            names: None,
             error: None,
             last: false,
         });

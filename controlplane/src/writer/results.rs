@@ -351,6 +351,14 @@ impl Results {
         }
     }
 
+    /// Every stored answer goes and every lease is voided, the row cache stays: the origin's
+    /// schema or role names changed, and an answer may have read a name resolved under them.
+    pub fn drop_every_answer(&mut self, store: &mut StoreWriter, plane: &ResultPlane) {
+        plane.bump_all();
+        let all: Vec<Hash> = self.entries.keys().copied().collect();
+        self.drop_all(store, all);
+    }
+
     /// The cache was flushed whole (slot re-created): forget everything, void every lease.
     pub fn clear(&mut self, plane: &ResultPlane) {
         plane.bump_all();

@@ -38,6 +38,8 @@ pub(super) fn push(
     marks: Marks,
 ) -> bool {
     let seq = conn.next_seq;
+    // Read before the relay can take the request and read the session's state for it.
+    let generation = port.keyspace().generation();
     let mut request = request(port, conn, token, kind, messages, cache);
     request.fence = marks.fence;
     request.state_free = marks.state_free;
@@ -50,8 +52,7 @@ pub(super) fn push(
     if !matches!(kind, PgRequestKind::Close | PgRequestKind::Cancel) {
         if let Some(pg) = conn.pg.as_mut() {
             pg.waiting = Some(seq);
-            // Read before the relay can read the session's state for this request.
-            pg.asked_generation = port.keyspace().generation();
+            pg.asked_generation = generation;
         }
     }
     true

@@ -205,25 +205,34 @@ fn refused_sql() -> String {
     )
 }
 
-/// The origin's schemas (each one's OID, name and row version, so a rename, a `GRANT` or an
-/// owner change shows even when undone before the next read; temporary schemas, which only their
-/// own session sees, left out), roles and role memberships, as one digest: a schema made,
-/// renamed or granted (under a session user's name, `"$user"`, or one a role's `search_path`
-/// names), a role renamed or a membership granted can change how an open session resolves
-/// names with no statement of its own (`writer/ddl.rs`). Names starting `pg_` are reserved,
-/// so no user schema passes for a temporary one.
-pub const NAMES_SQL: &str = "SELECT pg_catalog.md5(pg_catalog.concat_ws(';', \
-     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', oid, xmin, nspname), ',' \
-      ORDER BY oid) FROM pg_catalog.pg_namespace \
-      WHERE nspname OPERATOR(pg_catalog.!~) '^pg_(toast_)?temp_'), \
+/// What can move an open session's name resolution with no statement of its own, as one digest
+/// (`writer/ddl.rs`): every schema's OID, name and row version (so a rename, a grant or an
+/// owner change shows, also one undone before the next read) and whether each cache user
+/// (`$1`, by name) may use it now (a schema without `USAGE` is left out of the resolved path;
+/// this follows role memberships and `INHERIT` wherever they change), then each cache user's
+/// OID and name (`"$user"` is the current name). Temporary schemas are left out: only their own
+/// session sees them, and each new one would read as a change. Names starting `pg_` are
+/// reserved, so no user schema passes for a temporary one. SHA-256, which FIPS builds allow.
+pub const NAMES_SQL: &str = "SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(\
+     pg_catalog.concat_ws(';', \
+     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', n.oid, n.xmin, n.nspname, \
+       (SELECT pg_catalog.string_agg( \
+          pg_catalog.has_schema_privilege(r.oid, n.oid, 'USAGE')::pg_catalog.text, ',' \
+          ORDER BY r.oid) \
+        FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) ANY ($1))), \
+       ',' ORDER BY n.oid) \
+      FROM pg_catalog.pg_namespace n \
+      WHERE n.nspname OPERATOR(pg_catalog.!~) '^pg_(toast_)?temp_'), \
      (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', oid, rolname), ',' ORDER BY oid) \
-      FROM pg_catalog.pg_roles), \
-     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', roleid, member), ',' \
-      ORDER BY roleid, member) FROM pg_catalog.pg_auth_members)))";
+      FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) ANY ($1))), \
+     'UTF8')), 'hex')";
 
-/// See [`NAMES_SQL`].
-pub async fn load_names(client: &tokio_postgres::Client) -> Result<String, CatalogError> {
-    Ok(client.query_one(NAMES_SQL, &[]).await?.get(0))
+/// See [`NAMES_SQL`]; `users`: the identities that may read the cache.
+pub async fn load_names(
+    client: &tokio_postgres::Client,
+    users: &[String],
+) -> Result<String, CatalogError> {
+    Ok(client.query_one(NAMES_SQL, &[&users]).await?.get(0))
 }
 
 /// The user tables pgline cannot cache (see [`Catalog::refused`]).

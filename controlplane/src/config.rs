@@ -743,6 +743,18 @@ impl Config {
         }
     }
 
+    /// The users whose sessions may read the cache: `origin.url`'s and `pgwire.cache_users`.
+    pub fn pg_cache_users(&self) -> Vec<String> {
+        let origin = crate::origin::Settings::parse_pg(&self.origin.url).ok();
+        origin
+            .as_ref()
+            .and_then(|c| c.get_user())
+            .map(str::to_owned)
+            .into_iter()
+            .chain(self.pgwire.cache_users.iter().cloned())
+            .collect()
+    }
+
     pub fn engine(&self) -> EngineConfig {
         let limits = Limits {
             max_args: self.resp.max_args,
@@ -759,10 +771,7 @@ impl Config {
             .as_ref()
             .and_then(|c| c.get_dbname().map(str::to_owned))
             .or_else(|| origin_user.clone());
-        let pg_cache_users = origin_user
-            .into_iter()
-            .chain(self.pgwire.cache_users.iter().cloned())
-            .collect();
+        let pg_cache_users = self.pg_cache_users();
         EngineConfig {
             pg_listen: self.pgwire.listen_addr(),
             pg_cache_users,

@@ -195,10 +195,11 @@ impl Writer {
         self.ddl.names_next_at = now + Duration::from_millis(self.cfg.catalog.check_interval_ms);
         let pool = self.pool.clone();
         let tx = self.ddl.names_tx.clone();
+        let users = self.cfg.pg_cache_users();
         tokio::spawn(async move {
             let read = async {
                 let client = pool.get().await.map_err(|e| e.to_string())?;
-                catalog::load_names(&client)
+                catalog::load_names(&client, &users)
                     .await
                     .map_err(|e| e.to_string())
             };

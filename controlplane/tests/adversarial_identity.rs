@@ -571,6 +571,50 @@ async fn forge_then_count(tag: &str, trigger: &str) {
     drop(attacker);
 }
 
+/// The clean answer to [`COUNT`], and a session through pgline logged in (and fenced) before any
+/// redirecting schema exists, whose cache gate is open.
+async fn gate_open_session(lab: &Lab) -> (Answer, Client) {
+    let clean_count = answer(&lab.origin("").await, COUNT).await;
+    let session = lab.pgline("").await;
+    let public = answer(&lab.origin("").await, LOOKUP).await;
+    warm(&lab.p, &session, LOOKUP, &public).await;
+    (clean_count, session)
+}
+
+/// SQL that redirects `public_info` for sessions of `user`: `public.move_away()`, which renames
+/// the schema named after the user away, and that schema with a view `public_info` whose rows
+/// call it (and read `zzz redirected`).
+fn redirect_sql(user: &str) -> (String, String) {
+    let ident = quote_ident(user);
+    let lit = format!("'{}'", user.replace('\'', "''"));
+    let gone = format!("'{}_gone'", user.replace('\'', "''"));
+    let function = format!(
+        "CREATE FUNCTION public.move_away() RETURNS bool LANGUAGE plpgsql AS $f$
+         BEGIN
+           IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = {lit}) THEN
+             EXECUTE pg_catalog.format('ALTER SCHEMA %I RENAME TO %I', {lit}, {gone});
+           END IF;
+           RETURN true;
+         END $f$;"
+    );
+    let schema = format!(
+        "CREATE SCHEMA {ident};
+         CREATE VIEW {ident}.public_info AS
+           SELECT id, 'zzz redirected'::text AS v, f, b FROM public.public_info
+           WHERE public.move_away();"
+    );
+    (function, schema)
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// [`COUNT`] read from the redirecting view.
+fn redirected_count() -> Answer {
+    Ok(vec![vec![Some("2".into()), Some("zzz redirected".into())]])
+}
+
 /// A schema made under the session user's name (`"$user"`, first on the default path) by
 /// another connection redirects an unqualified name in a cacheable read to a view of its own,
 /// whose function moves the schema away while the statement runs, so the state read after the
@@ -580,34 +624,16 @@ async fn forge_then_count(tag: &str, trigger: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_redirected_while_the_statement_ran_is_not_stored() {
     let lab = lab("adv_user_schema").await;
-    let clean_count = answer(&lab.origin("").await, COUNT).await;
-    // Logged in (and fenced) before the schema exists: the session's cache gate is open.
-    let victim = lab.pgline("").await;
-    let public = answer(&lab.origin("").await, LOOKUP).await;
-    warm(&lab.p, &victim, LOOKUP, &public).await;
-    let ident = format!("\"{}\"", lab.user.replace('"', "\"\""));
-    let lit = format!("'{}'", lab.user.replace('\'', "''"));
-    let gone = format!("'{}_gone'", lab.user.replace('\'', "''"));
+    let (clean_count, victim) = gate_open_session(&lab).await;
+    let (function, schema) = redirect_sql(&lab.user);
     lab.origin("")
         .await
-        .batch_execute(&format!(
-            "CREATE FUNCTION public.move_away() RETURNS bool LANGUAGE plpgsql AS $f$
-             BEGIN
-               IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = {lit}) THEN
-                 EXECUTE pg_catalog.format('ALTER SCHEMA %I RENAME TO %I', {lit}, {gone});
-               END IF;
-               RETURN true;
-             END $f$;
-             CREATE SCHEMA {ident};
-             CREATE VIEW {ident}.public_info AS
-               SELECT id, 'zzz redirected'::text AS v, f, b FROM public.public_info
-               WHERE public.move_away();"
-        ))
+        .batch_execute(&format!("{function} {schema}"))
         .await
         .unwrap();
     assert_eq!(
         answer(&victim, COUNT).await,
-        Ok(vec![vec![Some("2".into()), Some("zzz redirected".into())]]),
+        redirected_count(),
         "the session's count read the view (PostgreSQL's answer while the schema stood)"
     );
     assert_eq!(
@@ -633,10 +659,9 @@ async fn a_name_redirected_while_the_statement_ran_is_not_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_made_under_the_users_name_after_login_is_followed() {
     let lab = lab("adv_new_schema").await;
-    let session = lab.pgline("").await;
+    let (_, session) = gate_open_session(&lab).await;
     let public = answer(&lab.origin("").await, LOOKUP).await;
-    warm(&lab.p, &session, LOOKUP, &public).await;
-    let ident = format!("\"{}\"", lab.user.replace('"', "\"\""));
+    let ident = quote_ident(&lab.user);
     lab.origin("")
         .await
         .batch_execute(&format!(
@@ -732,25 +757,12 @@ async fn the_names_digest_moves_with_what_can_move_name_resolution() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_stored_under_a_redirected_name_goes_at_the_next_names_check() {
     let lab = lab("adv_lock_redirect").await;
-    let clean_count = answer(&lab.origin("").await, COUNT).await;
-    let victim = lab.pgline("").await;
-    let public = answer(&lab.origin("").await, LOOKUP).await;
-    warm(&lab.p, &victim, LOOKUP, &public).await;
-    let ident = format!("\"{}\"", lab.user.replace('"', "\"\""));
-    let lit = format!("'{}'", lab.user.replace('\'', "''"));
-    let gone = format!("'{}_gone'", lab.user.replace('\'', "''"));
+    let (clean_count, victim) = gate_open_session(&lab).await;
+    let (function, schema) = redirect_sql(&lab.user);
     let attacker = lab.origin("").await;
     attacker
         .batch_execute(&format!(
-            "CREATE FUNCTION public.move_away() RETURNS bool LANGUAGE plpgsql AS $f$
-             BEGIN
-               IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = {lit}) THEN
-                 EXECUTE pg_catalog.format('ALTER SCHEMA %I RENAME TO %I', {lit}, {gone});
-               END IF;
-               RETURN true;
-             END $f$;
-             BEGIN;
-             LOCK TABLE public.public_info IN ACCESS EXCLUSIVE MODE;"
+            "{function} BEGIN; LOCK TABLE public.public_info IN ACCESS EXCLUSIVE MODE;"
         ))
         .await
         .unwrap();
@@ -778,19 +790,12 @@ async fn an_answer_stored_under_a_redirected_name_goes_at_the_next_names_check()
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     attacker
-        .batch_execute(&format!(
-            "CREATE SCHEMA {ident};
-             CREATE VIEW {ident}.public_info AS
-               SELECT id, 'zzz redirected'::text AS v, f, b FROM public.public_info
-               WHERE public.move_away();
-             COMMIT;"
-        ))
+        .batch_execute(&format!("{schema} COMMIT;"))
         .await
         .unwrap();
-    let redirected = counting.await.unwrap();
     assert_eq!(
-        redirected,
-        Ok(vec![vec![Some("2".into()), Some("zzz redirected".into())]]),
+        counting.await.unwrap(),
+        redirected_count(),
         "the count read the view, made while it waited"
     );
     assert_eq!(answer(&lab.origin("").await, COUNT).await, clean_count);

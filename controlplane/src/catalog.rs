@@ -206,16 +206,18 @@ fn refused_sql() -> String {
 }
 
 /// What can move an open session's name resolution with no statement of its own, as one digest
-/// (`writer/ddl.rs`): every schema's OID, name and row version (so a rename, a grant or an
-/// owner change shows, also one undone before the next read) and whether each cache user
+/// (`writer/ddl.rs`): every schema's OID, name, owner and access list, whether each cache user
 /// (`$1`, by name) may use it now (a schema without `USAGE` is left out of the resolved path;
 /// this follows role memberships and `INHERIT` wherever they change), then each cache user's
-/// OID and name (`"$user"` is the current name). Temporary schemas are left out: only their own
+/// OID and name (`"$user"` is the current name). Not the schema rows' versions: a `GRANT` that
+/// grants nothing new rewrites the row, and a permission job re-granting every minute would
+/// close every session's gate every minute. Temporary schemas are left out: only their own
 /// session sees them, and each new one would read as a change. Names starting `pg_` are
 /// reserved, so no user schema passes for a temporary one. SHA-256, which FIPS builds allow.
 pub const NAMES_SQL: &str = "SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(\
      pg_catalog.concat_ws(';', \
-     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', n.oid, n.xmin, n.nspname, \
+     (SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', n.oid, n.nspname, n.nspowner, \
+       n.nspacl, \
        (SELECT pg_catalog.string_agg( \
           pg_catalog.has_schema_privilege(r.oid, n.oid, 'USAGE')::pg_catalog.text, ',' \
           ORDER BY r.oid) \

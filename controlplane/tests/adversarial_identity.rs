@@ -692,10 +692,10 @@ async fn a_schema_made_under_the_users_name_after_login_is_followed() {
 }
 
 /// The digest the writer compares (`catalog::NAMES_SQL`) moves with every change that can move
-/// a cache user's name resolution, also one undone before the next read: a schema renamed and
-/// renamed back, `USAGE` on a schema gained through a role membership (a schema without it is
-/// left out of the resolved path). What cannot move it, does not: a role made for another user,
-/// a session's temporary schema.
+/// a cache user's name resolution: a schema renamed, `USAGE` on a schema granted, or gained
+/// through a role membership (a schema without it is left out of the resolved path). What
+/// cannot move it, does not: a `GRANT` that grants nothing new, a role made for another user, a
+/// session's temporary schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_names_digest_moves_with_what_can_move_name_resolution() {
     let mut lab = lab("adv_names").await;
@@ -720,14 +720,32 @@ async fn the_names_digest_moves_with_what_can_move_name_resolution() {
         .unwrap();
     let d0 = digest().await;
     origin
-        .batch_execute(
-            "ALTER SCHEMA adv_names_x RENAME TO adv_names_y; \
-             ALTER SCHEMA adv_names_y RENAME TO adv_names_x",
-        )
+        .batch_execute("ALTER SCHEMA adv_names_x RENAME TO adv_names_y")
+        .await
+        .unwrap();
+    let renamed = digest().await;
+    assert_ne!(d0, renamed, "a rename");
+    origin
+        .batch_execute("ALTER SCHEMA adv_names_y RENAME TO adv_names_x")
         .await
         .unwrap();
     let d1 = digest().await;
-    assert_ne!(d0, d1, "a rename undone before the read");
+    assert_eq!(d0, d1, "renamed back");
+    origin
+        .batch_execute(&format!("GRANT USAGE ON SCHEMA adv_names_x TO {group}"))
+        .await
+        .unwrap();
+    assert_eq!(digest().await, d1, "a GRANT that grants nothing new");
+    origin
+        .batch_execute(&format!("GRANT CREATE ON SCHEMA adv_names_x TO {group}"))
+        .await
+        .unwrap();
+    assert_ne!(digest().await, d1, "a GRANT that does");
+    origin
+        .batch_execute(&format!("REVOKE CREATE ON SCHEMA adv_names_x FROM {group}"))
+        .await
+        .unwrap();
+    assert_eq!(digest().await, d1, "revoked again");
     origin
         .batch_execute(&format!("GRANT {group} TO {bob}"))
         .await

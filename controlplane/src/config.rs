@@ -746,9 +746,11 @@ impl Config {
     /// The users whose sessions may read the cache: `origin.url`'s and `pgwire.cache_users`.
     pub fn pg_cache_users(&self) -> Vec<String> {
         let origin = crate::origin::Settings::parse_pg(&self.origin.url).ok();
-        origin
-            .as_ref()
-            .and_then(|c| c.get_user())
+        self.cache_users_with(origin.as_ref().and_then(|c| c.get_user()))
+    }
+
+    fn cache_users_with(&self, origin_user: Option<&str>) -> Vec<String> {
+        origin_user
             .map(str::to_owned)
             .into_iter()
             .chain(self.pgwire.cache_users.iter().cloned())
@@ -763,15 +765,13 @@ impl Config {
         // Validated: origin.url parses. Its user (and database, defaulting to the user as in
         // libpq) is the identity the cache holds rows for.
         let origin = crate::origin::Settings::parse_pg(&self.origin.url).ok();
-        let origin_user = origin
-            .as_ref()
-            .and_then(|c| c.get_user())
-            .map(str::to_owned);
+        let origin_user = origin.as_ref().and_then(|c| c.get_user());
         let pg_cache_database = origin
             .as_ref()
-            .and_then(|c| c.get_dbname().map(str::to_owned))
-            .or_else(|| origin_user.clone());
-        let pg_cache_users = self.pg_cache_users();
+            .and_then(|c| c.get_dbname())
+            .or(origin_user)
+            .map(str::to_owned);
+        let pg_cache_users = self.cache_users_with(origin_user);
         EngineConfig {
             pg_listen: self.pgwire.listen_addr(),
             pg_cache_users,

@@ -207,6 +207,7 @@ impl Writer {
         } = parts;
         let (fill_tx, fill_rx) = mpsc::unbounded_channel();
         let all_tables = cfg.catalog.tables.is_empty();
+        let cache_users = cfg.pg_cache_users();
         Writer {
             cfg,
             store,
@@ -222,7 +223,7 @@ impl Writer {
             disabled: HashSet::new(),
             entry_counts,
             counted_at: Instant::now(),
-            ddl: ddl::DdlCheck::new(),
+            ddl: ddl::DdlCheck::new(cache_users),
             seen: visibility::Applied::default(),
             applying_xid: 0,
             invalidations: Vec::new(),

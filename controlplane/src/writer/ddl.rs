@@ -34,6 +34,7 @@
 //! under the old id: the fill query checks that the name it reads still is the cached OID
 //! (`fill::batch_sql`). See `docs/consistency.md`, "DDL".
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -55,9 +56,13 @@ pub(super) struct DdlCheck {
     rx: mpsc::UnboundedReceiver<DdlReport>,
     /// Quoted `schema.name`s of dropped or renamed tables that nothing has taken yet.
     pending: Vec<String>,
-    /// The origin's schema and role names as last read (`catalog::NAMES_SQL`), read on a
-    /// schedule of their own (one query, never held up by the table check's waits).
+    /// The digest of what moves name resolution (`catalog::NAMES_SQL`: the schemas, their
+    /// owners and access lists, which schemas each cache user may use, the cache users' names)
+    /// as last read, on a schedule of its own (one query, never held up by the table check's
+    /// waits).
     names: Option<String>,
+    /// The users whose sessions may read the cache (`Config::pg_cache_users`), for that digest.
+    names_users: Arc<[String]>,
     names_next_at: Instant,
     names_running: bool,
     names_tx: mpsc::UnboundedSender<Option<String>>,
@@ -65,7 +70,7 @@ pub(super) struct DdlCheck {
 }
 
 impl DdlCheck {
-    pub(super) fn new() -> DdlCheck {
+    pub(super) fn new(cache_users: Vec<String>) -> DdlCheck {
         let (tx, rx) = mpsc::unbounded_channel();
         let (names_tx, names_rx) = mpsc::unbounded_channel();
         DdlCheck {
@@ -75,6 +80,7 @@ impl DdlCheck {
             rx,
             pending: Vec::new(),
             names: None,
+            names_users: cache_users.into(),
             names_next_at: Instant::now(),
             names_running: false,
             names_tx,
@@ -163,7 +169,7 @@ impl Writer {
         });
     }
 
-    /// The origin's schema and role names (`catalog::NAMES_SQL`), read every
+    /// The digest of what moves name resolution (`catalog::NAMES_SQL`), read every
     /// `catalog.check_interval_ms`. When they change, an open session may resolve a cached
     /// table's name elsewhere with no statement of its own (a schema made under its user's
     /// name), and a stored answer may have been read under such a name while its statement
@@ -182,7 +188,7 @@ impl Writer {
                 continue;
             }
             tracing::info!(
-                "schema or role names changed: sessions read their state again, stored answers dropped"
+                "schemas, their grants or the cache users changed: sessions read their state again, stored answers dropped"
             );
             self.results
                 .drop_every_answer(&mut self.store, &self.leases);
@@ -195,7 +201,7 @@ impl Writer {
         self.ddl.names_next_at = now + Duration::from_millis(self.cfg.catalog.check_interval_ms);
         let pool = self.pool.clone();
         let tx = self.ddl.names_tx.clone();
-        let users = self.cfg.pg_cache_users();
+        let users = self.ddl.names_users.clone();
         tokio::spawn(async move {
             let read = async {
                 let client = pool.get().await.map_err(|e| e.to_string())?;
@@ -206,11 +212,11 @@ impl Writer {
             let names = match tokio::time::timeout(CHECK_TIMEOUT, read).await {
                 Ok(Ok(n)) => Some(n),
                 Ok(Err(e)) => {
-                    tracing::warn!("reading the origin's schema and role names failed: {e}");
+                    tracing::warn!("reading what moves name resolution at the origin failed: {e}");
                     None
                 }
                 Err(_) => {
-                    tracing::warn!("reading the origin's schema and role names timed out");
+                    tracing::warn!("reading what moves name resolution at the origin timed out");
                     None
                 }
             };

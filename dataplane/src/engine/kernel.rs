@@ -82,25 +82,35 @@ const READ_PER_TURN: usize = 256 * 1024;
 /// sleep ([`Asleep::enter`]) and then looks at its reply lanes, the sender queues its reply and
 /// then looks at the announcement, each with a SeqCst fence between, so at least one of the two
 /// sees the other.
+///
+/// A core that hosts the relay sleeps in its tokio runtime, not in its own epoll: it is woken
+/// through [`Asleep::notify`] instead of the eventfd. A relay task on the core's own thread then
+/// wakes it with no system call (tokio queues the core's future on its local run queue); a
+/// sender on another thread costs what the eventfd did (tokio unparks its driver).
 struct MioWaker {
     waker: mio::Waker,
     asleep: Arc<Asleep>,
 }
 
-/// Whether the core sleeps in epoll, or is about to (shared with its [`MioWaker`]).
+/// Whether the core sleeps, or is about to (shared with its [`MioWaker`]), and how to wake it.
 #[derive(Default)]
-struct Asleep(AtomicBool);
+struct Asleep {
+    sleeping: AtomicBool,
+    /// Set once, when the core starts hosting the relay: it then sleeps on `notify`.
+    hosted: AtomicBool,
+    notify: tokio::sync::Notify,
+}
 
 impl Asleep {
     /// Announces a sleep; the caller then checks its reply lanes (`replies_waiting`) and does
     /// not sleep if one holds something.
     fn enter(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.sleeping.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 
     fn leave(&self) {
-        self.0.store(false, Ordering::Relaxed);
+        self.sleeping.store(false, Ordering::Relaxed);
     }
 }
 
@@ -117,7 +127,13 @@ impl Wake for MioWaker {
     fn wake(&self) {
         // Pairs with the fence in `Asleep::enter` (see the type's doc).
         fence(Ordering::SeqCst);
-        if self.asleep.0.load(Ordering::Relaxed) {
+        if !self.asleep.sleeping.load(Ordering::Relaxed) {
+            return;
+        }
+        if self.asleep.hosted.load(Ordering::Relaxed) {
+            // A permit is kept if the core has not reached its `notified()` yet.
+            self.asleep.notify.notify_one();
+        } else {
             let _ = self.waker.wake();
         }
     }
@@ -295,6 +311,7 @@ impl Core {
             EpollFd(self.poll.as_raw_fd()),
             tokio::io::Interest::READABLE,
         );
+        self.asleep.hosted.store(true, Ordering::Relaxed);
         let mut idle = 0u32;
         while !stop.load(Ordering::Relaxed) {
             let worked = self.poll_once(Duration::ZERO);
@@ -319,16 +336,26 @@ impl Core {
                 continue;
             }
             self.slots.may_sleep();
-            match &epoll {
-                Ok(fd) => {
-                    let ready = tokio::time::timeout(Duration::from_millis(100), fd.readable());
-                    if let Ok(Ok(mut guard)) = ready.await {
-                        guard.clear_ready();
+            let woken = self.asleep.notify.notified();
+            let ready = async {
+                match &epoll {
+                    Ok(fd) => {
+                        if let Ok(mut guard) = fd.readable().await {
+                            guard.clear_ready();
+                        }
                     }
+                    // Not registrable: sleep a little at a time, so that the relay still runs.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
                 }
-                // Not registrable: sleep a little at a time, so that the relay still runs.
-                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-            }
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(100), async {
+                tokio::select! {
+                    biased;
+                    () = ready => {}
+                    () = woken => {}
+                }
+            })
+            .await;
             self.asleep.leave();
         }
     }
@@ -703,6 +730,47 @@ mod tests {
         waker.wake();
         assert!(
             !woken(&mut poll),
+            "a core woken once was woken again after it left its sleep"
+        );
+    }
+
+    /// A core that hosts the relay is woken through its runtime: no eventfd write, and a wake
+    /// sent before the core reaches its wait is kept for it.
+    #[test]
+    fn a_hosting_core_is_woken_without_its_eventfd() {
+        let mut poll = Poll::new().unwrap();
+        let asleep = Arc::new(Asleep::default());
+        asleep.hosted.store(true, Ordering::Relaxed);
+        let waker = MioWaker {
+            waker: mio::Waker::new(poll.registry(), WAKER).unwrap(),
+            asleep: asleep.clone(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let within = |ms| {
+            rt.block_on(async {
+                tokio::time::timeout(Duration::from_millis(ms), asleep.notify.notified())
+                    .await
+                    .is_ok()
+            })
+        };
+        waker.wake();
+        assert!(!within(20), "an awake core was woken");
+        asleep.enter();
+        waker.wake();
+        assert!(within(1000), "a sleeping core was not woken");
+        let mut events = Events::with_capacity(8);
+        poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+        assert!(
+            !events.iter().any(|e| e.token() == WAKER),
+            "a hosting core's eventfd was written"
+        );
+        asleep.leave();
+        waker.wake();
+        assert!(
+            !within(20),
             "a core woken once was woken again after it left its sleep"
         );
     }

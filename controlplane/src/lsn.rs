@@ -5,6 +5,33 @@
 //! Invariants: an LSN is a plain `u64`; [`format_lsn`] and [`parse_lsn`] are inverse on every
 //! value. Thread model: pure functions.
 
+/// SQL for the WAL position a reader must have applied to see everything visible at the origin
+/// now (a `pg_lsn` expression; every operator and function schema-qualified, as the client's
+/// `search_path` is in force): a standby's replayed position, or a primary's *insert* position.
+///
+/// Not `pg_current_wal_lsn()`, the written position: a transaction committed with
+/// `synchronous_commit = off` is visible as soon as its commit record is inserted, up to three
+/// `wal_writer_delay`s before it is written, and a fence below it let a session read its own
+/// write as it was before. The insert position has one catch: when the last record ended at a
+/// page boundary it points past the next page's header (24 bytes, 40 at a segment's start),
+/// where no record ends, and the applied position would never reach it while the origin is
+/// idle. It is moved back to the boundary there, which is that record's end.
+macro_rules! visible_lsn_sql {
+    () => {
+        "(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+         ELSE (SELECT CASE \
+         WHEN i.o OPERATOR(pg_catalog.=) 24::pg_catalog.numeric \
+         THEN i.l OPERATOR(pg_catalog.-) 24::pg_catalog.numeric \
+         WHEN i.o OPERATOR(pg_catalog.<>) 40::pg_catalog.numeric THEN i.l \
+         WHEN (pg_catalog.pg_walfile_name_offset(i.l)).file_offset OPERATOR(pg_catalog.=) 40 \
+         THEN i.l OPERATOR(pg_catalog.-) 40::pg_catalog.numeric ELSE i.l END \
+         FROM (SELECT w.l, (w.l OPERATOR(pg_catalog.-) '0/0'::pg_catalog.pg_lsn) \
+         OPERATOR(pg_catalog.%) pg_catalog.current_setting('wal_block_size')::pg_catalog.numeric AS o \
+         FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS l) w) i) END)"
+    };
+}
+pub(crate) use visible_lsn_sql;
+
 /// Formats an LSN the way PostgreSQL does (`16/B374D848`).
 pub fn format_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)

@@ -461,6 +461,74 @@ async fn unfenced_batches_close_the_cache_gate() {
     p.shutdown().await;
 }
 
+/// A session that commits with `synchronous_commit = off` reads its write back, as PostgreSQL
+/// does: the commit is visible at once, up to three `wal_writer_delay`s before the WAL that holds
+/// it is written. The fence read `pg_current_wal_lsn()` (the written position), which could lie
+/// below the commit: the cached lookup after the write's read then found the gate open and was
+/// served the row as it was before the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_commit_is_read_back() {
+    let db = TestDb::create("pgw_async_commit").await;
+    db.client().await.batch_execute(SCHEMA).await.unwrap();
+    let p = lab::start(lab::config(&db, 1)).await;
+    let c = connect(&pgline_conn(&p, &db)).await;
+    c.batch_execute("SET synchronous_commit = off")
+        .await
+        .unwrap();
+    let lookup = "SELECT n FROM counters WHERE id = 1";
+    until_hit(&p, &c, lookup).await;
+    let select = c
+        .prepare("SELECT n FROM counters WHERE id = $1")
+        .await
+        .unwrap();
+    let hits = p.shared.total(|s| &s.keys_hit);
+    for i in 1..=100i64 {
+        c.simple_query(&format!("UPDATE counters SET n = {i} WHERE id = 1"))
+            .await
+            .unwrap();
+        for read in ["first", "second", "third"] {
+            let n: i64 = c.query_one(&select, &[&1i64]).await.unwrap().get(0);
+            assert_eq!(n, i, "{read} read: {n} after writing {i}");
+        }
+    }
+    // The reads were not all sent to the origin: the gate opens once the WAL is applied.
+    until_hit(&p, &c, lookup).await;
+    assert!(p.shared.total(|s| &s.keys_hit) > hits);
+    p.shutdown().await;
+}
+
+/// The fence reads the origin's insert position, which points past a page's header when the
+/// last record ended at the page's start: there it is moved back to the boundary (the record's
+/// end, which the applied position reaches), and nowhere else. Run by the origin on positions
+/// put in place of `pg_current_wal_insert_lsn()` (8 KiB pages, 16 MiB segments).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_position_is_moved_back_only_over_a_page_header() {
+    let db = TestDb::create("pgw_fence_lsn").await;
+    let c = db.client().await;
+    let sql = pgline_controlplane::pgfront::FENCE_SQL;
+    let insert = "pg_catalog.pg_current_wal_insert_lsn()";
+    assert!(sql.contains(insert), "the fence reads the insert position");
+    for (at, fence) in [
+        ("9/3D786018", "9/3D786000"), // a page's short header
+        ("9/3E000028", "9/3E000000"), // a segment's long header
+        ("9/3D786028", "9/3D786028"), // a record that ended 16 bytes into a page
+        ("9/3D785E68", "9/3D785E68"), // mid-page
+        ("9/3D786030", "9/3D786030"),
+    ] {
+        let probe = sql.replace(insert, &format!("'{at}'::pg_catalog.pg_lsn"));
+        let got = c.simple_query(&probe).await.unwrap();
+        let row = got.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        });
+        assert_eq!(
+            row.and_then(|r| r.get(0)),
+            Some(fence),
+            "insert position {at}"
+        );
+    }
+}
+
 /// A session that connects after a write committed at the origin reads that write, as a new
 /// PostgreSQL session does, even while pgline's WAL is behind it: the login brings a fence (the
 /// origin's WAL position at login), so until the WAL applied reaches it the session's lookups
@@ -518,7 +586,8 @@ async fn a_new_session_reads_what_committed_before_it_connected() {
     p.shutdown().await;
 }
 
-/// A role that may not call `pg_current_wal_lsn()` (an administrator revoked it) still logs
+/// A role that may not call `pg_current_wal_insert_lsn()` (an administrator revoked it; the
+/// fence reads it) still logs
 /// in and gets the origin's answers; without a fence it reads nothing from cache, and its
 /// session is not asked for the fence again. Before the login fence, such a session was served
 /// from cache from its first read with no fence at all (this test failed on "served from cache
@@ -534,7 +603,7 @@ async fn a_role_denied_the_wal_position_logs_in_and_reads_the_origin() {
         .await
         .batch_execute(&format!(
             "{SCHEMA} GRANT SELECT ON counters TO {role};
-             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_current_wal_lsn() FROM PUBLIC;"
+             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_current_wal_insert_lsn() FROM PUBLIC;"
         ))
         .await
         .unwrap();

@@ -92,11 +92,12 @@ macro_rules! state_columns {
     };
 }
 
-/// The fence query: the WAL position (a standby's replayed one: what its snapshots see), then
-/// the state (its reply is hidden from the client). Asked at login as well.
+/// The fence query: the WAL position (`lsn::visible_lsn_sql`: everything the session may have
+/// seen), then the state (its reply is hidden from the client). Asked at login as well.
 pub const FENCE_SQL: &str = concat!(
-    "SELECT (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
-     ELSE pg_catalog.pg_current_wal_lsn() END)::pg_catalog.text, ",
+    "SELECT ",
+    crate::lsn::visible_lsn_sql!(),
+    "::pg_catalog.text, ",
     state_columns!()
 );
 

@@ -176,11 +176,11 @@ pub fn batch_sql(table: &TableInfo) -> String {
     format!(
         "SELECT s.snap, {}, s.same, s.lsn FROM (SELECT pg_current_snapshot()::text AS snap, \
          to_regclass('{name}')::oid = {}::oid AS same, \
-         {}::text AS lsn) s \
+         (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+         ELSE pg_catalog.pg_current_wal_lsn() END)::text AS lsn) s \
          LEFT JOIN ({} t JOIN unnest({}) AS k({}) ON {}) ON true",
         select_list(table),
         table.id,
-        crate::lsn::visible_lsn_sql!(),
         table.qualified(),
         params.join(", "),
         names.join(", "),

@@ -5,20 +5,27 @@
 //! Invariants: an LSN is a plain `u64`; [`format_lsn`] and [`parse_lsn`] are inverse on every
 //! value. Thread model: pure functions.
 
-/// SQL for the WAL position a reader must have applied to see everything visible at the origin
-/// now (a `pg_lsn` expression; every operator and function schema-qualified, as the client's
-/// `search_path` is in force): a standby's replayed position, or a primary's *insert* position.
+/// SQL for the WAL position a session's reader must have applied to see what the session may
+/// have seen at the origin (a `pg_lsn` expression; every operator and function schema-qualified,
+/// as the client's `search_path` is in force when it runs): a standby's replayed position; on a
+/// primary the *written* position, or the *insert* position for a session whose
+/// `synchronous_commit` is `off`.
 ///
-/// Not `pg_current_wal_lsn()`, the written position: a transaction committed with
-/// `synchronous_commit = off` is visible as soon as its commit record is inserted, up to three
-/// `wal_writer_delay`s before it is written, and a fence below it let a session read its own
-/// write as it was before. The insert position has one catch: when the last record ended at a
-/// page boundary it points past the next page's header (24 bytes, 40 at a segment's start),
-/// where no record ends, and the applied position would never reach it while the origin is
-/// idle. It is moved back to the boundary there, which is that record's end.
+/// A transaction committed with `synchronous_commit = off` is visible as soon as its commit
+/// record is inserted, up to three `wal_writer_delay`s before it is written, and a fence below it
+/// let the session read its own write as it was before. The insert position is not used for
+/// every session: it also covers WAL that no commit is waiting for (the hint bits a read sets on
+/// a cluster with data checksums, PostgreSQL 18's default, log full pages), which the origin
+/// writes only with the next commit or up to three `wal_writer_delay`s later, and the gate of a
+/// session whose read made such WAL would stay shut that long on a quiet origin. The insert
+/// position has one more catch: when the last record ended at a page boundary it points past
+/// the next page's header (24 bytes, 40 at a segment's start), where no record ends; it is
+/// moved back to the boundary there, which is that record's end.
 macro_rules! visible_lsn_sql {
     () => {
         "(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+         WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.<>) 'off' \
+         THEN pg_catalog.pg_current_wal_lsn() \
          ELSE (SELECT CASE \
          WHEN i.o OPERATOR(pg_catalog.=) 24::pg_catalog.numeric \
          THEN i.l OPERATOR(pg_catalog.-) 24::pg_catalog.numeric \

@@ -465,7 +465,8 @@ async fn unfenced_batches_close_the_cache_gate() {
 /// does: the commit is visible at once, up to three `wal_writer_delay`s before the WAL that holds
 /// it is written. The fence read `pg_current_wal_lsn()` (the written position), which could lie
 /// below the commit: the cached lookup after the write's read then found the gate open and was
-/// served the row as it was before the write.
+/// served the row as it was before the write. Now such a session's fence is the insert
+/// position; a session with the setting on keeps the written one (see `lsn::visible_lsn_sql`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_asynchronous_commit_is_read_back() {
     let db = TestDb::create("pgw_async_commit").await;
@@ -497,14 +498,18 @@ async fn an_asynchronous_commit_is_read_back() {
     p.shutdown().await;
 }
 
-/// The fence reads the origin's insert position, which points past a page's header when the
-/// last record ended at the page's start: there it is moved back to the boundary (the record's
-/// end, which the applied position reaches), and nowhere else. Run by the origin on positions
-/// put in place of `pg_current_wal_insert_lsn()` (8 KiB pages, 16 MiB segments).
+/// The fence of a session with `synchronous_commit = off` reads the origin's insert position,
+/// which points past a page's header when the last record ended at the page's start: there it
+/// is moved back to the boundary (the record's end, which the applied position reaches), and
+/// nowhere else. Run by the origin on positions put in place of `pg_current_wal_insert_lsn()`
+/// (8 KiB pages, 16 MiB segments).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fence_position_is_moved_back_only_over_a_page_header() {
     let db = TestDb::create("pgw_fence_lsn").await;
     let c = db.client().await;
+    c.batch_execute("SET synchronous_commit = off")
+        .await
+        .unwrap();
     let sql = pgline_controlplane::pgfront::FENCE_SQL;
     let insert = "pg_catalog.pg_current_wal_insert_lsn()";
     assert!(sql.contains(insert), "the fence reads the insert position");
@@ -586,8 +591,7 @@ async fn a_new_session_reads_what_committed_before_it_connected() {
     p.shutdown().await;
 }
 
-/// A role that may not call `pg_current_wal_insert_lsn()` (an administrator revoked it; the
-/// fence reads it) still logs
+/// A role that may not call `pg_current_wal_lsn()` (an administrator revoked it) still logs
 /// in and gets the origin's answers; without a fence it reads nothing from cache, and its
 /// session is not asked for the fence again. Before the login fence, such a session was served
 /// from cache from its first read with no fence at all (this test failed on "served from cache
@@ -603,7 +607,7 @@ async fn a_role_denied_the_wal_position_logs_in_and_reads_the_origin() {
         .await
         .batch_execute(&format!(
             "{SCHEMA} GRANT SELECT ON counters TO {role};
-             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_current_wal_insert_lsn() FROM PUBLIC;"
+             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_current_wal_lsn() FROM PUBLIC;"
         ))
         .await
         .unwrap();

@@ -1314,7 +1314,7 @@ async fn reset(b: &mut Backend, login_state: &str) -> bool {
 /// [`Backend::simple`]: one landing on the query would lose the fence). An error answer is asked
 /// again once (a client's SQL-level `DEALLOCATE` or `PREPARE` may have taken the statement's
 /// name); a second one is `Ok(None)`: the origin refuses the fence to this role (an
-/// administrator revoked `pg_current_wal_insert_lsn()`), and `b` is idle and fit for use. A
+/// administrator revoked `pg_current_wal_lsn()`), and `b` is idle and fit for use. A
 /// connection error is an error: `b` is not to be reused.
 async fn ask_fence(b: &mut Backend) -> std::io::Result<Option<(u64, Option<OriginState>)>> {
     for _ in 0..2 {
@@ -1330,7 +1330,7 @@ async fn ask_fence(b: &mut Backend) -> std::io::Result<Option<(u64, Option<Origi
 }
 
 /// The origin refused the fence query twice to session `id` (an administrator revoked
-/// `pg_current_wal_insert_lsn()` from its role; also the session's own settings, a `statement_timeout`
+/// `pg_current_wal_lsn()` from its role; also the session's own settings, a `statement_timeout`
 /// too short for it): the session goes on with the origin's answers and is no longer asked for
 /// a fence its cache gate would need (each batch would pay for the refused queries), so it
 /// reads nothing from cache. Errs on the safe side: a cost, never a wrong answer.
@@ -1339,7 +1339,7 @@ fn fence_refused(no_fence: &mut bool, id: u64, user: &str) {
         tracing::warn!(
             session = id,
             user,
-            "pgwire: the origin refused pgline's fence query twice (pg_current_wal_insert_lsn() revoked from this role, or the session's own settings, such as a short statement_timeout): this session reads nothing from cache"
+            "pgwire: the origin refused pgline's fence query twice (pg_current_wal_lsn() revoked from this role, or the session's own settings, such as a short statement_timeout): this session reads nothing from cache"
         );
     }
 }

@@ -145,8 +145,10 @@ fn select_list(table: &TableInfo) -> String {
 /// even when no key matches (that row has NULL columns).
 ///
 /// After the name check comes the origin's WAL position, evaluated while the statement runs,
-/// so after its snapshot was taken: every commit the rows show is at or below it (a commit's
-/// record is flushed before it becomes visible). A PostgreSQL session answered from the fill
+/// so after its snapshot was taken: every commit the rows show is at or below it, as a commit's
+/// record is flushed before it becomes visible, except one made with `synchronous_commit = off`
+/// (visible once inserted; such a commit can lie above it for up to three `wal_writer_delay`s,
+/// `docs/pgwire.md`, "Asynchronous commits"). A PostgreSQL session answered from the fill
 /// raises its fence to it, as the relay's fence query after a forwarded read does; on a server
 /// in recovery it is the replay position.
 ///

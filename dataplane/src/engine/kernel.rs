@@ -96,7 +96,9 @@ struct MioWaker {
 #[derive(Default)]
 struct Asleep {
     sleeping: AtomicBool,
-    /// Set once, when the core starts hosting the relay: it then sleeps on `notify`.
+    /// Set once, when the core starts hosting the relay: it then sleeps on `notify`. (A sender
+    /// that still reads it unset, memory order allowing, writes the eventfd, which wakes the
+    /// hosting core too: its sleep also waits on the epoll fd's readiness.)
     hosted: AtomicBool,
     notify: tokio::sync::Notify,
 }

@@ -8,8 +8,8 @@
 /// SQL for the WAL position a session's reader must have applied to see what the session may
 /// have seen at the origin (a `pg_lsn` expression; every operator and function schema-qualified,
 /// as the client's `search_path` is in force when it runs): a standby's replayed position; on a
-/// primary the *written* position, or the *insert* position for a session whose
-/// `synchronous_commit` is `off`.
+/// primary the *written* position, or the *insert* position ([`insert_lsn_sql`]) for a session
+/// whose `synchronous_commit` is `off`.
 ///
 /// A transaction committed with `synchronous_commit = off` is visible as soon as its commit
 /// record is inserted, up to three `wal_writer_delay`s before it is written, and a fence below it
@@ -17,16 +17,43 @@
 /// every session: it also covers WAL that no commit is waiting for (the hint bits a read sets on
 /// a cluster with data checksums, PostgreSQL 18's default, log full pages), which the origin
 /// writes only with the next commit or up to three `wal_writer_delay`s later, and the gate of a
-/// session whose read made such WAL would stay shut that long on a quiet origin. The insert
-/// position has one more catch: when the last record ended at a page boundary it points past
-/// the next page's header (24 bytes, 40 at a segment's start), where no record ends; it is
-/// moved back to the boundary there, which is that record's end.
+/// session whose read made such WAL would stay shut that long on a quiet origin.
 macro_rules! visible_lsn_sql {
     () => {
-        "(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
-         WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.<>) 'off' \
-         THEN pg_catalog.pg_current_wal_lsn() \
-         ELSE (SELECT CASE \
+        concat!(
+            "(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+             WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.<>) 'off' \
+             THEN pg_catalog.pg_current_wal_lsn() ELSE ",
+            crate::lsn::insert_lsn_sql!(),
+            " END)"
+        )
+    };
+}
+pub(crate) use visible_lsn_sql;
+
+/// [`visible_lsn_sql`] for a session that may have committed with `synchronous_commit = off`
+/// whatever its setting is now (`SET LOCAL`, `set_config(.., true)`, a `RESET` after the commit:
+/// the setting that counts is the one in force at the commit): the insert position on a
+/// primary, the replayed position on a standby.
+macro_rules! async_visible_lsn_sql {
+    () => {
+        concat!(
+            "(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+             ELSE ",
+            crate::lsn::insert_lsn_sql!(),
+            " END)"
+        )
+    };
+}
+pub(crate) use async_visible_lsn_sql;
+
+/// The origin's WAL insert position as the end of the last record inserted. When that record
+/// ended at a page boundary, `pg_current_wal_insert_lsn()` points past the next page's header
+/// (24 bytes, 40 at a segment's start), where no record ends and which the applied position
+/// never reaches; it is moved back to the boundary there.
+macro_rules! insert_lsn_sql {
+    () => {
+        "(SELECT CASE \
          WHEN i.o OPERATOR(pg_catalog.=) 24::pg_catalog.numeric \
          THEN i.l OPERATOR(pg_catalog.-) 24::pg_catalog.numeric \
          WHEN i.o OPERATOR(pg_catalog.<>) 40::pg_catalog.numeric THEN i.l \
@@ -34,10 +61,10 @@ macro_rules! visible_lsn_sql {
          THEN i.l OPERATOR(pg_catalog.-) 40::pg_catalog.numeric ELSE i.l END \
          FROM (SELECT w.l, (w.l OPERATOR(pg_catalog.-) '0/0'::pg_catalog.pg_lsn) \
          OPERATOR(pg_catalog.%) pg_catalog.current_setting('wal_block_size')::pg_catalog.numeric AS o \
-         FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS l) w) i) END)"
+         FROM (SELECT pg_catalog.pg_current_wal_insert_lsn() AS l) w) i)"
     };
 }
-pub(crate) use visible_lsn_sql;
+pub(crate) use insert_lsn_sql;
 
 /// Formats an LSN the way PostgreSQL does (`16/B374D848`).
 pub fn format_lsn(lsn: u64) -> String {

@@ -579,3 +579,60 @@ async fn an_origin_connection_holds_a_bounded_number_of_statements() {
     assert!(closed >= 120, "closed {closed}");
     p.shutdown().await;
 }
+
+/// A function can set its session's settings with `set_config(.., false)` in its body, out of
+/// sight of the text rule (`SELECT tighten()` names no setting). The settings that change what
+/// statements answer, fail with or make durable (`state::SESSION_SETTINGS`) are in the state
+/// read, so the backend is reset before the next session gets it. Before, the state read showed
+/// the login state and the backend went back to the pool as it was: the next session ran under
+/// the first one's statement timeout, isolation level and asynchronous commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_a_function_made_do_not_reach_the_next_session() {
+    let db = TestDb::create("adv_relay_fn_settings").await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION tighten() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+               PERFORM pg_catalog.set_config('statement_timeout', '4321', false); \
+               PERFORM pg_catalog.set_config('default_transaction_isolation', 'serializable', false); \
+               PERFORM pg_catalog.set_config('synchronous_commit', 'off', false); \
+               RETURN 1; END $$",
+        )
+        .await
+        .unwrap();
+    let mut cfg = lab::config(&db, 1);
+    cfg.pgwire.pool_size = 1;
+    let p = lab::start(cfg).await;
+    let conn = via_pgline(&p, &db, None, "");
+    let first = try_connect(&conn).await.unwrap();
+    first.simple_query("SELECT tighten()").await.unwrap();
+    assert_eq!(session_settings(&first).await, "4321ms serializable off");
+    drop(first);
+    for session in 2..=4 {
+        let next = try_connect(&conn).await.unwrap();
+        assert_eq!(
+            session_settings(&next).await,
+            "0 read committed on",
+            "session {session}"
+        );
+    }
+    p.shutdown().await;
+}
+
+/// Three settings of `c`'s session, as one text.
+async fn session_settings(c: &tokio_postgres::Client) -> String {
+    let msgs = c
+        .simple_query(
+            "SELECT current_setting('statement_timeout') || ' ' || \
+             current_setting('default_transaction_isolation') || ' ' || \
+             current_setting('synchronous_commit')",
+        )
+        .await
+        .unwrap();
+    msgs.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default()
+}

@@ -498,6 +498,68 @@ async fn an_asynchronous_commit_is_read_back() {
     p.shutdown().await;
 }
 
+/// The setting that makes a commit asynchronous is the one in force at the commit, which the
+/// session's setting at its next fence need not show: `SET LOCAL` and `set_config(.., true)` end
+/// with the transaction, and a `RESET` can follow the commit. Each session below commits
+/// asynchronously that way and reads its write back twice; before, its fence after the first
+/// read was the written position (its setting was `on` again), below the commit, and the second
+/// read was served from cache as the row was before the write. A session that names
+/// `synchronous_commit` is now fenced at the insert position from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_made_asynchronous_for_one_transaction_is_read_back() {
+    let db = TestDb::create("pgw_async_local").await;
+    db.client().await.batch_execute(SCHEMA).await.unwrap();
+    let p = lab::start(lab::config(&db, 1)).await;
+    let lookup = "SELECT n FROM counters WHERE id = 1";
+    let spellings: [(&str, &dyn Fn(i64) -> Vec<String>); 3] = [
+        ("SET LOCAL", &|i| {
+            vec![format!(
+                "BEGIN; SET LOCAL synchronous_commit = off; \
+                 UPDATE counters SET n = {i} WHERE id = 1; COMMIT"
+            )]
+        }),
+        ("set_config(.., true)", &|i| {
+            vec![
+                "BEGIN".into(),
+                "SELECT pg_catalog.set_config('synchronous_commit', 'off', true)".into(),
+                format!("UPDATE counters SET n = {i} WHERE id = 1"),
+                "COMMIT".into(),
+            ]
+        }),
+        ("SET, then RESET", &|i| {
+            vec![
+                "SET synchronous_commit = off".into(),
+                format!("UPDATE counters SET n = {i} WHERE id = 1"),
+                "RESET synchronous_commit".into(),
+            ]
+        }),
+    ];
+    let mut n = 0;
+    for (spelling, writes) in spellings {
+        let c = connect(&pgline_conn(&p, &db)).await;
+        until_hit(&p, &c, lookup).await;
+        let select = c
+            .prepare("SELECT n FROM counters WHERE id = $1")
+            .await
+            .unwrap();
+        for _ in 0..60 {
+            n += 1;
+            for sql in writes(n) {
+                c.simple_query(&sql).await.unwrap();
+            }
+            for read in ["first", "second", "third"] {
+                let got: i64 = c.query_one(&select, &[&1i64]).await.unwrap().get(0);
+                assert_eq!(got, n, "{spelling}: {read} read: {got} after writing {n}");
+            }
+        }
+        // The session is still served from cache once the WAL is applied.
+        let hits = p.shared.total(|s| &s.keys_hit);
+        until_hit(&p, &c, lookup).await;
+        assert!(p.shared.total(|s| &s.keys_hit) > hits, "{spelling}");
+    }
+    p.shutdown().await;
+}
+
 /// The fence of a session with `synchronous_commit = off` reads the origin's insert position,
 /// which points past a page's header when the last record ended at the page's start: there it
 /// is moved back to the boundary (the record's end, which the applied position reaches), and

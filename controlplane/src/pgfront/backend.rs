@@ -280,18 +280,37 @@ impl Backend {
         self.state_suspect = true;
     }
 
-    /// Before pgline's fence statement runs: whether this run parses it (`Close`, then
+    /// Before pgline's fence statement `name` runs: whether this run parses it (`Close`, then
     /// `Parse`), which makes its answers trustworthy again.
-    pub fn fence_parsed_fresh(&self) -> bool {
-        !self.prepared.contains(super::state::FENCE_STATEMENT)
+    pub fn fence_parsed_fresh(&self, name: &str) -> bool {
+        !self.prepared.contains(name)
     }
 
     /// Before a suspect fence statement's answer would count for more than the session whose
-    /// batch made it suspect (another session's gate, a stored answer, the pool): parsed again
-    /// at its next run.
+    /// batch made it suspect (another session's gate, a stored answer, the pool): both fence
+    /// statements are parsed again at their next run.
     pub fn reparse_suspect_fence(&mut self) {
         if self.fence_suspect {
-            self.prepared.remove(super::state::FENCE_STATEMENT);
+            self.forget_fences();
+        }
+    }
+
+    /// After the fence statement `name` was parsed in a run that verified the backend: the
+    /// fence is trusted again, and the other fence statement, which that parse did not renew,
+    /// is parsed again at its next run.
+    pub fn trust_fence(&mut self, name: &str) {
+        self.fence_suspect = false;
+        for other in super::state::FENCE_STATEMENTS {
+            if other != name {
+                self.prepared.remove(other);
+            }
+        }
+    }
+
+    /// Both fence statements are parsed again at their next run.
+    pub fn forget_fences(&mut self) {
+        for name in super::state::FENCE_STATEMENTS {
+            self.prepared.remove(name);
         }
     }
 

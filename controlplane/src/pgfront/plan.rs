@@ -572,8 +572,11 @@ fn put_frame(out: &mut BytesMut, tag: u8, body: &[u8]) {
 /// [`FENCE_STATEMENT`](super::state::FENCE_STATEMENT) (parsed first if the backend lacks it):
 /// `[Parse] Bind Execute Sync`, whose replies up to ReadyForQuery are hidden as one act (see
 /// [`Tracker::fence`]).
-pub fn add_fence(plan: &mut Plan, prepared: &mut HashSet<String>) {
-    let out = own_statement(super::state::FENCE_STATEMENT, FENCE_SQL, prepared);
+/// `async_commits`: the session's fence is the insert position whatever its setting
+/// ([`state::fence_statement`](super::state::fence_statement)).
+pub fn add_fence(plan: &mut Plan, prepared: &mut HashSet<String>, async_commits: bool) {
+    let (name, sql) = super::state::fence_statement(async_commits);
+    let out = own_statement(name, sql, prepared);
     plan.out.extend_from_slice(&out);
     plan.acts.push(Act::Query { hidden: true });
 }
@@ -1117,6 +1120,10 @@ pub struct Traits {
     pub copy: bool,
     /// It names `begin` or `start` anywhere: it may open a transaction block.
     pub may_open_tx: bool,
+    /// It names `synchronous_commit` anywhere: it may make a commit asynchronous that the
+    /// session's setting at its next fence does not show (`SET LOCAL`, `set_config(.., true)`,
+    /// a `RESET` after the commit).
+    pub synchronous_commit: bool,
 }
 
 impl Traits {
@@ -1127,6 +1134,7 @@ impl Traits {
             clears_prepared: clears_prepared(sql),
             copy: lower.contains("copy"),
             may_open_tx: lower.contains("begin") || lower.contains("start"),
+            synchronous_commit: lower.contains("synchronous_commit"),
         }
     }
 }

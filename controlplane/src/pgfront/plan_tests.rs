@@ -103,13 +103,20 @@ fn error_skips_to_sync_and_forgets_failed_parse() {
         frontend::sync(b);
     });
     let mut plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
-    add_fence(&mut plan, &mut prepared);
+    add_fence(&mut plan, &mut prepared, false);
     // The fence is pgline's prepared statement: parsed once, then bound and executed.
     assert!(plan.out.windows(9).any(|w| w == b"pgl_fence"));
     let mut again = Plan::default();
     let mut fenced = prepared.clone();
-    add_fence(&mut again, &mut fenced);
+    add_fence(&mut again, &mut fenced, false);
     assert_eq!(tags(&again.out), b"BES");
+    // A session that may have committed asynchronously has its own fence statement, parsed
+    // once on the backend beside the other.
+    let mut other = Plan::default();
+    add_fence(&mut other, &mut fenced, true);
+    assert!(tags(&other.out).ends_with(b"PBES"));
+    assert!(other.out.windows(15).any(|w| w == b"pgl_fence_async"));
+    assert!(fenced.contains("pgl_fence") && fenced.contains("pgl_fence_async"));
     let mut t = Tracker::new(plan.acts);
     assert!(t.has_hidden_tail());
     let mut out = Vec::new();

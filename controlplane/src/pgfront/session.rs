@@ -240,6 +240,11 @@ pub(super) struct Session {
     /// The origin refuses this session's role the fence query: it is not asked again, and the
     /// session reads nothing from cache (see [`fence_refused`]).
     no_fence: bool,
+    /// The session ran a text naming `synchronous_commit`: it may have committed with the
+    /// setting `off` where its setting at the next fence is not (`SET LOCAL`, `set_config(..,
+    /// true)`, `SET` then `RESET`), so its fences are the origin's insert position from then on
+    /// (`state::FENCE_ASYNC_SQL`; `docs/pgwire.md`, "Asynchronous commits").
+    async_commits: bool,
     closed: bool,
 }
 
@@ -272,6 +277,7 @@ impl Session {
             status: b'I',
             lost: false,
             no_fence: false,
+            async_commits: false,
             verdict_trusted: false,
             closed: false,
         }
@@ -473,7 +479,7 @@ impl Session {
                     // With the WAL position: a session sees every write committed before it
                     // connected, as a new PostgreSQL session does, so its cached answers wait
                     // for pgline's WAL to reach that position (the fence).
-                    let asked = match ask_fence(&mut b).await {
+                    let asked = match ask_fence(&mut b, false).await {
                         Ok(Some((lsn, s))) => Ok((Some(lsn), s)),
                         Ok(None) => {
                             fence_refused(&mut self.no_fence, self.id, &self.user);
@@ -778,6 +784,8 @@ impl Session {
             .collect();
         let copy = sql.iter().any(|t| t.traits.copy);
         let may_open_tx = sql.iter().any(|t| t.traits.may_open_tx);
+        self.async_commits |= sql.iter().any(|t| t.traits.synchronous_commit);
+        let (fence_name, _) = state::fence_statement(self.async_commits);
         let pipelined = want_fence && idle_before && !copy && !may_open_tx;
         // The answer may be stored: a cacheable statement run with the session idle, in a
         // session whose startup set nothing.
@@ -787,11 +795,11 @@ impl Session {
             // statement parsed in this very run (`Close`, `Parse`), whatever ran before on
             // this backend, vouched for or not (a batch's text cannot show all the code it
             // runs: a domain's check, say).
-            b.prepared.remove(state::FENCE_STATEMENT);
+            b.prepared.remove(fence_name);
         }
-        let fresh = pipelined && b.fence_parsed_fresh();
+        let fresh = pipelined && b.fence_parsed_fresh(fence_name);
         if pipelined {
-            plan::add_fence(&mut plan, &mut b.prepared);
+            plan::add_fence(&mut plan, &mut b.prepared, self.async_commits);
         }
         if unread.is_some() {
             plan::add_check(&mut plan, &mut b.prepared);
@@ -971,6 +979,7 @@ impl Session {
         sql: &[Arc<Text>],
         (want_fence, pipelined, mut fresh, state_free): (bool, bool, bool, bool),
     ) -> Option<u64> {
+        let (fence_name, _) = state::fence_statement(self.async_commits);
         self.verdict_trusted = false;
         self.status = status;
         // Known again only from a state read after this batch.
@@ -993,11 +1002,11 @@ impl Session {
         if pipelined && fence.is_none() {
             // The prepared fence failed (a client's DEALLOCATE or PREPARE took its name):
             // parsed again, or run as a simple query, next time.
-            b.prepared.remove(state::FENCE_STATEMENT);
+            b.prepared.remove(fence_name);
         }
         if status == b'I' && want_fence && fence.is_none() {
-            let parse = b.fence_parsed_fresh();
-            match ask_fence(&mut b).await {
+            let parse = b.fence_parsed_fresh(fence_name);
+            match ask_fence(&mut b, self.async_commits).await {
                 Ok(Some((lsn, s))) => {
                     fence = Some(lsn);
                     after = s;
@@ -1020,7 +1029,7 @@ impl Session {
         self.sticky |= sql.iter().any(|t| t.traits.leaves_state);
         let verified = status == b'I' && fence.is_some();
         if verified && fresh {
-            b.fence_suspect = false;
+            b.trust_fence(fence_name);
         }
         // A verdict from a fence statement a client may have replaced counts for this session
         // alone (it ran the batch that made it suspect): not for the pool, nor a stored answer.
@@ -1091,7 +1100,7 @@ impl Session {
             .backend(tokio::time::Instant::now() + self.relay.cfg.pool_wait, None)
             .await
         {
-            match ask_fence(&mut b).await {
+            match ask_fence(&mut b, self.async_commits).await {
                 Ok(Some((lsn, _))) => {
                     self.put_back(b);
                     return lsn;
@@ -1316,9 +1325,13 @@ async fn reset(b: &mut Backend, login_state: &str) -> bool {
 /// name); a second one is `Ok(None)`: the origin refuses the fence to this role (an
 /// administrator revoked `pg_current_wal_lsn()`), and `b` is idle and fit for use. A
 /// connection error is an error: `b` is not to be reused.
-async fn ask_fence(b: &mut Backend) -> std::io::Result<Option<(u64, Option<OriginState>)>> {
+async fn ask_fence(
+    b: &mut Backend,
+    async_commits: bool,
+) -> std::io::Result<Option<(u64, Option<OriginState>)>> {
+    let (name, sql) = state::fence_statement(async_commits);
     for _ in 0..2 {
-        let Some(cols) = state::query_row(b, state::FENCE_STATEMENT, plan::FENCE_SQL).await? else {
+        let Some(cols) = state::query_row(b, name, sql).await? else {
             continue;
         };
         let lsn = cols.first().cloned().flatten();

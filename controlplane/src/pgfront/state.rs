@@ -54,6 +54,44 @@ pub const UNREPORTED: [&str; 4] = [
     "transform_null_equals",
 ];
 
+/// Settings that change what a session's statements answer, fail with or make durable, beyond
+/// the output settings: kept in the state read as one array (fingerprint only), so a function
+/// that set one for the session (`set_config(.., false)` in its body, out of sight of the text
+/// rule) keeps its backend with its session, as any other session state does. Read with
+/// `missing_ok` (`transaction_timeout` is PostgreSQL 17's): a setting the origin lacks reads as
+/// NULL. Custom settings (`app.tenant`) cannot be listed: PostgreSQL shows no placeholder in
+/// `pg_settings` (`docs/pgwire.md`, "What pins a session").
+/// (The SQL spells the list out; a unit test holds the two together.)
+#[cfg_attr(not(test), allow(dead_code))]
+pub const SESSION_SETTINGS: [&str; 26] = [
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "transaction_timeout",
+    "default_transaction_isolation",
+    "default_transaction_read_only",
+    "default_transaction_deferrable",
+    "row_security",
+    "session_replication_role",
+    "synchronous_commit",
+    "lc_messages",
+    "lc_numeric",
+    "lc_time",
+    "default_text_search_config",
+    "client_min_messages",
+    "array_nulls",
+    "xmloption",
+    "xmlbinary",
+    "quote_all_identifiers",
+    "gin_fuzzy_search_limit",
+    "check_function_bodies",
+    "default_tablespace",
+    "temp_tablespaces",
+    "default_table_access_method",
+    "backslash_quote",
+];
+
 /// The columns of a [`Resolution`], in its order. The temporary-object check runs only when the
 /// session has a temporary schema (a CASE evaluates its sub-selects lazily).
 macro_rules! resolution_columns {
@@ -87,7 +125,33 @@ macro_rules! state_columns {
          pg_catalog.current_setting('standard_conforming_strings'), \
          pg_catalog.current_setting('search_path'), \
          (EXISTS (SELECT FROM pg_catalog.pg_listening_channels()) \
-         OR EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable))::pg_catalog.text"
+         OR EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable))::pg_catalog.text, \
+         ARRAY[pg_catalog.current_setting('statement_timeout', true), \
+         pg_catalog.current_setting('lock_timeout', true), \
+         pg_catalog.current_setting('idle_in_transaction_session_timeout', true), \
+         pg_catalog.current_setting('idle_session_timeout', true), \
+         pg_catalog.current_setting('transaction_timeout', true), \
+         pg_catalog.current_setting('default_transaction_isolation', true), \
+         pg_catalog.current_setting('default_transaction_read_only', true), \
+         pg_catalog.current_setting('default_transaction_deferrable', true), \
+         pg_catalog.current_setting('row_security', true), \
+         pg_catalog.current_setting('session_replication_role', true), \
+         pg_catalog.current_setting('synchronous_commit', true), \
+         pg_catalog.current_setting('lc_messages', true), \
+         pg_catalog.current_setting('lc_numeric', true), \
+         pg_catalog.current_setting('lc_time', true), \
+         pg_catalog.current_setting('default_text_search_config', true), \
+         pg_catalog.current_setting('client_min_messages', true), \
+         pg_catalog.current_setting('array_nulls', true), \
+         pg_catalog.current_setting('xmloption', true), \
+         pg_catalog.current_setting('xmlbinary', true), \
+         pg_catalog.current_setting('quote_all_identifiers', true), \
+         pg_catalog.current_setting('gin_fuzzy_search_limit', true), \
+         pg_catalog.current_setting('check_function_bodies', true), \
+         pg_catalog.current_setting('default_tablespace', true), \
+         pg_catalog.current_setting('temp_tablespaces', true), \
+         pg_catalog.current_setting('default_table_access_method', true), \
+         pg_catalog.current_setting('backslash_quote', true)]::pg_catalog.text"
         )
     };
 }
@@ -97,6 +161,15 @@ macro_rules! state_columns {
 pub const FENCE_SQL: &str = concat!(
     "SELECT ",
     crate::lsn::visible_lsn_sql!(),
+    "::pg_catalog.text, ",
+    state_columns!()
+);
+
+/// [`FENCE_SQL`] for a session that may have committed asynchronously whatever its setting is
+/// now (`lsn::async_visible_lsn_sql`; see `PgSession::async_commits`).
+pub const FENCE_ASYNC_SQL: &str = concat!(
+    "SELECT ",
+    crate::lsn::async_visible_lsn_sql!(),
     "::pg_catalog.text, ",
     state_columns!()
 );
@@ -139,9 +212,23 @@ pub const SNAPSHOT_SQL: &str = concat!(
 /// not parsed again: that cost TPC-B at 32 clients a quarter of its throughput, and a user's
 /// session that forges it harms only sessions of the same user (`docs/decisions.md`).
 pub const FENCE_STATEMENT: &str = "pgl_fence";
+/// [`FENCE_ASYNC_SQL`]'s name; what is said of [`FENCE_STATEMENT`] holds for it too.
+pub const FENCE_ASYNC_STATEMENT: &str = "pgl_fence_async";
 pub const STATE_STATEMENT: &str = "pgl_state";
-/// Both, as [`Backend::prepared`](super::backend::Backend) books them.
-pub const OWN_STATEMENTS: [&str; 2] = [FENCE_STATEMENT, STATE_STATEMENT];
+/// The three, as [`Backend::prepared`](super::backend::Backend) books them.
+pub const OWN_STATEMENTS: [&str; 3] = [FENCE_STATEMENT, FENCE_ASYNC_STATEMENT, STATE_STATEMENT];
+/// Both fence statements.
+pub const FENCE_STATEMENTS: [&str; 2] = [FENCE_STATEMENT, FENCE_ASYNC_STATEMENT];
+
+/// The fence statement's name and text for a session that may (`true`) or may not have
+/// committed with `synchronous_commit = off` in a way its current setting does not show.
+pub fn fence_statement(async_commits: bool) -> (&'static str, &'static str) {
+    if async_commits {
+        (FENCE_ASYNC_STATEMENT, FENCE_ASYNC_SQL)
+    } else {
+        (FENCE_STATEMENT, FENCE_SQL)
+    }
+}
 
 /// The one search path whose name resolution the store follows: unqualified names are read as
 /// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.
@@ -149,7 +236,7 @@ pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
 
 /// A clean state's columns as the origin sends them, in [`OriginState`]'s order (for tests).
 #[cfg(test)]
-pub(super) const CLEAN_COLUMNS: [&str; 15] = [
+pub(super) const CLEAN_COLUMNS: [&str; 16] = [
     "app",
     "app",
     "pg_catalog,public",
@@ -165,6 +252,7 @@ pub(super) const CLEAN_COLUMNS: [&str; 15] = [
     "on",
     "\"$user\", public",
     "false",
+    "{0,0,0,0,0,\"read committed\",off,off,on,origin,on,C.UTF-8,C.UTF-8,C.UTF-8,pg_catalog.english,notice,on,content,base64,off,0,on,\"\",\"\",heap,safe_encoding}",
 ];
 
 /// Whose rights a session reads with and how it resolves names: the first columns of its
@@ -230,6 +318,8 @@ pub struct OriginState {
     pub search_path_setting: String,
     /// Listens on a channel or holds a cursor `WITH HOLD` (fingerprint only).
     pub session_objects: bool,
+    /// [`SESSION_SETTINGS`]' values as the origin's text of a `text[]` (fingerprint only).
+    pub session_settings: String,
 }
 
 impl OriginState {
@@ -242,6 +332,7 @@ impl OriginState {
             reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
             search_path_setting: text(13)?,
             session_objects: text(14)? == "true",
+            session_settings: text(15)?,
         })
     }
 
@@ -266,6 +357,8 @@ impl OriginState {
         if self.session_objects {
             f.push_str("\u{1f}objects");
         }
+        f.push('\u{1f}');
+        f.push_str(&self.session_settings);
         f
     }
 }
@@ -338,6 +431,7 @@ mod tests {
             (10, "Asia/Tokyo"),
             (13, "nowhere, public"),
             (14, "true"),
+            (15, "{5s,0,0,0,0,\"read committed\",off,off,on,origin,on,C.UTF-8,C.UTF-8,C.UTF-8,pg_catalog.english,notice,on,content,base64,off,0,on,\"\",\"\",heap,safe_encoding}"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
@@ -356,6 +450,20 @@ mod tests {
         }
     }
 
+    /// The SQL reads [`SESSION_SETTINGS`] in their order, each with `missing_ok`.
+    #[test]
+    fn the_state_reads_every_session_setting() {
+        let list: Vec<String> = SESSION_SETTINGS
+            .iter()
+            .map(|n| format!("pg_catalog.current_setting('{n}', true)"))
+            .collect();
+        let array = format!("ARRAY[{}]::pg_catalog.text", list.join(", "));
+        let squeezed = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        for sql in [STATE_SQL, FENCE_SQL, FENCE_ASYNC_SQL] {
+            assert!(squeezed(sql).ends_with(&array), "{sql}");
+        }
+    }
+
     #[test]
     fn an_empty_temporary_schema_hides_nothing() {
         let mut c = clean();
@@ -369,7 +477,7 @@ mod tests {
 
     #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..14]).is_none());
+        assert!(OriginState::from_columns(&clean()[..15]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

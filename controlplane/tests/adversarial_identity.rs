@@ -509,24 +509,39 @@ async fn row_level_security_is_never_served_from_cache() {
 /// vouch for parses pgline's statements again (Close, then Parse) before their answers count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_fence_statement_is_never_trusted() {
-    forge_then_count("adv_forge", "SELECT forge()").await;
+    forge_then_count("adv_forge", "SELECT forge()", false).await;
 }
 
-/// Makes `forge()` (hides `public_info` behind a temporary table, replaces `pgl_fence` with a
-/// statement reporting the clean state) and the domain `forge_dom` whose check calls it; runs
-/// `trigger` on a session through pgline, then a cacheable count on it, and asserts that no
-/// other session ever reads that count. (Tried as well: the forgery run while the origin only
+/// [`a_forged_fence_statement_is_never_trusted`] for a session that named
+/// `synchronous_commit`, whose fence is pgline's second statement, `pgl_fence_async`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_asynchronous_fence_statement_is_never_trusted() {
+    forge_then_count("adv_forge_async", "SELECT forge()", true).await;
+}
+
+/// Makes `forge()` (hides `public_info` behind a temporary table, replaces both fence
+/// statements, `pgl_fence` and `pgl_fence_async`, with a statement reporting the clean state)
+/// and the domain `forge_dom` whose check calls it; runs `trigger` on a session through pgline
+/// (one that first named `synchronous_commit` when `async_commits`, so that its fence is
+/// `pgl_fence_async`), then a cacheable count on it, and asserts that no other session ever
+/// reads that count. (Tried as well: the forgery run while the origin only
 /// parses `SELECT '{1}'::forge_dom[]`, in a batch that runs nothing. That test passed without
 /// the per-run fence of stored answers too, so it proved nothing and is not kept.)
-async fn forge_then_count(tag: &str, trigger: &str) {
+async fn forge_then_count(tag: &str, trigger: &str, async_commits: bool) {
     let lab = lab(tag).await;
     let clean_count = answer(&lab.origin("").await, COUNT).await;
     let attacker = lab.pgline("").await;
+    if async_commits {
+        answer(&attacker, "SHOW synchronous_commit").await.unwrap();
+    }
     // A cached lookup first: the relay has run its fence statement on the session's backend.
     let public = answer(&lab.origin("").await, LOOKUP).await;
     warm(&lab.p, &attacker, LOOKUP, &public).await;
-    // The clean state, as the fence query reads it before the temporary table exists.
-    let Ok(rows) = answer(&attacker, pgline_controlplane::pgfront::FENCE_SQL).await else {
+    // The clean state, as the fence query reads it before the temporary table exists, read
+    // by another session (the query names `synchronous_commit`: the attacker's own fence
+    // statement stays the one `async_commits` chose).
+    let reader = lab.pgline("").await;
+    let Ok(rows) = answer(&reader, pgline_controlplane::pgfront::FENCE_SQL).await else {
         panic!("the fence query runs as a client's query");
     };
     let forged: Vec<String> = std::iter::once("'0/0'::text".to_string())
@@ -545,7 +560,9 @@ async fn forge_then_count(tag: &str, trigger: &str) {
                EXECUTE 'INSERT INTO public_info SELECT g, ''zzz forged'', 0, NULL \
                         FROM generate_series(1, 4) g ON CONFLICT DO NOTHING';
                BEGIN EXECUTE 'DEALLOCATE pgl_fence'; EXCEPTION WHEN OTHERS THEN NULL; END;
-               EXECUTE $p$PREPARE pgl_fence AS SELECT {}$p$;
+               EXECUTE $p$PREPARE pgl_fence AS SELECT {0}$p$;
+               BEGIN EXECUTE 'DEALLOCATE pgl_fence_async'; EXCEPTION WHEN OTHERS THEN NULL; END;
+               EXECUTE $p$PREPARE pgl_fence_async AS SELECT {0}$p$;
                RETURN true;
              END $f$;
              CREATE DOMAIN forge_dom AS int CHECK (forge());",

@@ -745,3 +745,40 @@ async fn a_binary_parameter_typed_elsewhere_never_keeps_a_stale_answer() {
     );
     p.shutdown().await;
 }
+
+/// Settings the origin does not report that change what an allowed function answers
+/// (`state::UNREPORTED`): with `quote_all_identifiers` on, `quote_ident` and `format('%I')`
+/// quote every name. A session that turned it on is answered by the origin, never with the
+/// answer stored for sessions that did not. Before, its state read left it out: the session's
+/// gate opened and it was served `acme` where PostgreSQL answers `"acme"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_quoting_every_identifier_is_not_served_stored_answers() {
+    let Lab {
+        db,
+        p,
+        mut origin,
+        mut c,
+        ..
+    } = lab("pgw_results_quote_all").await;
+    let q = "SELECT quote_ident(name), format('%I', name) FROM tenants WHERE id < 3 ORDER BY id";
+    let plain = origin.simple(q).await;
+    until_hit(&p, &mut c, Q::Simple(q), &plain).await;
+    origin.simple("SET quote_all_identifiers = on").await;
+    let quoted = origin.simple(q).await;
+    assert_ne!(quoted, plain);
+    let mut quoting = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    quoting.simple("SET quote_all_identifiers = on").await;
+    for run in 0..20 {
+        let before = hits(&p);
+        assert_eq!(
+            quoting.simple(q).await,
+            quoted,
+            "run {run}: the stored answer of sessions that quote only what needs it"
+        );
+        assert_eq!(hits(&p), before, "run {run}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The other session is still served from cache.
+    until_hit(&p, &mut c, Q::Simple(q), &plain).await;
+    p.shutdown().await;
+}

@@ -191,7 +191,7 @@ pub struct RelayState {
     stopping: AtomicBool,
     /// The unreported output settings of pgline's own origin sessions ([`state::UNREPORTED`]),
     /// read once.
-    baseline: tokio::sync::OnceCell<[String; 4]>,
+    baseline: tokio::sync::OnceCell<state::Baseline>,
     /// The bound on startups in authentication, and the origin-protection counters.
     admission: admit::Admission,
 }
@@ -310,7 +310,7 @@ impl RelayState {
     /// The output settings cached answers were made under: read once over a session of
     /// pgline's own (as fills and the replication stream run); `None` while the origin cannot
     /// tell (no session is then served from cache).
-    async fn baseline(&self) -> Option<&[String; 4]> {
+    async fn baseline(&self) -> Option<&state::Baseline> {
         let cfg = self.cfg.own_session.as_ref()?;
         self.baseline
             .get_or_try_init(|| async {
@@ -326,7 +326,7 @@ impl RelayState {
                 drop(client);
                 let _ = task.await;
                 let row = row?;
-                Ok::<_, tokio_postgres::Error>([0, 1, 2, 3].map(|i| row.get::<_, String>(i)))
+                Ok::<_, tokio_postgres::Error>(std::array::from_fn(|i| row.get::<_, String>(i)))
             })
             .await
             .inspect_err(|e| {

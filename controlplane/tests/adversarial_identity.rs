@@ -131,6 +131,11 @@ struct Lab {
 }
 
 async fn lab(tag: &str) -> Lab {
+    lab_with(tag, |_| {}).await
+}
+
+/// [`lab`] with pgline's configuration edited by `edit`.
+async fn lab_with(tag: &str, edit: impl FnOnce(&mut pgline_controlplane::config::Config)) -> Lab {
     let mut scope = Scope::new(TestDb::create(tag).await);
     let db = scope.db();
     let origin = db.client().await;
@@ -144,7 +149,9 @@ async fn lab(tag: &str) -> Lab {
         ))
         .await
         .unwrap();
-    let p = lab::start(lab::config(db, 1)).await;
+    let mut cfg = lab::config(db, 1);
+    edit(&mut cfg);
+    let p = lab::start(cfg).await;
     let (_, _, user, password) = origin::origin_base();
     scope.roles.push(bob.clone());
     Lab {
@@ -519,6 +526,43 @@ async fn a_forged_asynchronous_fence_statement_is_never_trusted() {
     forge_then_count("adv_forge_async", "SELECT forge()", true).await;
 }
 
+/// A fence statement a client replaced never returns its backend to the pool as clean. The
+/// attacker's `forge()` hides `public_info` behind a temporary table and puts a statement
+/// reporting the clean state under both fence names; its next point lookup is then fenced by
+/// that statement, on its own backend. With one origin connection, the next session runs on the
+/// attacker's backend once it is back in the pool: it must read the table, not the temporary
+/// one. No answer is stored on the way (a point lookup, not a stored statement), so the
+/// snapshot read pipelined before a stored statement, which catches the forgery in
+/// [`a_forged_fence_statement_is_never_trusted`] before the fence does, plays no part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_fence_never_returns_its_backend_to_the_pool() {
+    let lab = lab_with("adv_forge_pool", |cfg| cfg.pgwire.pool_size = 1).await;
+    let volatile = "SELECT count(*) AS n, max(v) AS m FROM public_info WHERE random() >= 0";
+    let clean = answer(&lab.origin("").await, volatile).await;
+    make_forge(&lab).await;
+    let attacker = lab.pgline("").await;
+    let public = answer(&lab.origin("").await, LOOKUP).await;
+    warm(&lab.p, &attacker, LOOKUP, &public).await;
+    answer(&attacker, "SELECT forge()").await.unwrap();
+    let forged = Ok(vec![vec![
+        Some("1".into()),
+        Some("zzz forged".into()),
+        Some("0".into()),
+        None,
+    ]]);
+    assert_eq!(
+        answer(&attacker, LOOKUP).await,
+        forged,
+        "the attacker's own row"
+    );
+    drop(attacker);
+    for session in 0..3 {
+        let victim = lab.pgline("").await;
+        assert_eq!(answer(&victim, volatile).await, clean, "session {session}");
+        drop(victim);
+    }
+}
+
 /// Makes `forge()` (hides `public_info` behind a temporary table, replaces both fence
 /// statements, `pgl_fence` and `pgl_fence_async`, with a statement reporting the clean state)
 /// and the domain `forge_dom` whose check calls it; runs `trigger` on a session through pgline
@@ -537,6 +581,29 @@ async fn forge_then_count(tag: &str, trigger: &str, async_commits: bool) {
     // A cached lookup first: the relay has run its fence statement on the session's backend.
     let public = answer(&lab.origin("").await, LOOKUP).await;
     warm(&lab.p, &attacker, LOOKUP, &public).await;
+    make_forge(&lab).await;
+    answer(&attacker, trigger).await.unwrap();
+    let forged_count = Ok(vec![vec![Some("4".into()), Some("zzz forged".into())]]);
+    for _ in 0..3 {
+        assert_eq!(
+            answer(&attacker, COUNT).await,
+            forged_count,
+            "the attacker's own count (its temporary table)"
+        );
+    }
+    // The attacker's answer never reaches another session, now or once the writer ran.
+    for _ in 0..10 {
+        let other = lab.pgline("").await;
+        assert_eq!(answer(&other, COUNT).await, clean_count, "another session");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(attacker);
+}
+
+/// Makes `forge()` and the domain `forge_dom` (see [`forge_then_count`]), with the clean state
+/// read through pgline by a session of its own (pgline's fence text names
+/// `synchronous_commit`, which marks the session that sends it).
+async fn make_forge(lab: &Lab) {
     // The clean state, as the fence query reads it before the temporary table exists, read
     // by another session (the query names `synchronous_commit`: the attacker's own fence
     // statement stays the one `async_commits` chose).
@@ -570,22 +637,7 @@ async fn forge_then_count(tag: &str, trigger: &str, async_commits: bool) {
         ))
         .await
         .unwrap();
-    answer(&attacker, trigger).await.unwrap();
-    let forged_count = Ok(vec![vec![Some("4".into()), Some("zzz forged".into())]]);
-    for _ in 0..3 {
-        assert_eq!(
-            answer(&attacker, COUNT).await,
-            forged_count,
-            "the attacker's own count (its temporary table)"
-        );
-    }
-    // The attacker's answer never reaches another session, now or once the writer ran.
-    for _ in 0..10 {
-        let other = lab.pgline("").await;
-        assert_eq!(answer(&other, COUNT).await, clean_count, "another session");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    drop(attacker);
+    drop(reader);
 }
 
 /// The clean answer to [`COUNT`], and a session through pgline logged in (and fenced) before any

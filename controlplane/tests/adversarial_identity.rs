@@ -529,18 +529,32 @@ async fn a_forged_asynchronous_fence_statement_is_never_trusted() {
 /// A fence statement a client replaced never returns its backend to the pool as clean. The
 /// attacker's `forge()` hides `public_info` behind a temporary table and puts a statement
 /// reporting the clean state under both fence names; its next point lookup is then fenced by
-/// that statement, on its own backend. With one origin connection, the next session runs on the
-/// attacker's backend once it is back in the pool: it must read the table, not the temporary
-/// one. No answer is stored on the way (a point lookup, not a stored statement), so the
-/// snapshot read pipelined before a stored statement, which catches the forgery in
-/// [`a_forged_fence_statement_is_never_trusted`] before the fence does, plays no part.
+/// that statement, on its own backend. With one pool connection, the next session runs on the attacker's backend once it is back in the pool: it
+/// must read the table, not the temporary one. No answer is stored on the way (a point lookup,
+/// not a stored statement), so the snapshot read pipelined before a stored statement, which
+/// catches the forgery in [`a_forged_fence_statement_is_never_trusted`] before the fence does,
+/// plays no part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_fence_never_returns_its_backend_to_the_pool() {
-    let lab = lab_with("adv_forge_pool", |cfg| cfg.pgwire.pool_size = 1).await;
+    forge_then_reuse("adv_forge_pool", false).await;
+}
+
+/// [`a_forged_fence_never_returns_its_backend_to_the_pool`] for a session that named
+/// `synchronous_commit`, whose fence is `pgl_fence_async`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_asynchronous_fence_never_returns_its_backend_to_the_pool() {
+    forge_then_reuse("adv_forge_pool_async", true).await;
+}
+
+async fn forge_then_reuse(tag: &str, async_commits: bool) {
+    let lab = lab_with(tag, |cfg| cfg.pgwire.pool_size = 1).await;
     let volatile = "SELECT count(*) AS n, max(v) AS m FROM public_info WHERE random() >= 0";
     let clean = answer(&lab.origin("").await, volatile).await;
     make_forge(&lab).await;
     let attacker = lab.pgline("").await;
+    if async_commits {
+        answer(&attacker, "SHOW synchronous_commit").await.unwrap();
+    }
     let public = answer(&lab.origin("").await, LOOKUP).await;
     warm(&lab.p, &attacker, LOOKUP, &public).await;
     answer(&attacker, "SELECT forge()").await.unwrap();

@@ -511,7 +511,8 @@ async fn a_commit_made_asynchronous_for_one_transaction_is_read_back() {
     db.client().await.batch_execute(SCHEMA).await.unwrap();
     let p = lab::start(lab::config(&db, 1)).await;
     let lookup = "SELECT n FROM counters WHERE id = 1";
-    let spellings: [(&str, &dyn Fn(i64) -> Vec<String>); 3] = [
+    type Writes<'a> = &'a dyn Fn(i64) -> Vec<String>;
+    let spellings: [(&str, Writes); 3] = [
         ("SET LOCAL", &|i| {
             vec![format!(
                 "BEGIN; SET LOCAL synchronous_commit = off; \

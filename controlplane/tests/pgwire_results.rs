@@ -746,39 +746,67 @@ async fn a_binary_parameter_typed_elsewhere_never_keeps_a_stale_answer() {
     p.shutdown().await;
 }
 
-/// Settings the origin does not report that change what an allowed function answers
+/// Settings the origin does not report that change what a cacheable statement answers
 /// (`state::UNREPORTED`): with `quote_all_identifiers` on, `quote_ident` and `format('%I')`
-/// quote every name. A session that turned it on is answered by the origin, never with the
-/// answer stored for sessions that did not. Before, its state read left it out: the session's
-/// gate opened and it was served `acme` where PostgreSQL answers `"acme"`.
+/// quote every name; `text @@ text` matches under `default_text_search_config`; a zone
+/// abbreviation in a literal means what `timezone_abbreviations` says (`IST` is Israel's
+/// +02 by default, India's +05:30 under `India`). A session that changed one is answered by the
+/// origin, never with the answer stored for sessions that did not. Before, the state read left
+/// them out: the session's gate opened and it was served the stored answer (`acme` where
+/// PostgreSQL answers `"acme"`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_quoting_every_identifier_is_not_served_stored_answers() {
+async fn sessions_whose_settings_change_an_answer_are_not_served_stored_answers() {
     let Lab {
         db,
+        origin_client,
         p,
         mut origin,
         mut c,
-        ..
-    } = lab("pgw_results_quote_all").await;
-    let q = "SELECT quote_ident(name), format('%I', name) FROM tenants WHERE id < 3 ORDER BY id";
-    let plain = origin.simple(q).await;
-    until_hit(&p, &mut c, Q::Simple(q), &plain).await;
-    origin.simple("SET quote_all_identifiers = on").await;
-    let quoted = origin.simple(q).await;
-    assert_ne!(quoted, plain);
-    let mut quoting = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
-    quoting.simple("SET quote_all_identifiers = on").await;
-    for run in 0..20 {
-        let before = hits(&p);
-        assert_eq!(
-            quoting.simple(q).await,
-            quoted,
-            "run {run}: the stored answer of sessions that quote only what needs it"
-        );
-        assert_eq!(hits(&p), before, "run {run}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    } = lab("pgw_results_settings").await;
+    origin_client
+        .batch_execute(
+            "ALTER TABLE tenants ADD COLUMN motto text, ADD COLUMN founded timestamptz; \
+             UPDATE tenants SET motto = 'cats are here', founded = '2026-01-01 09:00+00' WHERE id = 1; \
+             UPDATE tenants SET motto = 'a cat', founded = '2026-01-01 11:00+00' WHERE id = 2; \
+             UPDATE tenants SET motto = 'dogs', founded = '2026-01-01 06:00+00' WHERE id = 3;",
+        )
+        .await
+        .unwrap();
+    lab::sync(&p, &origin_client).await;
+    for (set, q) in [
+        (
+            "SET quote_all_identifiers = on",
+            "SELECT quote_ident(name), format('%I', name) FROM tenants WHERE id < 3 ORDER BY id",
+        ),
+        (
+            "SET default_text_search_config = 'pg_catalog.simple'",
+            "SELECT count(*) FROM tenants WHERE motto @@ 'cats'",
+        ),
+        (
+            "SET timezone_abbreviations = 'India'",
+            "SELECT count(*) FROM tenants WHERE founded < '2026-01-01 12:00 IST'",
+        ),
+    ] {
+        let plain = origin.simple(q).await;
+        until_hit(&p, &mut c, Q::Simple(q), &plain).await;
+        let mut origin_set = Wire::connect(origin_addr(), &db.name, &[]).await;
+        origin_set.simple(set).await;
+        let changed = origin_set.simple(q).await;
+        assert_ne!(changed, plain, "{set}");
+        let mut session = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+        session.simple(set).await;
+        for run in 0..20 {
+            let before = hits(&p);
+            assert_eq!(
+                session.simple(q).await,
+                changed,
+                "{set}, run {run}: the answer stored for sessions without it"
+            );
+            assert_eq!(hits(&p), before, "{set}, run {run}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The session without the setting is still served from cache.
+        until_hit(&p, &mut c, Q::Simple(q), &plain).await;
     }
-    // The other session is still served from cache.
-    until_hit(&p, &mut c, Q::Simple(q), &plain).await;
     p.shutdown().await;
 }

@@ -319,7 +319,7 @@ impl RelayState {
                 let sql = format!(
                     "SELECT {}",
                     state::UNREPORTED
-                        .map(|n| format!("current_setting('{n}')"))
+                        .map(|n| format!("pg_catalog.current_setting('{n}')"))
                         .join(", ")
                 );
                 let row = client.query_one(&sql, &[]).await;

@@ -47,11 +47,14 @@ use super::backend::{Backend, Row};
 /// Output settings the origin does not report, whose values must equal pgline's own sessions'
 /// for a cached answer to be the origin's: floats, bytea, money, `x = NULL` read as `x IS
 /// NULL`, what `to_char`, `to_number` and `to_date` print and read (`lc_numeric`, `lc_time`),
-/// `quote_ident` and `format('%I')` (`quote_all_identifiers`), and whether `NULL` in an array
-/// literal is a null (`array_nulls`). The last four were added in stop 40 (a session with
-/// `quote_all_identifiers` on was served a stored `quote_ident` answer unquoted); the query
-/// reads them last, so the columns before keep their places.
-pub const UNREPORTED: [&str; 8] = [
+/// `quote_ident` and `format('%I')` (`quote_all_identifiers`), whether `NULL` in an array
+/// literal is a null (`array_nulls`), what `text @@ text` matches
+/// (`default_text_search_config`), what a zone abbreviation in a literal means
+/// (`timezone_abbreviations`: `IST` is +02 by default, +05:30 under `India`), and how many rows
+/// a GIN index scan may return (`gin_fuzzy_search_limit`). The last seven were added in stop 40
+/// (a session with `quote_all_identifiers` on was served a stored `quote_ident` answer
+/// unquoted); the query reads them last, so the columns before keep their places.
+pub const UNREPORTED: [&str; 11] = [
     "extra_float_digits",
     "bytea_output",
     "lc_monetary",
@@ -60,10 +63,13 @@ pub const UNREPORTED: [&str; 8] = [
     "lc_time",
     "quote_all_identifiers",
     "array_nulls",
+    "default_text_search_config",
+    "timezone_abbreviations",
+    "gin_fuzzy_search_limit",
 ];
 
 /// [`UNREPORTED`]'s values, in order.
-pub type Baseline = [String; 8];
+pub type Baseline = [String; 11];
 
 /// The columns of a [`Resolution`], in its order. The temporary-object check runs only when the
 /// session has a temporary schema (a CASE evaluates its sub-selects lazily).
@@ -82,7 +88,7 @@ macro_rules! resolution_columns {
 
 /// The state columns of the fence query (after the LSN) and of [`STATE_SQL`]: the
 /// [`Resolution`], the first four [`UNREPORTED`] settings, the reported ones, the written
-/// `search_path`, the session objects, then the other four [`UNREPORTED`] settings.
+/// `search_path`, the session objects, then the other [`UNREPORTED`] settings.
 macro_rules! state_columns {
     () => {
         concat!(
@@ -103,7 +109,10 @@ macro_rules! state_columns {
          pg_catalog.current_setting('lc_numeric'), \
          pg_catalog.current_setting('lc_time'), \
          pg_catalog.current_setting('quote_all_identifiers'), \
-         pg_catalog.current_setting('array_nulls')"
+         pg_catalog.current_setting('array_nulls'), \
+         pg_catalog.current_setting('default_text_search_config'), \
+         pg_catalog.current_setting('timezone_abbreviations'), \
+         pg_catalog.current_setting('gin_fuzzy_search_limit')"
         )
     };
 }
@@ -188,7 +197,7 @@ pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
 
 /// A clean state's columns as the origin sends them, in [`OriginState`]'s order (for tests).
 #[cfg(test)]
-pub(super) const CLEAN_COLUMNS: [&str; 19] = [
+pub(super) const CLEAN_COLUMNS: [&str; 22] = [
     "app",
     "app",
     "pg_catalog,public",
@@ -208,6 +217,9 @@ pub(super) const CLEAN_COLUMNS: [&str; 19] = [
     "C.UTF-8",
     "off",
     "on",
+    "pg_catalog.english",
+    "Default",
+    "0",
 ];
 
 /// Whose rights a session reads with and how it resolves names: the first columns of its
@@ -290,6 +302,9 @@ impl OriginState {
                 text(16)?,
                 text(17)?,
                 text(18)?,
+                text(19)?,
+                text(20)?,
+                text(21)?,
             ],
             reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
             search_path_setting: text(13)?,
@@ -348,7 +363,17 @@ mod tests {
 
     fn baseline() -> Baseline {
         [
-            "1", "hex", "C.UTF-8", "off", "C.UTF-8", "C.UTF-8", "off", "on",
+            "1",
+            "hex",
+            "C.UTF-8",
+            "off",
+            "C.UTF-8",
+            "C.UTF-8",
+            "off",
+            "on",
+            "pg_catalog.english",
+            "Default",
+            "0",
         ]
         .map(String::from)
     }
@@ -397,6 +422,9 @@ mod tests {
             (16, "de_DE.UTF-8"),
             (17, "on"),
             (18, "off"),
+            (19, "pg_catalog.simple"),
+            (20, "India"),
+            (21, "100"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
@@ -428,7 +456,7 @@ mod tests {
 
     #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..18]).is_none());
+        assert!(OriginState::from_columns(&clean()[..21]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

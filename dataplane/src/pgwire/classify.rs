@@ -28,7 +28,10 @@
 //!
 //! # Limitations
 //! - Stable functions depending on session settings (`date_trunc` on `timestamptz` with
-//!   `TimeZone`, `to_char`) are cached; the cache key must then include those settings.
+//!   `TimeZone`, `to_char`) are cached; a session is served them only while those settings are
+//!   pgline's own (the cache gate: `engine/pg/settings.rs`), not through the key. Extension
+//!   operators spelled like built-in ones (`%` of `pg_trgm`) pass as the built-in ones, and
+//!   their settings (`pg_trgm.similarity_threshold`) are not read.
 //! - Equality predicates are taken only from the outermost SELECT's WHERE conjunction, and only
 //!   on a table the statement reads exactly once and whose column can be told.
 //! - Two texts that differ only in alias case or redundant parentheses get different keys.

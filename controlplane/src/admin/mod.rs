@@ -93,8 +93,8 @@ pub struct TableStatus {
     /// Its keys resolve (always true for a cached table today: removing it is the way to stop).
     pub enabled: bool,
     pub state: TableState,
-    /// Entries in the store (negative ones included) at the writer's last count, taken every
-    /// 2 s; `None` when the store is too big to count or before the first count.
+    /// Entries in the store (negative ones included) as of at most 2 s ago; `None` in the first
+    /// 2 s after start.
     pub entries: Option<u64>,
 }
 

@@ -46,19 +46,17 @@ pub enum AdminCmd {
     SetCatalog(CatalogConfig),
 }
 
-/// Entries per table, counted by the writer every [`COUNT_INTERVAL`] by walking the store, as
-/// long as the store holds at most [`COUNT_MAX_ENTRIES`] (a walk blocks the writer: about
-/// 10-20 ns per entry).
+/// Entries per table as the store writer counts them (it keeps the count as entries come and
+/// go), copied here every [`COUNT_INTERVAL`] for the API.
 #[derive(Debug, Default)]
 pub struct EntryCounts {
     counts: Mutex<Option<HashMap<u32, u64>>>,
 }
 
 pub const COUNT_INTERVAL: Duration = Duration::from_secs(2);
-pub const COUNT_MAX_ENTRIES: u64 = 1_000_000;
 
 impl EntryCounts {
-    /// Entries of table `id` at the last count; `None` if the store is too big to count.
+    /// Entries of table `id` at the last copy; `None` before the first.
     pub fn get(&self, id: u32) -> Option<u64> {
         let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         counts.as_ref().map(|c| c.get(&id).copied().unwrap_or(0))
@@ -132,20 +130,16 @@ impl Writer {
         }
     }
 
-    /// Recounts entries per table if [`COUNT_INTERVAL`] has passed.
+    /// Copies the store's entries per table if [`COUNT_INTERVAL`] has passed (one step per
+    /// table: the store keeps the counts; walking it instead blocked the writer for about 80 ms
+    /// per million entries).
     pub(super) fn count_entries(&mut self, now: Instant) {
         if now.duration_since(self.counted_at) < COUNT_INTERVAL {
             return;
         }
         self.counted_at = now;
-        if self.store.stats().entries > COUNT_MAX_ENTRIES {
-            self.entry_counts.set(None);
-            return;
-        }
-        let mut counts: HashMap<u32, u64> = HashMap::new();
-        self.store
-            .for_each_key(|t, _, _| *counts.entry(t).or_default() += 1);
-        self.entry_counts.set(Some(counts));
+        self.entry_counts
+            .set(Some(self.store.entries_by_table().collect()));
     }
 
     fn dump(&self) -> Vec<DumpedEntry> {

@@ -43,6 +43,10 @@ struct Counts {
     inserts: u64,
 }
 
+/// Live entries per table id (tables without entries absent), kept beside [`Counts`] so that
+/// no one has to walk the store to count them.
+type TableCounts = rustc_hash::FxHashMap<u32, u64>;
+
 /// The one writer of a store: `Send`, not `Sync`, not `Clone`.
 pub struct StoreWriter {
     shared: Arc<Shared>,
@@ -55,6 +59,7 @@ pub struct StoreWriter {
     open: Option<u32>,
     next_seq: u64,
     counts: Counts,
+    tables: TableCounts,
     /// Reusable key buffer for index maintenance.
     scratch: Vec<u8>,
     _not_sync: PhantomData<Cell<()>>,
@@ -70,6 +75,7 @@ impl StoreWriter {
             open: None,
             next_seq: 0,
             counts: Counts::default(),
+            tables: TableCounts::default(),
             scratch: Vec::new(),
             shared,
             _not_sync: PhantomData,
@@ -196,6 +202,7 @@ impl StoreWriter {
         for bit in self.shared.referenced.iter() {
             bit.store(false, Ordering::Relaxed);
         }
+        self.tables.clear();
         self.counts.entries = 0;
         self.counts.negative = 0;
         self.counts.used_bytes = 0;
@@ -218,6 +225,13 @@ impl StoreWriter {
     /// Current counters.
     pub fn stats(&self) -> StoreStats {
         self.shared.stats()
+    }
+
+    /// Live entries (negative ones included) of each table that has any, as `(table, entries)`:
+    /// counted as entries come and go, so this costs one step per table, not a walk of the
+    /// store.
+    pub fn entries_by_table(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.tables.iter().map(|(&t, &n)| (t, n))
     }
 
     /// Calls `f(table, pk, meta)` for every live entry, oldest segment first.
@@ -438,6 +452,7 @@ impl StoreWriter {
             m.live_words += h.total_words;
             m.live_entries += 1;
         }
+        *self.tables.entry(h.table).or_default() += 1;
         self.counts.entries += 1;
         self.counts.negative += u64::from(h.flags & FLAG_NEGATIVE != 0);
         self.counts.used_bytes += h.bytes() as u64;
@@ -449,6 +464,12 @@ impl StoreWriter {
             let m = &mut self.segs[s as usize];
             m.live_words -= h.total_words;
             m.live_entries -= 1;
+        }
+        if let Some(n) = self.tables.get_mut(&h.table) {
+            *n -= 1;
+            if *n == 0 {
+                self.tables.remove(&h.table);
+            }
         }
         self.counts.entries -= 1;
         self.counts.negative -= u64::from(h.flags & FLAG_NEGATIVE != 0);
@@ -477,6 +498,7 @@ impl StoreWriter {
     pub(crate) fn check_invariants(&self) {
         let mut live_words = 0;
         let mut live_entries = 0u64;
+        let mut tables = TableCounts::default();
         let mut buf = Vec::new();
         for s in self.segments_in_use() {
             let (mut w, end) = self.seg_extent(s);
@@ -485,6 +507,7 @@ impl StoreWriter {
                 if self.live_slot(w, &h, &mut buf).is_some() {
                     words += h.total_words;
                     entries += 1;
+                    *tables.entry(h.table).or_default() += 1;
                 }
                 w += h.total_words;
             }
@@ -500,6 +523,7 @@ impl StoreWriter {
         }
         assert_eq!(live_words as u64 * 8, self.counts.used_bytes);
         assert_eq!(live_entries, self.counts.entries);
+        assert_eq!(tables, self.tables, "entries per table");
         let in_use = self.segments_in_use().len() + self.free.len();
         assert_eq!(in_use, self.shared.layout.segments as usize);
     }

@@ -765,7 +765,8 @@ async fn sessions_whose_settings_change_an_answer_are_not_served_stored_answers(
     } = lab("pgw_results_settings").await;
     origin_client
         .batch_execute(
-            "ALTER TABLE tenants ADD COLUMN motto text, ADD COLUMN founded timestamptz; \
+            "CREATE EXTENSION IF NOT EXISTS pg_trgm; \
+             ALTER TABLE tenants ADD COLUMN motto text, ADD COLUMN founded timestamptz; \
              UPDATE tenants SET motto = 'cats are here', founded = '2026-01-01 09:00+00' WHERE id = 1; \
              UPDATE tenants SET motto = 'a cat', founded = '2026-01-01 11:00+00' WHERE id = 2; \
              UPDATE tenants SET motto = 'dogs', founded = '2026-01-01 06:00+00' WHERE id = 3;",
@@ -785,6 +786,10 @@ async fn sessions_whose_settings_change_an_answer_are_not_served_stored_answers(
         (
             "SET timezone_abbreviations = 'India'",
             "SELECT count(*) FROM tenants WHERE founded < '2026-01-01 12:00 IST'",
+        ),
+        (
+            "SET pg_trgm.similarity_threshold = 0.1",
+            "SELECT count(*) FROM tenants WHERE name % 'acxyz'",
         ),
     ] {
         let plain = origin.simple(q).await;

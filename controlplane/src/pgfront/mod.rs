@@ -314,19 +314,28 @@ impl RelayState {
         let cfg = self.cfg.own_session.as_ref()?;
         self.baseline
             .get_or_try_init(|| async {
-                let (client, conn) = cfg.connect(self.cfg.origin.pg_tls()).await?;
+                let (client, conn) = cfg
+                    .connect(self.cfg.origin.pg_tls())
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let task = tokio::spawn(conn);
-                let sql = format!(
-                    "SELECT {}",
-                    state::UNREPORTED
-                        .map(|n| format!("pg_catalog.current_setting('{n}')"))
-                        .join(", ")
-                );
-                let row = client.query_one(&sql, &[]).await;
+                // The state read clients' backends get, so each setting is read alike.
+                let rows = client.simple_query(state::STATE_SQL).await;
                 drop(client);
                 let _ = task.await;
-                let row = row?;
-                Ok::<_, tokio_postgres::Error>(std::array::from_fn(|i| row.get::<_, String>(i)))
+                let cols: Vec<Option<String>> = rows
+                    .map_err(|e| e.to_string())?
+                    .iter()
+                    .find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(r) => {
+                            Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                state::OriginState::from_columns(&cols)
+                    .map(|s| s.settings)
+                    .ok_or_else(|| "the state query returned no state".to_owned())
             })
             .await
             .inspect_err(|e| {

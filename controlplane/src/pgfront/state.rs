@@ -50,11 +50,15 @@ use super::backend::{Backend, Row};
 /// `quote_ident` and `format('%I')` (`quote_all_identifiers`), whether `NULL` in an array
 /// literal is a null (`array_nulls`), what `text @@ text` matches
 /// (`default_text_search_config`), what a zone abbreviation in a literal means
-/// (`timezone_abbreviations`: `IST` is +02 by default, +05:30 under `India`), and how many rows
-/// a GIN index scan may return (`gin_fuzzy_search_limit`). The last seven were added in stop 40
-/// (a session with `quote_all_identifiers` on was served a stored `quote_ident` answer
-/// unquoted); the query reads them last, so the columns before keep their places.
-pub const UNREPORTED: [&str; 11] = [
+/// (`timezone_abbreviations`: `IST` is +02 by default, +05:30 under `India`), how many rows
+/// a GIN index scan may return (`gin_fuzzy_search_limit`), and what `pg_trgm`'s `text % text`
+/// matches (`pg_trgm.similarity_threshold`: the classifier reads `%` as one of PostgreSQL's
+/// own operators, and for text it is the extension's). Seven were added in stop 40 (a session
+/// with `quote_all_identifiers` on was served a stored `quote_ident` answer unquoted), the
+/// last in stop 41 (a session with the threshold at 0.1 was served the count stored for 0.3);
+/// the query reads them in this order, after the other columns, so those keep their places.
+/// pgline's own sessions' values (the baseline) are read with [`STATE_SQL`] too.
+pub const UNREPORTED: [&str; 12] = [
     "extra_float_digits",
     "bytea_output",
     "lc_monetary",
@@ -66,10 +70,11 @@ pub const UNREPORTED: [&str; 11] = [
     "default_text_search_config",
     "timezone_abbreviations",
     "gin_fuzzy_search_limit",
+    "pg_trgm.similarity_threshold",
 ];
 
 /// [`UNREPORTED`]'s values, in order.
-pub type Baseline = [String; 11];
+pub type Baseline = [String; 12];
 
 /// The columns of a [`Resolution`], in its order. The temporary-object check runs only when the
 /// session has a temporary schema (a CASE evaluates its sub-selects lazily).
@@ -88,7 +93,10 @@ macro_rules! resolution_columns {
 
 /// The state columns of the fence query (after the LSN) and of [`STATE_SQL`]: the
 /// [`Resolution`], the first four [`UNREPORTED`] settings, the reported ones, the written
-/// `search_path`, the session objects, then the other [`UNREPORTED`] settings.
+/// `search_path`, the session objects, then the other [`UNREPORTED`] settings. A backend that
+/// has not loaded `pg_trgm` (or a database without it) has no
+/// `pg_trgm.similarity_threshold` unless something set it: read as the extension's default,
+/// 0.3, so that loading the library, which defines the setting at 0.3, changes nothing.
 macro_rules! state_columns {
     () => {
         concat!(
@@ -112,7 +120,8 @@ macro_rules! state_columns {
          pg_catalog.current_setting('array_nulls'), \
          pg_catalog.current_setting('default_text_search_config'), \
          pg_catalog.current_setting('timezone_abbreviations'), \
-         pg_catalog.current_setting('gin_fuzzy_search_limit')"
+         pg_catalog.current_setting('gin_fuzzy_search_limit'), \
+         COALESCE(pg_catalog.current_setting('pg_trgm.similarity_threshold', true), '0.3')"
         )
     };
 }
@@ -197,7 +206,7 @@ pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
 
 /// A clean state's columns as the origin sends them, in [`OriginState`]'s order (for tests).
 #[cfg(test)]
-pub(super) const CLEAN_COLUMNS: [&str; 22] = [
+pub(super) const CLEAN_COLUMNS: [&str; 23] = [
     "app",
     "app",
     "pg_catalog,public",
@@ -220,6 +229,7 @@ pub(super) const CLEAN_COLUMNS: [&str; 22] = [
     "pg_catalog.english",
     "Default",
     "0",
+    "0.3",
 ];
 
 /// Whose rights a session reads with and how it resolves names: the first columns of its
@@ -305,6 +315,7 @@ impl OriginState {
                 text(19)?,
                 text(20)?,
                 text(21)?,
+                text(22)?,
             ],
             reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
             search_path_setting: text(13)?,
@@ -363,7 +374,7 @@ mod tests {
 
     /// The clean state's [`UNREPORTED`] values (columns 4-7 and 15 on).
     fn baseline() -> Baseline {
-        [4, 5, 6, 7, 15, 16, 17, 18, 19, 20, 21].map(|i| CLEAN_COLUMNS[i].to_owned())
+        [4, 5, 6, 7, 15, 16, 17, 18, 19, 20, 21, 22].map(|i| CLEAN_COLUMNS[i].to_owned())
     }
 
     fn clean() -> Vec<Option<String>> {
@@ -413,6 +424,7 @@ mod tests {
             (19, "pg_catalog.simple"),
             (20, "India"),
             (21, "100"),
+            (22, "0.1"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
@@ -443,8 +455,19 @@ mod tests {
     }
 
     #[test]
+    fn the_state_query_reads_every_unreported_setting_in_order() {
+        let mut at = 0;
+        for n in UNREPORTED {
+            let read = format!("pg_catalog.current_setting('{n}'");
+            at += STATE_SQL[at..]
+                .find(&read)
+                .unwrap_or_else(|| panic!("{n} not read after column {at}"));
+        }
+    }
+
+    #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..21]).is_none());
+        assert!(OriginState::from_columns(&clean()[..22]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

@@ -17,7 +17,8 @@
 //!   (`pgfront::state::UNREPORTED` in the control plane: `extra_float_digits`, `bytea_output`,
 //!   `lc_monetary`, `transform_null_equals`, `lc_numeric`, `lc_time`, `quote_all_identifiers`,
 //!   `array_nulls`, `default_text_search_config`, `timezone_abbreviations`,
-//!   `gin_fuzzy_search_limit`) as pgline's own sessions have them. However the state changed
+//!   `gin_fuzzy_search_limit`, `pg_trgm.similarity_threshold`) as pgline's own sessions have
+//!   them. However the state changed
 //!   (`SET`, `set_config` under any spelling, a function, a role or database default, startup
 //!   `options`), the origin says so; nothing here reads statement text;
 //! - no hits at all unless the session's `client_encoding` is `UTF8` (text is stored in the

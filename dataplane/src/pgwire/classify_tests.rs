@@ -144,6 +144,12 @@ const TABLE: &[(&str, &str)] = &[
     ("SELECT * FROM users WHERE id = ANY('{1}'::dom[])", "pass UnknownFunction(\"cast to dom[]\")"),
     ("SELECT * FROM users WHERE id === 1", "pass Unparsed"),
     ("SELECT * FROM users WHERE id OPERATOR(public.=) 1", "pass UnknownFunction(\"operator OPERATOR(public.=)\")"),
+    // pg_trgm's word-similarity operators follow settings the state read does not hold
+    // (its `text % text` reads as modulo; its threshold is in the state read).
+    ("SELECT * FROM users WHERE name <% 'x'", "pass UnknownFunction(\"operator <%\")"),
+    ("SELECT * FROM users WHERE name %> 'x'", "pass UnknownFunction(\"operator %>\")"),
+    ("SELECT * FROM users WHERE name <<% 'x'", "pass UnknownFunction(\"operator <<%\")"),
+    ("SELECT * FROM users WHERE name %>> 'x'", "pass UnknownFunction(\"operator %>>\")"),
     ("SELECT * FROM users WHERE id = $1 FOR UPDATE", "pass Locking"),
     ("SELECT * FROM orders FOR SHARE", "pass Locking"),
     ("SELECT * FROM orders o WHERE o.id IN (SELECT id FROM orders FOR UPDATE)", "pass Locking"),

@@ -117,7 +117,7 @@ impl Balancer {
              timeout server 60s\n    retries 3\n    option redispatch 1\n\
              listen pgline_pg\n    bind 127.0.0.1:{front}\n    balance roundrobin\n    \
              option httpchk GET /v1/ready\n    http-check expect status 200\n    \
-             default-server inter 100ms fall 2 rise 2\n\
+             timeout check 1s\n    default-server inter 100ms fall 2 rise 2\n\
              {servers}\
              listen stats\n    mode http\n    bind 127.0.0.1:{stats}\n    stats enable\n    \
              stats uri /stats\n"

@@ -333,9 +333,17 @@ impl RelayState {
                         _ => None,
                     })
                     .unwrap_or_default();
-                state::OriginState::from_columns(&cols)
+                let settings = state::OriginState::from_columns(&cols)
                     .map(|s| s.settings)
-                    .ok_or_else(|| "the state query returned no state".to_owned())
+                    .ok_or_else(|| "the state query returned no state".to_owned())?;
+                // Sessions whose values differ are not served from cache: say what they are.
+                let listed: Vec<String> = state::UNREPORTED
+                    .iter()
+                    .zip(&settings)
+                    .map(|(n, v)| format!("{n}={v}"))
+                    .collect();
+                tracing::info!(settings = %listed.join(" "), "pgwire: cached answers are made under");
+                Ok::<_, String>(settings)
             })
             .await
             .inspect_err(|e| {

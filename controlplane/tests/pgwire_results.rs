@@ -754,6 +754,31 @@ async fn a_binary_parameter_typed_elsewhere_never_keeps_a_stale_answer() {
 /// origin, never with the answer stored for sessions that did not. Before, the state read left
 /// them out: the session's gate opened and it was served the stored answer (`acme` where
 /// PostgreSQL answers `"acme"`).
+/// A trigram threshold set and reset where `pg_trgm`'s library is not loaded (here: not even
+/// installed) leaves an empty placeholder, which PostgreSQL reads as the default. Such a
+/// session is served from cache like any other (read as `''` against the baseline's `0.3`, it
+/// was refused for good and its backend closed at its end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigram_threshold_set_and_reset_is_the_default() {
+    let Lab {
+        db,
+        p,
+        mut origin,
+        mut c,
+        ..
+    } = lab("pgw_results_trgm_reset").await;
+    let q = "SELECT id, name FROM tenants WHERE id < 3 ORDER BY id";
+    let plain = origin.simple(q).await;
+    until_hit(&p, &mut c, Q::Simple(q), &plain).await;
+    let mut session = Wire::connect(p.pg_addr().unwrap(), &db.name, &[]).await;
+    session
+        .simple("SET pg_trgm.similarity_threshold = 0.2")
+        .await;
+    session.simple("RESET pg_trgm.similarity_threshold").await;
+    until_hit(&p, &mut session, Q::Simple(q), &plain).await;
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_whose_settings_change_an_answer_are_not_served_stored_answers() {
     let Lab {

@@ -19,8 +19,8 @@
 //! live in a mutex-guarded map written by the warming tasks; the effective config in an
 //! `RwLock`.
 //!
-//! Limitations: per-table entry counts are recounted by the writer every 2 s (and not at all
-//! past a million entries: `TableStatus::entries` is then `None`); "evicted" and "never read" cannot be told apart for an uncached key; after a replication
+//! Limitations: per-table entry counts are as of at most 2 s ago (the writer copies the store's
+//! own counts every 2 s); "evicted" and "never read" cannot be told apart for an uncached key; after a replication
 //! reconnect the WAL consumer re-adds its start-up table list to a table-list publication, so a
 //! removed table may be published again (its changes are ignored, at some decoding cost).
 //! Tables added or removed at run time show in the effective `catalog.tables` only in table-list

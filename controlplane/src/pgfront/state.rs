@@ -57,6 +57,7 @@ use super::backend::{Backend, Row};
 /// with `quote_all_identifiers` on was served a stored `quote_ident` answer unquoted), the
 /// last in stop 41 (a session with the threshold at 0.1 was served the count stored for 0.3);
 /// the query reads them in this order, after the other columns, so those keep their places.
+/// The threshold is not part of the fingerprint ([`FINGERPRINTED`]).
 /// pgline's own sessions' values (the baseline) are read with [`STATE_SQL`] too.
 pub const UNREPORTED: [&str; 12] = [
     "extra_float_digits",
@@ -76,6 +77,15 @@ pub const UNREPORTED: [&str; 12] = [
 /// [`UNREPORTED`]'s values, in order.
 pub type Baseline = [String; 12];
 
+/// How many of [`UNREPORTED`] (the first ones) are part of [`OriginState::fingerprint`]. The
+/// last, `pg_trgm.similarity_threshold`, counts for the cache verdict only: a placeholder keeps
+/// the text as written (`0.30`) until the library loads and prints it as `0.3`, so a backend
+/// that loads the library mid-session would otherwise look changed, be pinned to its session
+/// and closed at its end. Set in a function's body, it therefore reaches the pool's next
+/// session like the settings outside the read (`docs/pgwire.md`); set in a client's own text
+/// (`SET`, `set_config`), it pins the backend as any such statement does.
+const FINGERPRINTED: usize = 11;
+
 /// The columns of a [`Resolution`], in its order. The temporary-object check runs only when the
 /// session has a temporary schema (a CASE evaluates its sub-selects lazily).
 macro_rules! resolution_columns {
@@ -94,9 +104,10 @@ macro_rules! resolution_columns {
 /// The state columns of the fence query (after the LSN) and of [`STATE_SQL`]: the
 /// [`Resolution`], the first four [`UNREPORTED`] settings, the reported ones, the written
 /// `search_path`, the session objects, then the other [`UNREPORTED`] settings. A backend that
-/// has not loaded `pg_trgm` (or a database without it) has no
-/// `pg_trgm.similarity_threshold` unless something set it: read as the extension's default,
-/// 0.3, so that loading the library, which defines the setting at 0.3, changes nothing.
+/// has not loaded `pg_trgm` (or a database without it) has no `pg_trgm.similarity_threshold`
+/// unless something set it, and one that was set and reset holds an empty placeholder: both
+/// are read as the extension's default, 0.3 (what loading the library defines), without a
+/// cast (a placeholder may hold any text, and a failed cast would fail the whole read).
 macro_rules! state_columns {
     () => {
         concat!(
@@ -121,7 +132,9 @@ macro_rules! state_columns {
          pg_catalog.current_setting('default_text_search_config'), \
          pg_catalog.current_setting('timezone_abbreviations'), \
          pg_catalog.current_setting('gin_fuzzy_search_limit'), \
-         COALESCE(pg_catalog.current_setting('pg_trgm.similarity_threshold', true), '0.3')"
+         CASE WHEN pg_catalog.current_setting('pg_trgm.similarity_threshold', true) \
+         OPERATOR(pg_catalog.<>) '' \
+         THEN pg_catalog.current_setting('pg_trgm.similarity_threshold', true) ELSE '0.3' END"
         )
     };
 }
@@ -337,7 +350,8 @@ impl OriginState {
             r.session_user, r.current_user, r.search_path, r.temp_objects
         );
         let raw = std::slice::from_ref(&self.search_path_setting);
-        for s in self.settings.iter().chain(&self.reported).chain(raw) {
+        let settings = &self.settings[..FINGERPRINTED];
+        for s in settings.iter().chain(&self.reported).chain(raw) {
             f.push('\u{1f}');
             f.push_str(s);
         }
@@ -424,7 +438,6 @@ mod tests {
             (19, "pg_catalog.simple"),
             (20, "India"),
             (21, "100"),
-            (22, "0.1"),
         ] {
             let mut c = clean();
             c[i] = Some(v.to_owned());
@@ -454,6 +467,20 @@ mod tests {
         assert!(!s.serves_cache("app", &baseline()));
     }
 
+    /// The trigram threshold refuses the cache but leaves the fingerprint alone: a placeholder's
+    /// spelling changes when the library loads.
+    #[test]
+    fn the_trigram_threshold_counts_for_the_verdict_only() {
+        let mut c = clean();
+        c[22] = Some("0.1".to_owned());
+        let s = OriginState::from_columns(&c).unwrap();
+        assert!(!s.serves_cache("app", &baseline()));
+        assert_eq!(
+            s.fingerprint(),
+            OriginState::from_columns(&clean()).unwrap().fingerprint()
+        );
+    }
+
     #[test]
     fn the_state_query_reads_every_unreported_setting_in_order() {
         let mut at = 0;
@@ -461,7 +488,7 @@ mod tests {
             let read = format!("pg_catalog.current_setting('{n}'");
             at += STATE_SQL[at..]
                 .find(&read)
-                .unwrap_or_else(|| panic!("{n} not read after column {at}"));
+                .unwrap_or_else(|| panic!("{n} not read after byte {at} of the query"));
         }
     }
 

@@ -131,8 +131,8 @@ impl Writer {
     }
 
     /// Copies the store's entries per table if [`COUNT_INTERVAL`] has passed (one step per
-    /// table: the store keeps the counts; walking it instead blocked the writer for about 80 ms
-    /// per million entries).
+    /// table: the store keeps the counts; walking it instead blocked the writer for about 200 ms
+    /// per 850,000 entries, `bench/miss-stall.sh`).
     pub(super) fn count_entries(&mut self, now: Instant) {
         if now.duration_since(self.counted_at) < COUNT_INTERVAL {
             return;

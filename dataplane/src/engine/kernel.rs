@@ -33,7 +33,10 @@
 //! sockets) run on the same runtime between turns (`yield_now`). When idle past the spin it
 //! sleeps in tokio's epoll, which watches the origin sockets and this core's own mio epoll fd
 //! (`AsyncFd`), so a client's bytes, the relay's reply (the core's waker) and an origin's answer
-//! each wake the one thread. No request or reply crosses threads.
+//! each wake the one thread. No request or reply crosses threads. Since tokio's driver already
+//! polls that epoll between turns, a hosting core's turn reads its own epoll fd only when the
+//! driver saw it readable (or the turn follows a sleep, or the last read filled the event
+//! buffer): one `epoll_wait` per spin turn, not two.
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -125,6 +128,22 @@ impl std::os::fd::AsRawFd for EpollFd {
     }
 }
 
+/// Whether tokio's driver saw the core's epoll fd readable since the last call (a socket event
+/// or an accept queued for the core). What it saw is cleared before the caller reads the fd, so
+/// an event arriving from then on is reported again by the driver's next poll, which runs
+/// between turns. No system call: the driver's readiness is an atomic word.
+fn fd_ready(fd: &tokio::io::unix::AsyncFd<EpollFd>) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fd.poll_read_ready(&mut cx) {
+        std::task::Poll::Ready(Ok(mut guard)) => {
+            guard.clear_ready();
+            true
+        }
+        std::task::Poll::Ready(Err(_)) => true,
+        std::task::Poll::Pending => false,
+    }
+}
+
 impl Wake for MioWaker {
     fn wake(&self) {
         // Pairs with the fence in `Asleep::enter` (see the type's doc).
@@ -182,6 +201,8 @@ pub struct Core {
     worker: Worker,
     /// Shared with the waker: set while the core sleeps.
     asleep: Arc<Asleep>,
+    /// The last read of the epoll fd filled `events`: more events may be waiting.
+    events_full: bool,
 }
 
 impl Core {
@@ -233,6 +254,7 @@ impl Core {
             },
             worker,
             asleep,
+            events_full: false,
         })
     }
 
@@ -315,8 +337,14 @@ impl Core {
         );
         self.asleep.hosted.store(true, Ordering::Relaxed);
         let mut idle = 0u32;
+        // Whether the next turn must read the epoll fd whatever tokio last saw of it: at the
+        // start, after a sleep (which consumed its readiness) and after a read that filled
+        // `events` (more may be waiting).
+        let mut read_anyway = true;
         while !stop.load(Ordering::Relaxed) {
-            let worked = self.poll_once(Duration::ZERO);
+            let read_fd = read_anyway || epoll.as_ref().map_or(true, fd_ready);
+            let worked = self.turn(Duration::ZERO, read_fd);
+            read_anyway = read_fd && self.events_full;
             host.drain(id);
             if worked {
                 idle = 0;
@@ -359,17 +387,24 @@ impl Core {
             })
             .await;
             self.asleep.leave();
+            read_anyway = true;
         }
     }
 
     /// One turn of the loop; returns whether anything was done.
     pub fn poll_once(&mut self, timeout: Duration) -> bool {
+        self.turn(timeout, true)
+    }
+
+    /// A turn that reads the sockets' readiness from the epoll fd only if `read_fd`: a hosting
+    /// core skips that system call when tokio's driver, which watches the fd, saw no event.
+    fn turn(&mut self, timeout: Duration, read_fd: bool) -> bool {
         CoreStats::add(&self.worker.stats().polls, 1);
         if !timeout.is_zero() && !self.slots.has_active() {
             // poll_readiness may sleep: the previous pass's end no longer marks this turn's start.
             self.slots.may_sleep();
         }
-        let mut worked = self.poll_readiness(timeout);
+        let mut worked = read_fd && self.poll_readiness(timeout);
         self.worker.now = Instant::now();
         self.worker.poll_keyspace();
         worked |= self.slots.poll_replies(&self.worker);
@@ -405,6 +440,7 @@ impl Core {
             }
             return false;
         }
+        self.events_full = self.events.iter().count() >= self.events.capacity();
         let mut accept = false;
         let mut accept_pg = false;
         let mut accept_tls = false;
@@ -775,6 +811,45 @@ mod tests {
             !within(20),
             "a core woken once was woken again after it left its sleep"
         );
+    }
+
+    /// What a hosting core's spin relies on to skip reading its epoll fd: tokio's driver reports
+    /// each new event of a socket in the core's `Poll` (a second one too, after the first was
+    /// seen and cleared), and reports nothing when nothing new arrived.
+    #[test]
+    fn a_hosting_core_learns_of_socket_events_from_its_runtime() {
+        let mut poll = Poll::new().unwrap();
+        let (mut ours, mut theirs) = mio::net::UnixStream::pair().unwrap();
+        poll.registry()
+            .register(&mut ours, Token(FIRST_CONN), Interest::READABLE)
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            #[allow(deprecated)]
+            let fd = tokio::io::unix::AsyncFd::with_interest(
+                EpollFd(poll.as_raw_fd()),
+                tokio::io::Interest::READABLE,
+            )
+            .unwrap();
+            let mut events = Events::with_capacity(8);
+            let mut read = |poll: &mut Poll| {
+                poll.poll(&mut events, Some(Duration::ZERO)).unwrap();
+                events.iter().count()
+            };
+            tokio::task::yield_now().await;
+            assert!(!fd_ready(&fd), "ready with no event");
+            for round in 0..3 {
+                theirs.write_all(b"x").unwrap();
+                tokio::task::yield_now().await;
+                assert!(fd_ready(&fd), "round {round}: an event was not reported");
+                assert_eq!(read(&mut poll), 1, "round {round}");
+                tokio::task::yield_now().await;
+                assert!(!fd_ready(&fd), "round {round}: still ready once read");
+            }
+        });
     }
 
     #[test]

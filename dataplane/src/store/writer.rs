@@ -465,11 +465,15 @@ impl StoreWriter {
             m.live_words -= h.total_words;
             m.live_entries -= 1;
         }
-        if let Some(n) = self.tables.get_mut(&h.table) {
-            *n -= 1;
-            if *n == 0 {
-                self.tables.remove(&h.table);
+        match self.tables.get_mut(&h.table) {
+            Some(n) => {
+                *n -= 1;
+                if *n == 0 {
+                    self.tables.remove(&h.table);
+                }
             }
+            // Every live entry was counted at its birth: a miss here is a bookkeeping bug.
+            None => debug_assert!(false, "entry of table {} was never counted", h.table),
         }
         self.counts.entries -= 1;
         self.counts.negative -= u64::from(h.flags & FLAG_NEGATIVE != 0);

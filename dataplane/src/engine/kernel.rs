@@ -35,8 +35,8 @@
 //! (`AsyncFd`), so a client's bytes, the relay's reply (the core's waker) and an origin's answer
 //! each wake the one thread. No request or reply crosses threads. Since tokio's driver already
 //! polls that epoll between turns, a hosting core's turn reads its own epoll fd only when the
-//! driver saw it readable (or the turn follows a sleep, or the last read filled the event
-//! buffer): one `epoll_wait` per spin turn, not two.
+//! driver saw it readable (or the turn is the first, follows a sleep, or follows a read that
+//! filled the event buffer or failed): one `epoll_wait` per spin turn, not two.
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -131,7 +131,8 @@ impl std::os::fd::AsRawFd for EpollFd {
 /// Whether tokio's driver saw the core's epoll fd readable since the last call (a socket event
 /// or an accept queued for the core). What it saw is cleared before the caller reads the fd, so
 /// an event arriving from then on is reported again by the driver's next poll, which runs
-/// between turns. No system call: the driver's readiness is an atomic word.
+/// between turns. No system call: an atomic load when ready, a short lock (the waker's slot)
+/// when not.
 fn fd_ready(fd: &tokio::io::unix::AsyncFd<EpollFd>) -> bool {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     match fd.poll_read_ready(&mut cx) {
@@ -339,7 +340,7 @@ impl Core {
         let mut idle = 0u32;
         // Whether the next turn must read the epoll fd whatever tokio last saw of it: at the
         // start, after a sleep (which consumed its readiness) and after a read that filled
-        // `events` (more may be waiting).
+        // `events` (more may be waiting) or failed.
         let mut read_anyway = true;
         while !stop.load(Ordering::Relaxed) {
             let read_fd = read_anyway || epoll.as_ref().map_or(true, fd_ready);
@@ -435,6 +436,9 @@ impl Core {
             self.asleep.leave();
         }
         if let Err(e) = polled {
+            // Nothing was read: a hosting core's next turn must read the fd again, whatever
+            // tokio's driver reports of it (the readiness was cleared before this read).
+            self.events_full = true;
             if e.kind() != io::ErrorKind::Interrupted {
                 std::thread::sleep(Duration::from_millis(1));
             }

@@ -746,14 +746,6 @@ async fn a_binary_parameter_typed_elsewhere_never_keeps_a_stale_answer() {
     p.shutdown().await;
 }
 
-/// Settings the origin does not report that change what a cacheable statement answers
-/// (`state::UNREPORTED`): with `quote_all_identifiers` on, `quote_ident` and `format('%I')`
-/// quote every name; `text @@ text` matches under `default_text_search_config`; a zone
-/// abbreviation in a literal means what `timezone_abbreviations` says (`IST` is Israel's
-/// +02 by default, India's +05:30 under `India`). A session that changed one is answered by the
-/// origin, never with the answer stored for sessions that did not. Before, the state read left
-/// them out: the session's gate opened and it was served the stored answer (`acme` where
-/// PostgreSQL answers `"acme"`).
 /// A trigram threshold set and reset where `pg_trgm`'s library is not loaded (here: not even
 /// installed) leaves an empty placeholder, which PostgreSQL reads as the default. Such a
 /// session is served from cache like any other (read as `''` against the baseline's `0.3`, it
@@ -779,6 +771,14 @@ async fn a_trigram_threshold_set_and_reset_is_the_default() {
     p.shutdown().await;
 }
 
+/// Settings the origin does not report that change what a cacheable statement answers
+/// (`state::UNREPORTED`): with `quote_all_identifiers` on, `quote_ident` and `format('%I')`
+/// quote every name; `text @@ text` matches under `default_text_search_config`; a zone
+/// abbreviation in a literal means what `timezone_abbreviations` says (`IST` is Israel's
+/// +02 by default, India's +05:30 under `India`). A session that changed one is answered by the
+/// origin, never with the answer stored for sessions that did not. Before, the state read left
+/// them out: the session's gate opened and it was served the stored answer (`acme` where
+/// PostgreSQL answers `"acme"`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_whose_settings_change_an_answer_are_not_served_stored_answers() {
     let Lab {

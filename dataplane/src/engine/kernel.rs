@@ -444,13 +444,12 @@ impl Core {
             }
             return false;
         }
-        self.events_full = self.events.iter().count() >= self.events.capacity();
         let mut accept = false;
         let mut accept_pg = false;
         let mut accept_tls = false;
-        let mut any = false;
+        let mut read = 0;
         for event in self.events.iter() {
-            any = true;
+            read += 1;
             match event.token() {
                 LISTENER => accept = true,
                 PG_LISTENER => accept_pg = true,
@@ -485,7 +484,9 @@ impl Core {
         if accept_tls {
             self.poll_accept(Front::RespTls);
         }
-        any
+        // A full buffer may have left events in the kernel: the next turn reads again.
+        self.events_full = read >= self.events.capacity();
+        read > 0
     }
 
     /// Accepts what is queued on the listener of `front`.

@@ -15,7 +15,8 @@ import sys
 from collections import defaultdict
 
 NAMES = {"tpcb": "pgbench TPC-B", "select1": "`select 1`", "txn10": "10-statement transaction",
-         "cold": "`-S`, cold store", "warm": "`-S`, warm store"}
+         "cold": "`-S`, cold store", "coldx": "`-S`, cold store, extended",
+         "warm": "`-S`, warm store"}
 
 
 def load(path):

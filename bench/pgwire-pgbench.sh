@@ -25,6 +25,9 @@
 #   cold      pgbench -S -M prepared, pgline's store emptied (`pgline flush`) before each pgline
 #             cell, budget COLD_MEMORY (256MiB, pgline's default) below the working set (1M
 #             accounts take ~320 MiB of store): misses and evictions throughout.
+#   coldx     the cold cell with -M extended, PgBouncer included: what the same lookups cost
+#             through the alternative proxy, which answers none from memory (not in the
+#             default CELLS; the ceiling any proxy has on a machine the origin saturates).
 #   warm      pgbench -S -M prepared on a second pgline (WARM_MEMORY, 1GiB) whose accounts were
 #             loaded by `pgline tables add --warm` and read once by a WARMUP run.
 # Every pgline cell also records the store hits and misses it caused (RESP INFO). Every cell
@@ -53,7 +56,7 @@ SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
     *) echo "usage: bench/pgwire-pgbench.sh [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
@@ -302,6 +305,14 @@ for c in $CLIENTS; do
                     "$PGLINE_BIN" flush --api "$API" >/dev/null
                 fi
                 run cold "$t" prepared "$c" "$r" -S
+            done
+        fi
+        if has_cell coldx; then
+            for t in $(targets_for "$r" with); do
+                if [ "$t" = pgline ]; then
+                    "$PGLINE_BIN" flush --api "$API" >/dev/null
+                fi
+                run coldx "$t" extended "$c" "$r" -S
             done
         fi
     done

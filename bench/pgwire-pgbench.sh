@@ -275,6 +275,15 @@ targets_for() { # round with|without-pgbouncer: the columns in this round's orde
     if [ $(($1 % 2)) = 0 ]; then printf '%s\n' "${t[@]}" | tac; else printf '%s\n' "${t[@]}"; fi
 }
 has_cell() { case " $CELLS " in *" $1 "*) return 0 ;; esac; return 1; }
+cold_cell() { # cell protocol with|without-pgbouncer clients round: pgbench -S, pgline's store
+    local cell=$1 mode=$2 bouncer=$3 c=$4 r=$5 t          # flushed before its column
+    for t in $(targets_for "$r" "$bouncer"); do
+        if [ "$t" = pgline ]; then
+            "$PGLINE_BIN" flush --api "$API" >/dev/null
+        fi
+        run "$cell" "$t" "$mode" "$c" "$r" -S
+    done
+}
 
 echo "pgwire-pgbench.sh: $(date -u +%FT%TZ) $DB (scale $SCALE), ${DURATION}s cells, clients $CLIENTS, rounds $ROUNDS"
 echo "  pgline $LABEL ($("$PGLINE_BIN" --version 2>/dev/null | head -1)); $BOUNCER_VERSION; $(psql -qtA -d "$DB" -c 'SHOW server_version')"
@@ -299,22 +308,8 @@ for c in $CLIENTS; do
                 run txn10 "$t" simple "$c" "$r" -f bench/pgwire-txn10.pgbench -D scale="$SCALE"
             done
         fi
-        if has_cell cold; then
-            for t in $(targets_for "$r" without); do
-                if [ "$t" = pgline ]; then
-                    "$PGLINE_BIN" flush --api "$API" >/dev/null
-                fi
-                run cold "$t" prepared "$c" "$r" -S
-            done
-        fi
-        if has_cell coldx; then
-            for t in $(targets_for "$r" with); do
-                if [ "$t" = pgline ]; then
-                    "$PGLINE_BIN" flush --api "$API" >/dev/null
-                fi
-                run coldx "$t" extended "$c" "$r" -S
-            done
-        fi
+        if has_cell cold; then cold_cell cold prepared without "$c" "$r"; fi
+        if has_cell coldx; then cold_cell coldx extended with "$c" "$r"; fi
     done
 done
 stop_pgline

@@ -27,7 +27,7 @@
 #             accounts take ~320 MiB of store): misses and evictions throughout.
 #   coldx     the cold cell with -M extended, PgBouncer included: what the same lookups cost
 #             through the alternative proxy, which answers none from memory (not in the
-#             default CELLS; the ceiling any proxy has on a machine the origin saturates).
+#             default CELLS; PgBouncer's column shows what relaying alone costs the origin).
 #   warm      pgbench -S -M prepared on a second pgline (WARM_MEMORY, 1GiB) whose accounts were
 #             loaded by `pgline tables add --warm` and read once by a WARMUP run.
 # Every pgline cell also records the store hits and misses it caused (RESP INFO). Every cell

@@ -28,7 +28,7 @@ pub use crate::admin::LogReload;
 use crate::admin::{Admin, AdminParts};
 use crate::catalog::{Catalog, CatalogCell, CatalogError};
 use crate::config::{Config, ConfigError, FrontTls, NicMode, Runtime};
-use crate::corefill::{CoreFills, FILLS_PER_CORE};
+use crate::corefill::{AppliedXids, CoreFills, FILLS_PER_CORE};
 use crate::metrics::NicCounters;
 use crate::pgfront::{RelayConfig, RelayState};
 use crate::result_plane::ResultPlane;
@@ -392,6 +392,7 @@ fn start_control_plane(
     let catalog_cell = Arc::new(CatalogCell::new(catalog.clone()));
     let entry_counts = Arc::new(EntryCounts::default());
     let leases = Arc::new(ResultPlane::new(writer_wake.clone()));
+    let applied_xids = Arc::new(AppliedXids::default());
     let writer = Writer::new(
         store,
         catalog,
@@ -405,6 +406,7 @@ fn start_control_plane(
             catalog_cell: catalog_cell.clone(),
             entry_counts: entry_counts.clone(),
             core_reads: core_reads_rx,
+            applied_xids: applied_xids.clone(),
         },
     );
     let mut core_fills = None;
@@ -420,6 +422,7 @@ fn start_control_plane(
                     catalog_cell.clone(),
                     runtime.clone(),
                     core_reads_tx,
+                    applied_xids,
                     fill_pools,
                 )
             });

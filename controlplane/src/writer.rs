@@ -47,6 +47,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::catalog::{Catalog, CatalogCell, TableInfo};
 use crate::config::{Config, Runtime};
+use crate::corefill::AppliedXids;
 use crate::fill::{self, encode_row, Fetched, FetchedBatch, FillError, Snapshot};
 use crate::result_plane::ResultPlane;
 use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};
@@ -174,6 +175,8 @@ pub struct Writer {
     results: results::Results,
     /// Reads made on the cores, offered for the store (see [`CoreRead`]).
     core_reads: mpsc::Receiver<CoreRead>,
+    /// Every xid applied, for the check of the cores' own reads (`crate::corefill`).
+    applied_xids: Arc<AppliedXids>,
     /// Client-tracking invalidations of the changes made since the last event: sent to the
     /// cores once the event's changes are all in the store (issue 18).
     invalidations: Vec<Invalidation>,
@@ -190,6 +193,8 @@ pub struct WriterParts {
     pub catalog_cell: Arc<CatalogCell>,
     pub entry_counts: Arc<EntryCounts>,
     pub core_reads: mpsc::Receiver<CoreRead>,
+    /// What the cores' own fill reads are checked against (`crate::corefill`).
+    pub applied_xids: Arc<AppliedXids>,
 }
 
 impl Writer {
@@ -204,6 +209,7 @@ impl Writer {
             catalog_cell,
             entry_counts,
             core_reads,
+            applied_xids,
         } = parts;
         let (fill_tx, fill_rx) = mpsc::unbounded_channel();
         let all_tables = cfg.catalog.tables.is_empty();
@@ -229,6 +235,7 @@ impl Writer {
             invalidations: Vec::new(),
             results: results::Results::default(),
             core_reads,
+            applied_xids,
             inflight: HashMap::new(),
             fills: HashMap::new(),
             queued: std::collections::VecDeque::new(),
@@ -720,10 +727,7 @@ impl Writer {
         // Before any change of it reaches the store: a core that read the store (or any state
         // after it) then loads this xid or a later one (`crate::corefill`).
         if txn.xid != 0 {
-            let published = self.plane.shared().applied_xid();
-            if published == 0 || fill::xid_precedes(published, txn.xid) {
-                self.plane.publish_applied_xid(txn.xid);
-            }
+            self.applied_xids.applying(txn.xid);
         }
         for change in txn.changes {
             let table = self.catalog.get(results::change_rel(&change)).cloned();

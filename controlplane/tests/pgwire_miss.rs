@@ -273,10 +273,12 @@ async fn a_row_updated_right_before_the_miss_reads_new() {
 }
 
 /// A core's own fill read is answered only when its snapshot sees every transaction the writer
-/// applied (`crate::corefill`). An open transaction holds the snapshot's xmin back below a
-/// write already applied, so the read cannot show it is current: the lookup is forwarded and
-/// answered by the origin. Once that transaction ends, misses are answered from the core's
-/// reads again.
+/// applied (`crate::corefill`). An open transaction holds the snapshot's xmin back, but a write
+/// applied after it is still seen (below xmax, not in progress): the read answers. Once more
+/// transactions were applied than the writer keeps (`corefill::RECENT_XIDS`), one of those it
+/// dropped may be at or above that xmin, unseen for all the read can show: the lookup is
+/// forwarded and answered by the origin. Once the open transaction ends, misses are answered
+/// from the core's reads again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_core_read_not_known_current_is_forwarded() {
     let db = TestDb::create("pgw_miss_xmin").await;
@@ -294,10 +296,9 @@ async fn a_core_read_not_known_current_is_forwarded() {
         .unwrap();
     let core_fills = |p: &Pgline| p.shared.total(|s| &s.pg_core_fills);
 
-    // Current: nothing of this test is open, so a cold lookup is answered from the core's
-    // read. (A snapshot's xmin is cluster-wide: another test's transaction open at that instant
-    // holds it back too, so the lookup is retried on the next cold id until one is read on the
-    // core.)
+    // Current: a cold lookup is answered from the core's read. (A commit becomes visible to
+    // new snapshots a moment after the WAL shows it, so a read can still miss an applied
+    // transaction: the lookup is retried on the next cold id until one is read on the core.)
     lab::sync(&p, &admin).await;
     let (pr, cr, sr) = (&p, &c, &select);
     let core_filled = move |ids: std::ops::RangeInclusive<i64>| async move {
@@ -320,7 +321,9 @@ async fn a_core_read_not_known_current_is_forwarded() {
     };
     core_filled(1..=20).await;
 
-    // An open transaction with an xid, then a later write, committed and applied.
+    // An open transaction with an xid, then a later write, committed and applied: the reads'
+    // xmin is held back, yet they see the write, and answer. (Before the writer kept its
+    // recent xids, the greatest applied xid had to precede xmin, and all three were forwarded.)
     let open = db.client().await;
     open.batch_execute("BEGIN; INSERT INTO side VALUES (1)")
         .await
@@ -330,25 +333,44 @@ async fn a_core_read_not_known_current_is_forwarded() {
         .await
         .unwrap();
     lab::sync(&p, &admin).await;
-    let before = counts(&p);
-    for id in [150i64, 151, 152] {
-        let want = if id == 150 { -150 } else { id * 10 };
-        let bal: i64 = c.query_one(&select, &[&id]).await.unwrap().get(0);
-        assert_eq!(bal, want, "id {id}");
-    }
-    // Each lookup that missed the store is forwarded, none answered from a core's read. (A
-    // lookup can also reach the origin without a store read at all, while the session's gate
-    // waits for the WAL past the fence of the one before: once in a full suite run, two of the
-    // three did, and the test, which expected three forwards, counted one.)
-    let after = counts(&p);
-    let (filled, forwarded, missed) = (
-        after.filled - before.filled,
-        after.forwarded - before.forwarded,
-        after.misses - before.misses,
+    let lookups = |ids: [i64; 3]| async move {
+        let before = counts(pr);
+        for id in ids {
+            let want = if id == 150 { -150 } else { id * 10 };
+            let bal: i64 = cr.query_one(sr, &[&id]).await.unwrap().get(0);
+            assert_eq!(bal, want, "id {id}");
+        }
+        // (A lookup can also reach the origin without a store read at all, while the
+        // session's gate waits for the WAL past the fence of the one before: counted neither
+        // as a miss nor as forwarded.)
+        let after = counts(pr);
+        let moved = (
+            after.filled - before.filled,
+            after.forwarded - before.forwarded,
+            after.misses - before.misses,
+        );
+        (moved, before, after)
+    };
+    let ((filled, forwarded, missed), before, after) = lookups([150, 151, 152]).await;
+    assert!(
+        filled == missed && forwarded == 0 && filled >= 1,
+        "reads that see every applied write answer, xmin held back or not: {before:?} -> {after:?}"
     );
+
+    // More transactions applied than the writer keeps, the first transaction still open.
+    let more = pgline_controlplane::corefill::RECENT_XIDS + 100;
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN FOR i IN 2..{} LOOP INSERT INTO side VALUES (i); COMMIT; END LOOP; END $$",
+            more + 1
+        ))
+        .await
+        .unwrap();
+    lab::sync(&p, &admin).await;
+    let ((filled, forwarded, missed), before, after) = lookups([153, 154, 155]).await;
     assert!(
         filled == 0 && forwarded == missed && forwarded >= 1,
-        "reads whose xmin is held back are forwarded: {before:?} -> {after:?}"
+        "reads whose xmin is older than the kept xids are forwarded: {before:?} -> {after:?}"
     );
 
     // The transaction ends: reads are current again.

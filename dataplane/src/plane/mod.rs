@@ -34,7 +34,7 @@ mod port;
 mod stats;
 mod tracking;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -138,10 +138,6 @@ pub struct Shared {
     /// to the origin (bypass) so no hit can be older than the bound.
     serve_hits: AtomicBool,
     replication: ReplicationGauge,
-    /// The greatest transaction id (32 bits, modulo-2^32 order) whose changes the writer has
-    /// applied or is applying, 0 before the first: published before the changes reach the
-    /// store, so anything a core read from the store is covered by what it loads after.
-    applied_xid: AtomicU32,
     lanes: Vec<CoreLanes>,
     stats: Vec<CoreStats>,
     control_wakers: ControlWakers,
@@ -174,7 +170,6 @@ impl Shared {
             topology: TopologyCell::default(),
             serve_hits: AtomicBool::new(false),
             replication: ReplicationGauge::default(),
-            applied_xid: AtomicU32::new(0),
             lanes: (0..cores).map(|_| CoreLanes::new(queue_capacity)).collect(),
             stats: (0..cores).map(|_| CoreStats::default()).collect(),
             control_wakers,
@@ -265,11 +260,6 @@ impl Shared {
     /// What the control plane last published about replication.
     pub fn replication(&self) -> &ReplicationGauge {
         &self.replication
-    }
-
-    /// The greatest xid the writer has applied (see the field; 0: none yet).
-    pub fn applied_xid(&self) -> u32 {
-        self.applied_xid.load(Ordering::Acquire)
     }
 
     /// Core `core`'s counters.

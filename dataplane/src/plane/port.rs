@@ -310,12 +310,6 @@ impl ControlPort {
         self.shared.serve_hits.store(serve, Ordering::Release);
     }
 
-    /// Publishes the greatest xid the writer applies: call before that transaction's changes
-    /// reach the store. Only the writer calls it, so a plain store keeps the greatest.
-    pub fn publish_applied_xid(&self, xid: u32) {
-        self.shared.applied_xid.store(xid, Ordering::Release);
-    }
-
     /// Publishes the replication gauge the cores and `INFO` read.
     pub fn publish_replication(&self, r: Replication) {
         self.shared.replication.publish(r);

@@ -16,6 +16,7 @@ from collections import defaultdict
 
 NAMES = {"tpcb": "pgbench TPC-B", "select1": "`select 1`", "txn10": "10-statement transaction",
          "cold": "`-S`, cold store", "coldx": "`-S`, cold store, extended",
+         "coldw": "`-S`, cold store, writes beside",
          "warm": "`-S`, warm store"}
 
 

@@ -28,6 +28,12 @@
 #   coldx     the cold cell with -M extended, PgBouncer included: what the same lookups cost
 #             through the alternative proxy, which answers none from memory (not in the
 #             default CELLS; PgBouncer's column shows what relaying alone costs the origin).
+#   coldw     the cold cell with writers beside it: pgbench -N (simple-update: an account
+#             updated, a history row inserted) at WRITE_RATE transactions a second over 4
+#             connections straight to the origin, in every column. Open write transactions
+#             hold every snapshot's xmin behind the writes pgline has applied; the pgline rows
+#             count the lookups answered from their fill and those forwarded instead
+#             (`fills_answered`, `fills_forwarded`, from /metrics). Not in the default CELLS.
 #   warm      pgbench -S -M prepared on a second pgline (WARM_MEMORY, 1GiB) whose accounts were
 #             loaded by `pgline tables add --warm` and read once by a WARMUP run.
 # Every pgline cell also records the store hits and misses it caused (RESP INFO). Every cell
@@ -41,9 +47,9 @@
 # Environment: SCALE (10; smoke 1), DB (pgline_pgbench_s<SCALE>, created once by pgbench -i and
 # reused while its row counts match), DURATION (seconds, 10; smoke 1), WARMUP (5; smoke 1),
 # CLIENTS ("1 8 32"; smoke "1 8"), ROUNDS (2; smoke 1), CELLS ("tpcb select1 txn10 cold warm"),
-# JOBS (pgbench threads, 2, at most the clients), SAMPLING (pgbench --sampling-rate for the
-# latency log, 0.1; smoke 1), COLD_MEMORY (256MiB; smoke 16MiB), WARM_MEMORY (1GiB; smoke
-# 256MiB), SERVER_CPUS (unset: unpinned; else taskset for pgline and PgBouncer), CLIENT_CPUS
+# JOBS (pgbench threads, 2, at most the clients), WRITE_RATE (coldw's writes a second, 200),
+# SAMPLING (pgbench --sampling-rate for the latency log, 0.1; smoke 1), COLD_MEMORY (256MiB;
+# smoke 16MiB), WARM_MEMORY (1GiB; smoke 256MiB), SERVER_CPUS (unset: unpinned; else taskset for pgline and PgBouncer), CLIENT_CPUS
 # (unset; else taskset for pgbench), ORIGIN_CPUS (unset; else every process of the local origin
 # is moved there for the run, and back to every CPU at its end), PGLINE_BIN, PGLINE_EXTRA (more
 # `serve` arguments), LABEL (tag in every row, default the binary's path), ports PGLINE_PORT
@@ -56,7 +62,7 @@ SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,50p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
     *) echo "usage: bench/pgwire-pgbench.sh [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
@@ -68,7 +74,7 @@ else
     ROUNDS=${ROUNDS:-2} SAMPLING=${SAMPLING:-0.1} COLD_MEMORY=${COLD_MEMORY:-256MiB}
     WARM_MEMORY=${WARM_MEMORY:-1GiB}
 fi
-CELLS=${CELLS:-tpcb select1 txn10 cold warm} JOBS=${JOBS:-2}
+CELLS=${CELLS:-tpcb select1 txn10 cold warm} JOBS=${JOBS:-2} WRITE_RATE=${WRITE_RATE:-200}
 SERVER_CPUS=${SERVER_CPUS:-} CLIENT_CPUS=${CLIENT_CPUS:-} ORIGIN_CPUS=${ORIGIN_CPUS:-}
 PGLINE_PORT=${PGLINE_PORT:-6397} API_PORT=${API_PORT:-6398}
 PGWIRE_PORT=${PGWIRE_PORT:-6433} BOUNCER_PORT=${BOUNCER_PORT:-6434}
@@ -79,7 +85,7 @@ STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 JSONL=bench/results/pgbench-$STAMP.jsonl
 mkdir -p bench/results bench/.cache
 
-for tool in pgbench psql pg_isready redis-cli taskset python3; do
+for tool in pgbench psql pg_isready redis-cli curl taskset python3; do
     command -v "$tool" >/dev/null || { echo "pgwire-pgbench.sh: $tool not found (deploy/lab/setup.sh installs it)" >&2; exit 1; }
 done
 BOUNCER=$(command -v pgbouncer || true)
@@ -196,26 +202,32 @@ info_counts() { # "hits misses" of the pgline store, from RESP INFO
         | awk -F: '$1=="keyspace_hits"{h=$2} $1=="keyspace_misses"{m=$2} END{print h+0, m+0}'
 }
 
+fill_counts() { # "answered forwarded": PostgreSQL lookups answered from their fill, and not
+    curl -sf -H "Authorization: Bearer $PGLINE_API_TOKEN" "$API/metrics" 2>/dev/null \
+        | awk '$1=="pgline_core_pg_lookup_filled_total"{a=$2}
+               $1=="pgline_core_pg_lookup_fill_forwarded_total"{f=$2} END{print a+0, f+0}'
+}
+
 port_of() { case $1 in origin) echo "$PGPORT" ;; pgbouncer) echo "$BOUNCER_PORT" ;; pgline) echo "$PGWIRE_PORT" ;; esac; }
 RUN_NO=0
 FAILED=0
 run() { # cell target protocol clients round pgbench-args...
     local cell=$1 target=$2 mode=$3 clients=$4 round=$5; shift 5
-    local jobs=$JOBS before="0 0" after="0 0" rc=0
+    local jobs=$JOBS before="0 0" after="0 0" fills0="0 0" fills1="0 0" rc=0
     if [ "$jobs" -gt "$clients" ]; then jobs=$clients; fi
     RUN_NO=$((RUN_NO + 1))
     local prefix=$TMPD/log$RUN_NO load0
     load0=$(cut -d' ' -f1 /proc/loadavg)
-    if [ "$target" = pgline ]; then before=$(info_counts); fi
+    if [ "$target" = pgline ]; then before=$(info_counts) fills0=$(fill_counts); fi
     "${PIN_CLIENT[@]}" pgbench -n -h 127.0.0.1 -p "$(port_of "$target")" -M "$mode" \
         -c "$clients" -j "$jobs" -T "$DURATION" -l --log-prefix="$prefix" \
         --sampling-rate="$SAMPLING" "$@" "$DB" >"$prefix.out" 2>&1 || rc=$?
-    if [ "$target" = pgline ]; then after=$(info_counts); fi
+    if [ "$target" = pgline ]; then after=$(info_counts) fills1=$(fill_counts); fi
     python3 - "$JSONL" "$prefix" "$rc" "$cell" "$target" "$mode" "$clients" "$round" \
-        "$before" "$after" "$load0" "$LABEL" "$SERVER_CPUS" "$DURATION" <<'EOF' || FAILED=1
+        "$before" "$after" "$load0" "$LABEL" "$SERVER_CPUS" "$DURATION" "$fills0" "$fills1" <<'EOF' || FAILED=1
 import glob, json, re, sys, os
 (out, prefix, rc, cell, target, mode, clients, rnd, before, after, load0, label, cpus,
- duration) = sys.argv[1:]
+ duration, fills0, fills1) = sys.argv[1:]
 text = open(prefix + ".out").read()
 def grab(pat, conv=float):
     m = re.search(pat, text, re.M)
@@ -232,6 +244,7 @@ lat.sort()
 def q(p):
     return lat[min(len(lat) - 1, int(p * len(lat)))] / 1000.0 if lat else None
 h0, m0 = map(int, before.split()); h1, m1 = map(int, after.split())
+a0, f0 = map(int, fills0.split()); a1, f1 = map(int, fills1.split())
 row = {
     "cell": cell, "target": target, "protocol": mode, "clients": int(clients), "round": int(rnd),
     "tps": grab(r"^tps = ([0-9.]+)"), "xacts": grab(r"actually processed: (\d+)", int),
@@ -242,6 +255,7 @@ row = {
     "slow_share": sum(l for l in lat if l > 2000) / sum(lat) if lat and sum(lat) else None,
     "lat_samples": len(lat),
     "store_hits": h1 - h0, "store_misses": m1 - m0, "rc": int(rc),
+    "fills_answered": a1 - a0, "fills_forwarded": f1 - f0,
     "load_before": float(load0), "load_after": float(open("/proc/loadavg").read().split()[0]),
     "duration_s": float(duration), "pgline": label, "server_cpus": cpus or None,
 }
@@ -261,7 +275,9 @@ elif cell == "warm" and target == "pgline" and row["store_hits"] <= 0:
 row["error"] = err
 with open(out, "a") as f:
     f.write(json.dumps(row) + "\n")
-hm = " hits=%d misses=%d" % (row["store_hits"], row["store_misses"]) if target == "pgline" else ""
+hm = " hits=%d misses=%d fills=%d fwd=%d" % (
+    row["store_hits"], row["store_misses"], row["fills_answered"], row["fills_forwarded"]
+) if target == "pgline" else ""
 print("%-7s %-9s %-8s c=%-3s r%s %10.0f tps  p50=%7.3fms p99=%7.3fms >2ms=%3.0f%%%s  load %s->%.2f%s" % (
     cell, target, mode, clients, rnd, row["tps"] or 0, row["p50_ms"] or 0, row["p99_ms"] or 0,
     100 * (row["slow_share"] or 0), hm, load0, row["load_after"], "  ERROR: " + err if err else ""), flush=True)
@@ -276,12 +292,22 @@ targets_for() { # round with|without-pgbouncer: the columns in this round's orde
 }
 has_cell() { case " $CELLS " in *" $1 "*) return 0 ;; esac; return 1; }
 cold_cell() { # cell protocol with|without-pgbouncer clients round: pgbench -S, pgline's store
-    local cell=$1 mode=$2 bouncer=$3 c=$4 r=$5 t          # flushed before its column
+    local cell=$1 mode=$2 bouncer=$3 c=$4 r=$5 t writer   # flushed before its column
     for t in $(targets_for "$r" "$bouncer"); do
         if [ "$t" = pgline ]; then
             "$PGLINE_BIN" flush --api "$API" >/dev/null
         fi
+        writer=""
+        if [ "$cell" = coldw ]; then # the writers, straight to the origin, for the column's run
+            pgbench -n -N -h 127.0.0.1 -p "$PGPORT" -c 4 -j 1 -R "$WRITE_RATE" \
+                -T "$DURATION" "$DB" >"$TMPD/writer.out" 2>&1 &
+            writer=$!
+        fi
         run "$cell" "$t" "$mode" "$c" "$r" -S
+        if [ -n "$writer" ] && ! wait "$writer"; then
+            echo "pgwire-pgbench.sh: the coldw writers failed: $(tail -2 "$TMPD/writer.out")" >&2
+            FAILED=1
+        fi
     done
 }
 
@@ -310,6 +336,7 @@ for c in $CLIENTS; do
         fi
         if has_cell cold; then cold_cell cold prepared without "$c" "$r"; fi
         if has_cell coldx; then cold_cell coldx extended with "$c" "$r"; fi
+        if has_cell coldw; then cold_cell coldw prepared without "$c" "$r"; fi
     done
 done
 stop_pgline

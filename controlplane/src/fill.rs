@@ -9,7 +9,8 @@
 //! are answered without asking the origin, or, for types we cannot check locally, read one by one
 //! so that one bad key cannot fail its neighbours.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pgline_dataplane::plane::RowBytes;
@@ -70,6 +71,83 @@ impl Snapshot {
 /// `a` is older than `b` in modulo-2^32 transaction id order.
 pub fn xid_precedes(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
+}
+
+/// Applied xids kept for the check of a core's read: at 1,000 transactions a second, one
+/// second of them. A read whose snapshot's xmin is older than the oldest kept is forwarded.
+pub const RECENT_XIDS: usize = 1024;
+
+/// The transactions the writer applied, as a read made on a core must see them to answer
+/// (`crate::corefill`): each applied xid below the snapshot's xmin, or below its xmax and not in
+/// progress.
+///
+/// Thread model: the writer records, the cores' fill tasks check; both under one short lock,
+/// once per applied transaction and once per landed read.
+#[derive(Default)]
+pub struct AppliedXids {
+    inner: Mutex<Recent>,
+}
+
+#[derive(Default)]
+struct Recent {
+    /// The greatest xid applied (modulo-2^32 order), `None` before the first.
+    greatest: Option<u32>,
+    /// The last [`RECENT_XIDS`] applied, in apply order.
+    ring: VecDeque<u32>,
+    /// The greatest xid dropped from `ring`.
+    dropped: Option<u32>,
+}
+
+/// The later of two xids in modulo-2^32 order.
+fn later(a: Option<u32>, b: u32) -> u32 {
+    match a {
+        Some(a) if !xid_precedes(a, b) => a,
+        _ => b,
+    }
+}
+
+impl AppliedXids {
+    /// The writer, before any change of transaction `xid` reaches the store.
+    pub fn applying(&self, xid: u32) {
+        let mut r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        r.greatest = Some(later(r.greatest, xid));
+        if r.ring.len() == RECENT_XIDS {
+            let old = r.ring.pop_front().expect("the ring is full");
+            r.dropped = Some(later(r.dropped, old));
+        }
+        r.ring.push_back(xid);
+    }
+
+    /// Whether `snap` sees every transaction applied so far.
+    pub fn seen_by(&self, snap: &Snapshot) -> bool {
+        let unsure: Vec<u32> = {
+            let r = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            match r.greatest {
+                None => return true,
+                Some(g) if xid_precedes(g, snap.xmin) => return true,
+                Some(_) => {}
+            }
+            if r.dropped.is_some_and(|d| !xid_precedes(d, snap.xmin)) {
+                return false;
+            }
+            r.ring
+                .iter()
+                .copied()
+                .filter(|&x| !xid_precedes(x, snap.xmin))
+                .collect()
+        };
+        // At or above xmin: seen if below xmax and not in progress. Offsets from xmin order
+        // the in-progress list for a binary search (it can be as long as the connections).
+        let mut in_progress: Vec<u32> =
+            snap.xip.iter().map(|x| x.wrapping_sub(snap.xmin)).collect();
+        in_progress.sort_unstable();
+        unsure.into_iter().all(|x| {
+            xid_precedes(x, snap.xmax)
+                && in_progress
+                    .binary_search(&x.wrapping_sub(snap.xmin))
+                    .is_err()
+        })
+    }
 }
 
 /// Parses `pg_snapshot` text output, `xmin:xmax:xip1,xip2,...` (64-bit ids, cut to 32 bits).
@@ -335,5 +413,74 @@ pub fn classify(e: tokio_postgres::Error) -> FillError {
         FillError::Query(format!("{} ({})", db.message(), db.code().code()))
     } else {
         FillError::Unavailable(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(xmin: u32, xmax: u32, xip: &[u32]) -> Snapshot {
+        Snapshot {
+            xmin,
+            xmax,
+            xip: xip.to_vec(),
+        }
+    }
+
+    fn applied(xids: &[u32]) -> AppliedXids {
+        let a = AppliedXids::default();
+        for &x in xids {
+            a.applying(x);
+        }
+        a
+    }
+
+    #[test]
+    fn applied_xids_below_the_xmin_are_seen() {
+        assert!(applied(&[]).seen_by(&snap(5, 5, &[])), "nothing applied");
+        assert!(applied(&[7, 9]).seen_by(&snap(10, 12, &[11])));
+        // Modulo 2^32.
+        assert!(applied(&[u32::MAX - 2]).seen_by(&snap(3, 3, &[])));
+        assert!(!applied(&[4]).seen_by(&snap(u32::MAX - 2, u32::MAX - 1, &[])));
+    }
+
+    #[test]
+    fn an_applied_xid_above_the_xmin_is_seen_unless_in_progress_or_past_xmax() {
+        // Transaction 10 is open (another database's, say); 11 and 12 were applied after it.
+        let a = applied(&[11, 12]);
+        assert!(a.seen_by(&snap(10, 13, &[10])), "10 holds xmin back");
+        assert!(!a.seen_by(&snap(10, 13, &[10, 12])), "12 still in progress");
+        assert!(
+            !a.seen_by(&snap(10, 12, &[10])),
+            "12 at xmax: not begun then"
+        );
+        assert!(!a.seen_by(&snap(11, 12, &[11])), "xmin itself in progress");
+        // Across the wrap, with a long in-progress list.
+        let a = applied(&[u32::MAX, 1]);
+        let xip: Vec<u32> = (2..400).chain([u32::MAX - 1]).collect();
+        assert!(a.seen_by(&snap(u32::MAX - 1, 400, &xip)));
+        let xip: Vec<u32> = (1..400).chain([u32::MAX - 1]).collect();
+        assert!(!a.seen_by(&snap(u32::MAX - 1, 400, &xip)), "1 in progress");
+    }
+
+    #[test]
+    fn an_xid_older_than_the_kept_ones_and_not_below_xmin_is_not_known_seen() {
+        // 100 applied, then RECENT_XIDS more: 100 is no longer kept.
+        let mut xids = vec![100];
+        xids.extend((0..RECENT_XIDS as u32).map(|i| 200 + i));
+        let a = applied(&xids);
+        let xmax = 200 + RECENT_XIDS as u32;
+        assert!(!a.seen_by(&snap(90, xmax, &[90])), "100 may be unseen");
+        assert!(a.seen_by(&snap(101, xmax, &[101])), "100 is below xmin");
+        // Applied out of xid order: the greatest dropped counts, not the last.
+        let mut xids = vec![150, 100];
+        xids.extend((0..RECENT_XIDS as u32 - 1).map(|i| 200 + i));
+        let a = applied(&xids);
+        assert!(
+            !a.seen_by(&snap(120, xmax, &[120])),
+            "150 dropped, above xmin"
+        );
+        assert!(a.seen_by(&snap(151, xmax, &[151])));
     }
 }

@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::catalog::{Catalog, CatalogCell, TableInfo};
 use crate::config::{Config, Runtime};
-use crate::corefill::AppliedXids;
+use crate::fill::AppliedXids;
 use crate::fill::{self, encode_row, Fetched, FetchedBatch, FillError, Snapshot};
 use crate::result_plane::ResultPlane;
 use crate::wal::{Change, ReplicationState, TupleValue, WalEvent, WalTxn};

@@ -275,7 +275,7 @@ async fn a_row_updated_right_before_the_miss_reads_new() {
 /// A core's own fill read is answered only when its snapshot sees every transaction the writer
 /// applied (`crate::corefill`). An open transaction holds the snapshot's xmin back, but a write
 /// applied after it is still seen (below xmax, not in progress): the read answers. Once more
-/// transactions were applied than the writer keeps (`corefill::RECENT_XIDS`), one of those it
+/// transactions were applied than the writer keeps (`fill::RECENT_XIDS`), one of those it
 /// dropped may be at or above that xmin, unseen for all the read can show: the lookup is
 /// forwarded and answered by the origin. Once the open transaction ends, misses are answered
 /// from the core's reads again.
@@ -358,7 +358,7 @@ async fn a_core_read_not_known_current_is_forwarded() {
     );
 
     // More transactions applied than the writer keeps, the first transaction still open.
-    let more = pgline_controlplane::corefill::RECENT_XIDS + 100;
+    let more = pgline_controlplane::fill::RECENT_XIDS + 100;
     admin
         .batch_execute(&format!(
             "DO $$ BEGIN FOR i IN 2..{} LOOP INSERT INTO side VALUES (i); COMMIT; END LOOP; END $$",

@@ -204,8 +204,9 @@ info_counts() { # "hits misses" of the pgline store, from RESP INFO
 
 fill_counts() { # "answered forwarded": PostgreSQL lookups answered from their fill, and not
     curl -sf -H "Authorization: Bearer $PGLINE_API_TOKEN" "$API/metrics" 2>/dev/null \
-        | awk '$1=="pgline_core_pg_lookup_filled_total"{a=$2}
-               $1=="pgline_core_pg_lookup_fill_forwarded_total"{f=$2} END{print a+0, f+0}'
+        | awk '$1 ~ /^pgline_core_pg_lookup_filled_total({|$)/ {a += $2}
+               $1 ~ /^pgline_core_pg_lookup_fill_forwarded_total({|$)/ {f += $2}
+               END {print a + 0, f + 0}'
 }
 
 port_of() { case $1 in origin) echo "$PGPORT" ;; pgbouncer) echo "$BOUNCER_PORT" ;; pgline) echo "$PGWIRE_PORT" ;; esac; }

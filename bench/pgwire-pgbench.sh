@@ -46,14 +46,15 @@
 #
 # Environment: SCALE (10; smoke 1), DB (pgline_pgbench_s<SCALE>, created once by pgbench -i and
 # reused while its row counts match), DURATION (seconds, 10; smoke 1), WARMUP (5; smoke 1),
-# CLIENTS ("1 8 32"; smoke "1 8"), ROUNDS (2; smoke 1), CELLS ("tpcb select1 txn10 cold warm"),
-# JOBS (pgbench threads, 2, at most the clients), WRITE_RATE (coldw's writes a second, 200),
-# SAMPLING (pgbench --sampling-rate for the latency log, 0.1; smoke 1), COLD_MEMORY (256MiB;
-# smoke 16MiB), WARM_MEMORY (1GiB; smoke 256MiB), SERVER_CPUS (unset: unpinned; else taskset for pgline and PgBouncer), CLIENT_CPUS
-# (unset; else taskset for pgbench), ORIGIN_CPUS (unset; else every process of the local origin
-# is moved there for the run, and back to every CPU at its end), PGLINE_BIN, PGLINE_EXTRA (more
-# `serve` arguments), LABEL (tag in every row, default the binary's path), ports PGLINE_PORT
-# (6397, RESP), API_PORT (6398), PGWIRE_PORT (6433), BOUNCER_PORT (6434).
+# CLIENTS ("1 8 32"; smoke "1 8"), ROUNDS (2; smoke 1), CELLS ("tpcb select1 txn10 cold warm";
+# smoke also coldw), JOBS (pgbench threads, 2, at most the clients), WRITE_RATE (coldw's writes
+# a second, 200), SAMPLING (pgbench --sampling-rate for the latency log, 0.1; smoke 1),
+# COLD_MEMORY (256MiB; smoke 16MiB), WARM_MEMORY (1GiB; smoke 256MiB), SERVER_CPUS (unset:
+# unpinned; else taskset for pgline and PgBouncer), CLIENT_CPUS (unset; else taskset for
+# pgbench), ORIGIN_CPUS (unset; else every process of the local origin is moved there for the
+# run, and back to every CPU at its end), PGLINE_BIN, PGLINE_EXTRA (more `serve` arguments),
+# LABEL (tag in every row, default the binary's path), ports PGLINE_PORT (6397, RESP), API_PORT
+# (6398), PGWIRE_PORT (6433), BOUNCER_PORT (6434).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pgbouncer.sh
@@ -62,13 +63,13 @@ SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,57p' "$0"; exit 0 ;;
     *) echo "usage: bench/pgwire-pgbench.sh [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
     SCALE=${SCALE:-1} DURATION=${DURATION:-1} WARMUP=${WARMUP:-1} CLIENTS=${CLIENTS:-1 8}
     ROUNDS=${ROUNDS:-1} SAMPLING=${SAMPLING:-1} COLD_MEMORY=${COLD_MEMORY:-16MiB}
-    WARM_MEMORY=${WARM_MEMORY:-256MiB}
+    WARM_MEMORY=${WARM_MEMORY:-256MiB} CELLS=${CELLS:-tpcb select1 txn10 cold coldw warm}
 else
     SCALE=${SCALE:-10} DURATION=${DURATION:-10} WARMUP=${WARMUP:-5} CLIENTS=${CLIENTS:-1 8 32}
     ROUNDS=${ROUNDS:-2} SAMPLING=${SAMPLING:-0.1} COLD_MEMORY=${COLD_MEMORY:-256MiB}

@@ -417,10 +417,11 @@ pub fn classify(e: tokio_postgres::Error) -> FillError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn snap(xmin: u32, xmax: u32, xip: &[u32]) -> Snapshot {
+    /// A snapshot for tests (also `writer::visibility`'s).
+    pub(crate) fn snap(xmin: u32, xmax: u32, xip: &[u32]) -> Snapshot {
         Snapshot {
             xmin,
             xmax,

@@ -114,14 +114,7 @@ impl Applied {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn snap(xmin: u32, xmax: u32, xip: &[u32]) -> Snapshot {
-        Snapshot {
-            xmin,
-            xmax,
-            xip: xip.to_vec(),
-        }
-    }
+    use crate::fill::tests::snap;
 
     fn key(pk: &str) -> Key {
         (7, pk.as_bytes().into())

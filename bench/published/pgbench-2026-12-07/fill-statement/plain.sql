@@ -1,0 +1,2 @@
+\set aid random(1, 100000 * 10)
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;

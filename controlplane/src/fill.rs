@@ -74,7 +74,8 @@ pub fn xid_precedes(a: u32, b: u32) -> bool {
 }
 
 /// Applied xids kept for the check of a core's read: at 1,000 transactions a second, one
-/// second of them. A read whose snapshot's xmin is older than the oldest kept is forwarded.
+/// second of them. A read whose snapshot's xmin is not above every xid dropped from them is
+/// not known current (forwarded).
 pub const RECENT_XIDS: usize = 1024;
 
 /// The transactions the writer applied, as a read made on a core must see them to answer

@@ -33,7 +33,8 @@
 #             connections straight to the origin, in every column. Open write transactions
 #             hold every snapshot's xmin behind the writes pgline has applied; the pgline rows
 #             count the lookups answered from their fill and those forwarded instead
-#             (`fills_answered`, `fills_forwarded`, from /metrics). Not in the default CELLS.
+#             (`fills_answered`, `fills_forwarded`, from /metrics). Not in the full run's
+#             default CELLS; the smoke runs it.
 #   warm      pgbench -S -M prepared on a second pgline (WARM_MEMORY, 1GiB) whose accounts were
 #             loaded by `pgline tables add --warm` and read once by a WARMUP run.
 # Every pgline cell also records the store hits and misses it caused (RESP INFO). Every cell
@@ -41,8 +42,9 @@
 # Rows go to bench/results/pgbench-<UTC stamp>.jsonl (gitignored), the output to stdout; a
 # Markdown table with both ratios and each round's figures ends it
 # (bench/pgwire-pgbench-report.py, which also sets runs side by side: `... BEFORE.jsonl AFTER.jsonl`). The smoke (and any run)
-# exits 1 when a cell failed, had failed transactions or no transactions, or when a warm
-# pgline cell had no store hits.
+# exits 1 when a cell failed, had failed transactions or no transactions, when a warm
+# pgline cell had no store hits, or when a cold (or coldw) pgline cell missed but answered no
+# miss from its fill.
 #
 # Environment: SCALE (10; smoke 1), DB (pgline_pgbench_s<SCALE>, created once by pgbench -i and
 # reused while its row counts match), DURATION (seconds, 10; smoke 1), WARMUP (5; smoke 1),
@@ -63,7 +65,7 @@ SMOKE=0
 case "${1:-}" in
     --smoke) SMOKE=1 ;;
     "") ;;
-    -h|--help) sed -n '2,57p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,59p' "$0"; exit 0 ;;
     *) echo "usage: bench/pgwire-pgbench.sh [--smoke]" >&2; exit 2 ;;
 esac
 if [ $SMOKE = 1 ]; then
@@ -274,6 +276,9 @@ elif row["failed"]:
     err = "%d failed transactions" % row["failed"]
 elif cell == "warm" and target == "pgline" and row["store_hits"] <= 0:
     err = "no store hits on a warm store"
+elif cell in ("cold", "coldw") and target == "pgline" and row["store_misses"] > 0 \
+        and row["fills_answered"] <= 0:
+    err = "no miss answered from its fill (or /metrics unreadable)"
 row["error"] = err
 with open(out, "a") as f:
     f.write(json.dumps(row) + "\n")

@@ -380,24 +380,74 @@ async fn a_core_read_not_known_current_is_forwarded() {
     p.shutdown().await;
 }
 
-/// A core runs at most two fill statements of its own; a miss that arrives while both are in
-/// flight goes to the writer, whose fills answer it just the same. Each read is held
-/// (`origin.fill_delay_ms`) so that four staggered sessions find the core's two busy.
+/// A core runs at most two fill statements of its own; misses that arrive while both are in
+/// flight wait on the core and share its next statement. Each read is held
+/// (`origin.fill_delay_ms`) so that four staggered sessions find the core's two busy: all four
+/// are read on the core, the last two together once the first statement lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn misses_past_the_cores_two_reads_go_to_the_writer() {
+async fn misses_past_the_cores_two_reads_wait_for_the_next() {
     let db = TestDb::create("pgw_miss_overflow").await;
     let admin = db.client().await;
     admin.batch_execute(SCHEMA).await.unwrap();
     let p = start(&db, &["origin.fill_delay_ms=600".to_string()]).await;
-    lab::sync(&p, &admin).await;
-    let before = (counts(&p), p.shared.total(|s| &s.pg_core_fills));
-    // Connected first (each waits for the WAL past its login fence), so that the four reads
-    // start 100 ms apart, well inside the first two reads' 600 ms.
+    let (before, after, took) = lookups(&p, &admin, &db, 11..=14, 100).await;
+    assert_eq!(
+        (after.0.filled - before.0.filled, after.1 - before.1),
+        (4, 4),
+        "four misses answered from fills, all read on the core: {before:?} -> {after:?}"
+    );
+    // Two rounds of 600 ms, not four: the waiting two shared one statement.
+    assert!(
+        took < Duration::from_millis(2_300),
+        "the four lookups took {took:?}"
+    );
+    p.shutdown().await;
+}
+
+/// Past the core's bound (`resp.miss_queue`: its misses queued or in flight), a miss goes to
+/// the writer, whose fills answer it just the same: twenty lookups at once, the reads held
+/// (`origin.fill_delay_ms`) so that none lands before all have arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_past_the_cores_bound_go_to_the_writer() {
+    let db = TestDb::create("pgw_miss_bound").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(
+        &db,
+        &[
+            "origin.fill_delay_ms=600".to_string(),
+            "resp.miss_queue=16".to_string(),
+        ],
+    )
+    .await;
+    let (before, after, _) = lookups(&p, &admin, &db, 11..=30, 0).await;
+    assert_eq!(
+        (after.0.filled - before.0.filled, after.1 - before.1),
+        (20, 16),
+        "twenty misses answered from fills, sixteen read on the core: {before:?} -> {after:?}"
+    );
+    p.shutdown().await;
+}
+
+/// A session per id looks its row up, `gap_ms` apart; (counts, core fills) before and after,
+/// and how long the lookups took.
+async fn lookups(
+    p: &Pgline,
+    admin: &tokio_postgres::Client,
+    db: &TestDb,
+    ids: std::ops::RangeInclusive<i64>,
+    gap_ms: u64,
+) -> ((Counts, u64), (Counts, u64), Duration) {
+    lab::sync(p, admin).await;
+    let before = (counts(p), p.shared.total(|s| &s.pg_core_fills));
+    // Connected first (each waits for the WAL past its login fence), so that the reads start
+    // `gap_ms` apart, well inside the first reads' 600 ms.
     let mut clients = Vec::new();
-    for id in [11i64, 12, 13, 14] {
-        clients.push((id, lab::pg_client(&p, &db).await));
+    for id in ids {
+        clients.push((id, lab::pg_client(p, db).await));
     }
-    lab::sync(&p, &admin).await;
+    lab::sync(p, admin).await;
+    let started = Instant::now();
     let mut sessions = Vec::new();
     for (id, c) in clients {
         sessions.push(tokio::spawn(async move {
@@ -408,18 +458,14 @@ async fn misses_past_the_cores_two_reads_go_to_the_writer() {
                 .get(0);
             assert_eq!(bal, id * 10, "id {id}");
         }));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(gap_ms)).await;
     }
     for s in sessions {
         s.await.expect("a session's lookup");
     }
-    let after = (counts(&p), p.shared.total(|s| &s.pg_core_fills));
-    assert_eq!(
-        (after.0.filled - before.0.filled, after.1 - before.1),
-        (4, 2),
-        "four misses answered from fills, two read on the core: {before:?} -> {after:?}"
-    );
-    p.shutdown().await;
+    let took = started.elapsed();
+    let after = (counts(p), p.shared.total(|s| &s.pg_core_fills));
+    (before, after, took)
 }
 
 /// The race, forced: the fill reads the row, then (`origin.fill_delay_ms`) an UPDATE commits and
@@ -563,7 +609,9 @@ async fn a_session_never_reads_older_than_its_fill() {
         .unwrap();
     // Row 2 cached (a hit), row 1 never read.
     lab::sync(&p, &admin).await;
+    let cached = p.dump().await.len();
     let _: i64 = c.query_one(&select, &[&2i64]).await.unwrap().get(0);
+    lab::wait_cached(&p, cached + 1).await;
     lab::sync(&p, &admin).await;
     let hits = counts(&p).hits;
     assert_eq!(

@@ -103,6 +103,24 @@ pub async fn sync(p: &Pgline, client: &tokio_postgres::Client) {
     );
 }
 
+/// Waits (up to 10 s) until the store holds at least `n` entries. A core offers the reads it
+/// made to the writer in bursts (`corefill::INSTALL_HOLD`), so a key read on a core is cached
+/// shortly after its miss was answered, not at once.
+pub async fn wait_cached(p: &Pgline, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = p.dump().await.len();
+        if held >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store holds {held} entries, never {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 pub async fn redis(p: &Pgline) -> redis::aio::MultiplexedConnection {
     let addr = p.local_addr();
     let client = redis::Client::open(format!("redis://{}:{}/", addr.ip(), addr.port())).unwrap();

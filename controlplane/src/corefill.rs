@@ -8,7 +8,8 @@
 //!  read lands (same thread) ──▶ current? (its snapshot sees every xid the writer applied)
 //!                      ├─ yes: MissReply with the row ──▶ the core's reply lane (apply_reply),
 //!                      │        and a CoreRead held for the writer (offered in a burst, below)
-//!                      └─ no, or an error: MissReply with FillResult::Error: the core forwards
+//!                      ├─ no, first read: queued again, read by the core's next statement
+//!                      └─ no again, or an error: MissReply with FillResult::Error: forwarded
 //! ```
 //!
 //! Purpose: a PostgreSQL-front miss went core → writer (control runtime) → the writer's fill
@@ -37,7 +38,9 @@
 //!   below xmax and not in the snapshot's in-progress list. The last
 //!   [`RECENT_XIDS`](crate::fill::RECENT_XIDS) applied xids are kept for that; when one older
 //!   than them is not below xmin (a transaction open for that long holds xmin back), the read is
-//!   not known current. Then the answer is [`FillResult::Error`] and the core forwards the batch.
+//!   not known current. Such a key is read once more (the next snapshot sees the transaction
+//!   the first missed, which committed before pgline applied it); if that read is not known
+//!   current either, the answer is [`FillResult::Error`] and the core forwards the batch.
 //! - The store is written only by the writer: a current read is offered to it as a
 //!   [`CoreRead`] (dropped when the writer's queue is full: a dropped install costs a later
 //!   miss), and the writer installs it only under its own rules (`Writer::install_core_read`).
@@ -111,6 +114,8 @@ struct Pending {
     table: u32,
     pk: Box<[u8]>,
     since: Instant,
+    /// Read once already, and that read was not known current.
+    reread: bool,
 }
 
 /// The per-core fills of the PostgreSQL front (see the module doc).
@@ -185,6 +190,7 @@ impl CoreFills {
             table: key.table,
             pk: key.pk,
             since: Instant::now(),
+            reread: false,
         });
         Ok(())
     }
@@ -302,7 +308,8 @@ impl CoreFills {
         let stats = self.plane.shared().stats(core);
         CoreStats::add(&stats.pg_core_fills, group.len() as u64);
         let mut offered = Vec::new();
-        for (i, p) in group.into_iter().enumerate() {
+        let mut again = Vec::new();
+        for (i, mut p) in group.into_iter().enumerate() {
             let (answer, lsn) = match &result {
                 Err(e) => (FillResult::Error(Arc::from(e.to_string())), 0),
                 Ok(batch) => {
@@ -330,6 +337,12 @@ impl CoreFills {
                             }
                             (answer, lsn)
                         }
+                        // Missed a transaction pgline applied: a later snapshot sees it.
+                        (Some(_), Some(_)) if !p.reread => {
+                            p.reread = true;
+                            again.push(p);
+                            continue;
+                        }
                         _ => (FillResult::Error(Arc::from(NOT_CURRENT)), 0),
                     }
                 }
@@ -345,6 +358,16 @@ impl CoreFills {
             );
         }
         self.hold(core, offered);
+        if !again.is_empty() {
+            CoreStats::add(&stats.pg_core_fill_rereads, again.len() as u64);
+            if let Some(state) = self.cores.get(core) {
+                // First in line, as they came first; `since` still bounds them.
+                let mut st = lock(state);
+                for p in again.into_iter().rev() {
+                    st.queued.push_front(p);
+                }
+            }
+        }
     }
 
     /// Holds answered reads for the writer: the first held starts the [`INSTALL_HOLD`] timer,

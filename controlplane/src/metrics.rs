@@ -271,6 +271,11 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         |s| &s.pg_core_fills,
     ),
     (
+        "pgline_core_pg_core_fill_rereads",
+        "Keys of PostgreSQL point lookups' misses read again on the core because the first read's snapshot missed a transaction pgline had applied (counted in pg_core_fills too).",
+        |s| &s.pg_core_fill_rereads,
+    ),
+    (
         "pgline_core_polls",
         "Turns of the core's poll loop.",
         |s| &s.polls,

@@ -468,33 +468,73 @@ async fn lookups(
     (before, after, took)
 }
 
-/// The race, forced: the fill reads the row, then (`origin.fill_delay_ms`) an UPDATE commits and
-/// is applied before the fill lands. Its lease is void: the session must get the new row from
-/// the origin, not the read (and the store must not keep it).
+/// The race, forced: the fill reads the row, then (`origin.fill_delay_ms`) an UPDATE of it
+/// commits and is applied before the read lands. The read is not served: the core reads the
+/// key again, and the session gets the new row from that second read (the store never keeps
+/// the old one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_that_raced_an_update_is_never_served() {
-    let db = TestDb::create("pgw_miss_race").await;
+    let (p, db, got, counted) = raced_lookup("pgw_miss_race", 7, 7).await;
+    assert_eq!(got, 7007, "the raced read (70) was served");
+    assert_eq!(counted, (1, 0, 1), "(filled, forwarded, read again)");
+    // Nothing old was installed: the next lookup reads the new row.
+    let admin = db.client().await;
+    lab::sync(&p, &admin).await;
+    let c = lab::pg_client(&p, &db).await;
+    let again: i64 = c
+        .query_one("SELECT bal FROM acct WHERE id = $1", &[&7i64])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(again, 7007);
+    let stale = lab::stale_entries(&p, &admin).await;
+    assert!(stale.is_empty(), "stale entries: {stale:?}");
+    p.shutdown().await;
+}
+
+/// The common case under writers: an UPDATE of another row commits and is applied while the
+/// read is held. The read is not known current (its snapshot missed a transaction pgline
+/// applied), so the core reads the key once more and answers from that read rather than
+/// forwarding the lookup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_missed_an_applied_write_is_read_again() {
+    let (p, _db, got, counted) = raced_lookup("pgw_miss_reread", 8, 9).await;
+    assert_eq!(got, 80);
+    assert_eq!(counted, (1, 0, 1), "(filled, forwarded, read again)");
+    p.shutdown().await;
+}
+
+/// Looks `lookup_id` up with every fill read held 1.5 s; 0.5 s in, `update_id`'s row is updated
+/// (bal = id * 1001) and applied. Returns the answer and the (filled, forwarded, read again)
+/// counts of the lookup.
+async fn raced_lookup(
+    name: &str,
+    lookup_id: i64,
+    update_id: i64,
+) -> (std::sync::Arc<Pgline>, TestDb, i64, (u64, u64, u64)) {
+    let db = TestDb::create(name).await;
     let admin = db.client().await;
     admin.batch_execute(SCHEMA).await.unwrap();
     let p = start(&db, &["origin.fill_delay_ms=1500".to_string()]).await;
-    let c = std::sync::Arc::new(lab::pg_client(&p, &db).await);
-    let select = c
-        .prepare("SELECT bal FROM acct WHERE id = $1")
-        .await
-        .unwrap();
+    let c = lab::pg_client(&p, &db).await;
     lab::sync(&p, &admin).await;
     let before = counts(&p);
-    let lookup = {
-        let (c, select) = (c.clone(), select.clone());
-        tokio::spawn(async move {
-            let row = c.query_one(&select, &[&7i64]).await.unwrap();
-            row.get::<_, i64>(0)
-        })
-    };
-    // The fill has read bal = 70 by now and holds it for the rest of the delay.
+    let rereads = || p.shared.total(|s| &s.pg_core_fill_rereads);
+    let reread_before = rereads();
+    let lookup = tokio::spawn(async move {
+        let row = c
+            .query_one("SELECT bal FROM acct WHERE id = $1", &[&lookup_id])
+            .await
+            .unwrap();
+        row.get::<_, i64>(0)
+    });
+    // The fill has read the row by now and holds it for the rest of the delay.
     tokio::time::sleep(Duration::from_millis(500)).await;
     admin
-        .execute("UPDATE acct SET bal = 7007 WHERE id = 7", &[])
+        .execute(
+            "UPDATE acct SET bal = id * 1001 WHERE id = $1",
+            &[&update_id],
+        )
         .await
         .unwrap();
     let t = Instant::now();
@@ -505,23 +545,13 @@ async fn a_fill_that_raced_an_update_is_never_served() {
         t.elapsed()
     );
     let got = lookup.await.unwrap();
-    assert_eq!(got, 7007, "the raced read (70) was served");
     let after = counts(&p);
-    assert_eq!(
-        (
-            after.filled - before.filled,
-            after.forwarded - before.forwarded
-        ),
-        (0, 1),
-        "the raced fill was forwarded: {before:?} -> {after:?}"
+    let counted = (
+        after.filled - before.filled,
+        after.forwarded - before.forwarded,
+        rereads() - reread_before,
     );
-    // Nothing old was installed: the next lookup misses again and reads the new row.
-    lab::sync(&p, &admin).await;
-    let again: i64 = c.query_one(&select, &[&7i64]).await.unwrap().get(0);
-    assert_eq!(again, 7007);
-    let last = counts(&p);
-    assert_eq!(last.filled - after.filled, 1, "{after:?} -> {last:?}");
-    p.shutdown().await;
+    (p, db, got, counted)
 }
 
 /// Misses racing a stream of UPDATEs, many rows, no injected delay: every answer is at least

@@ -45,6 +45,8 @@ pub struct CoreStats {
     /// Keys of PostgreSQL lookups' misses read by the core's own fill connection (the relay
     /// hosted on the core) instead of the writer's.
     pub pg_core_fills: AtomicU64,
+    /// Keys read again on the core because their first read was not known current.
+    pub pg_core_fill_rereads: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub polls: AtomicU64,

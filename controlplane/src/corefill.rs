@@ -27,7 +27,7 @@
 //! so the writer wakes about once a millisecond under load rather than once per statement; and
 //! no miss goes to the writer only because the core's statements are busy. Measured
 //! (`docs/benchmarks.md`, "misses without waking the control threads"): at 8 clients on a cold
-//! store, the control threads' CPU per miss fell from about 11 µs to 3 µs.
+//! store, the control threads' CPU per miss fell from 10.5-11.5 µs to 1.9-2.4 µs.
 //!
 //! Invariants:
 //! - An answer is given only when known current: the read's snapshot sees every transaction the

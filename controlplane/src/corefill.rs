@@ -48,10 +48,11 @@
 //!   checked against everything applied meanwhile, and refused if pruning forgot what it needs.
 //! - The session's fence is raised to the fill statement's WAL position, as for a writer fill.
 //!
-//! Bounds: per core, at most [`FILLS_PER_CORE`] statements in flight and `resp.miss_queue`
+//! Bounds: per core, at most [`FILLS_PER_CORE`] statements in flight, `resp.miss_queue`
 //! misses queued or in flight, the core's RESP misses waiting for the writer included (past it
-//! the miss is given back and the batch forwarded); each
-//! read ends within `origin.query_timeout_ms` of its first key's arrival. A fill connection
+//! the miss is given back: the writer takes it if its lane has room, else the batch is
+//! forwarded), and fewer than [`INSTALL_BURST`] reads held; each read, a second one included,
+//! ends within `origin.query_timeout_ms` of its key's arrival. A fill connection
 //! that cannot be had marks the core's fills down for a backoff (50 ms, doubling to 2 s) during
 //! which misses are answered [`FillResult::Error`] at once (forwarded), so the core never
 //! waits on a dead origin.

@@ -120,8 +120,8 @@ impl CorePort {
     pub fn send_pg_miss(&self, request: MissRequest) -> Result<(), MissRequest> {
         if self.pg_hosted.get() {
             if let Some(host) = self.shared.pg_host.get().filter(|h| h.takes_fills()) {
-                // Busy (both of the core's statements in flight) or at the bound: the writer
-                // takes it if its lane has room.
+                // Past the core's bound (or not a one-key lookup): the writer takes it if its
+                // lane has room.
                 match host.fill(self.id, request) {
                     Ok(()) => return Ok(()),
                     Err(request) => return self.send_miss(request),

@@ -396,7 +396,8 @@ async fn misses_past_the_cores_two_reads_wait_for_the_next() {
         (4, 4),
         "four misses answered from fills, all read on the core: {before:?} -> {after:?}"
     );
-    // Two rounds of 600 ms, not four: the waiting two shared one statement.
+    // About two rounds of the held reads: the waiting two were read as soon as a statement
+    // landed, not left to a timeout.
     assert!(
         took < Duration::from_millis(2_300),
         "the four lookups took {took:?}"

@@ -24,7 +24,8 @@
 //!
 //! The control threads are woken as seldom as possible: a core's answered reads go to the
 //! writer in bursts, held on the core for [`INSTALL_HOLD`] (or until [`INSTALL_BURST`] wait),
-//! so the writer wakes about once a millisecond under load rather than once per statement; and
+//! so a core offers at most one burst a millisecond below that count rather than one per
+//! landed statement; and
 //! no miss goes to the writer only because the core's statements are busy. Measured
 //! (`docs/benchmarks.md`, "misses without waking the control threads"): at 8 clients on a cold
 //! store, the control threads' CPU per miss fell from 10.5-11.5 µs to 1.9-2.4 µs.

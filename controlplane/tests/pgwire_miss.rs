@@ -367,10 +367,18 @@ async fn a_core_read_not_known_current_is_forwarded() {
         .await
         .unwrap();
     lab::sync(&p, &admin).await;
+    let rereads = || p.shared.total(|s| &s.pg_core_fill_rereads);
+    let reads_before = (core_fills(pr), rereads());
     let ((filled, forwarded, missed), before, after) = lookups([153, 154, 155]).await;
     assert!(
         filled == 0 && forwarded == missed && forwarded >= 1,
         "reads whose xmin is older than the kept xids are forwarded: {before:?} -> {after:?}"
+    );
+    // Each was read twice on the core (the second read fails the same way), never a third time.
+    assert_eq!(
+        (core_fills(pr) - reads_before.0, rereads() - reads_before.1),
+        (2 * forwarded, forwarded),
+        "(core reads, second reads) of {forwarded} forwarded lookups"
     );
 
     // The transaction ends: reads are current again.

@@ -14,6 +14,7 @@
 # (6498), PGWIRE_PORT (6533).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib-pgline.sh
 ENTRIES=${ENTRIES:-850000} MISSES=${MISSES:-4000}
 PGLINE_PORT=${PGLINE_PORT:-6497} API_PORT=${API_PORT:-6498} PGWIRE_PORT=${PGWIRE_PORT:-6533}
 PGLINE_BIN=${PGLINE_BIN:-target/release/pgline}
@@ -37,24 +38,10 @@ INSERT INTO stall_probe SELECT g, md5(g::text) FROM generate_series(1, $MISSES) 
     ON CONFLICT DO NOTHING;
 SQL
 
+ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
 TMPD=$(mktemp -d)
-"$PGLINE_BIN" serve --origin "host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB" \
-    --listen "127.0.0.1:$PGLINE_PORT" --memory 1GiB \
-    --set api.listen="\"127.0.0.1:$API_PORT\"" --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
-    --set replication.slot="\"$SLOT\"" --set replication.publication="\"$SLOT\"" \
-    --set log.level='"warn"' --set 'catalog.tables=["public.stall_probe"]' >"$TMPD/pgline.log" 2>&1 &
-PID=$!
-cleanup() {
-    kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
-    psql -q -d "$DB" -c "SELECT pg_drop_replication_slot('$SLOT') FROM pg_replication_slots WHERE slot_name = '$SLOT'" >/dev/null 2>&1 || true
-    rm -rf "$TMPD"
-}
-trap cleanup EXIT
-for _ in $(seq 1 300); do
-    redis-cli -p "$PGLINE_PORT" INFO replication 2>/dev/null | grep -q 'serving_hits:1' && break
-    kill -0 "$PID" 2>/dev/null || { cat "$TMPD/pgline.log" >&2; exit 1; }
-    sleep 0.1
-done
+trap bench_cleanup EXIT
+pgline_serve "$PGLINE_BIN" 1GiB --set 'catalog.tables=["public.stall_probe"]'
 "$PGLINE_BIN" tables add public.stall_warm --warm --api "http://127.0.0.1:$API_PORT" >/dev/null
 keys() { # entries in the store, 0 before the first
     local n

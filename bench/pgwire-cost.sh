@@ -24,6 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pgbouncer.sh
+. bench/lib-pgline.sh
 BINS=${BINS:-target/release/pgline}
 CLIENTS=${CLIENTS:-8 32}
 ROUNDS=${ROUNDS:-3}
@@ -43,36 +44,18 @@ psql -qtA -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$DB'" | gre
 ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
 TMPD=$(mktemp -d)
 chmod 755 "$TMPD" # PgBouncer runs as postgres
-PID=""
-cleanup() {
-    [ -z "$PID" ] || kill "$PID" 2>/dev/null || true
-    wait 2>/dev/null || true
-    # pgline's slot (named after DB) would hold the origin's WAL.
-    deploy/lab/pg.sh drop-slot "$DB" >/dev/null || true
-    rm -rf "$TMPD"
-}
-trap cleanup EXIT
-
-start_pgline() { # binary: serves on PGWIRE_PORT, sets PID
-    "$1" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" --memory 64MiB \
-        --set api.listen="\"127.0.0.1:$API_PORT\"" --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
-        --set replication.slot="\"$DB\"" --set replication.publication="\"$DB\"" \
-        --set log.level='"warn"' >"$TMPD/pgline.log" 2>&1 &
-    PID=$!
-    for _ in $(seq 1 100); do
-        pg_isready -q -h 127.0.0.1 -p "$PGWIRE_PORT" && break
-        kill -0 "$PID" 2>/dev/null || { cat "$TMPD/pgline.log" >&2; exit 1; }
-        sleep 0.1
-    done
-}
+SLOT=$DB # pgline's slot and publication
+PID=""    # the proxy measured: pgline's or PgBouncer's
+trap bench_cleanup EXIT
 
 run() { # binary-or-pgbouncer clients
     local bin=$1 c=$2 port=$PGWIRE_PORT
     if [ "$bin" = pgbouncer ]; then
         start_pgbouncer "$TMPD/pgbouncer" "$BOUNCER_PORT" "$DB"
-        PID=$BOUNCER_PID port=$BOUNCER_PORT
+        PID=$BOUNCER_PID port=$BOUNCER_PORT BENCH_KILL=$BOUNCER_PID
     else
-        start_pgline "$bin"
+        pgline_serve "$bin" 64MiB
+        PID=$PGLINE_PID
     fi
     sleep 1
     # pgbench runs a second longer than the count, which starts half a second in.
@@ -84,8 +67,13 @@ run() { # binary-or-pgbouncer clients
         -e syscalls:sys_enter_write,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield \
         -p "$PID" -- sleep "$DURATION" 2>"$TMPD/perf.csv"
     wait "$bench" || { cat "$TMPD/pgbench.out" >&2; exit 1; }
-    kill "$PID"
-    wait "$PID" 2>/dev/null || true
+    if [ "$bin" = pgbouncer ]; then
+        kill "$PID"
+        wait "$PID" 2>/dev/null || true
+        BENCH_KILL=""
+    else
+        pgline_stop
+    fi
     PID=""
     local tps
     tps=$(awk '/^tps/ {print $3}' "$TMPD/pgbench.out")

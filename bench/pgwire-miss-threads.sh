@@ -15,6 +15,7 @@
 # (6453), PGLINE_PORT (6451), API_PORT (6452). Against the lab origin (deploy/lab/pg.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib-pgline.sh
 BINS=${BINS:-target/release/pgline}
 CLIENTS=${CLIENTS:-8}
 ROUNDS=${ROUNDS:-2}
@@ -33,18 +34,11 @@ psql -qtA -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$DB'" | gre
 export PGLINE_API_TOKEN=${PGLINE_API_TOKEN:-threads-$RANDOM$RANDOM}
 ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
 TMPD=$(mktemp -d)
-PID=""
-cleanup() {
-    [ -z "$PID" ] || kill "$PID" 2>/dev/null || true
-    wait 2>/dev/null || true
-    deploy/lab/pg.sh drop-slot "$SLOT" >/dev/null || true
-    rm -rf "$TMPD"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
-threads() { # group cpu_ticks switches, one line per thread of PID
+threads() { # group cpu_ticks switches, one line per thread of pgline
     local t comm g
-    for t in /proc/"$PID"/task/*; do
+    for t in /proc/"$PGLINE_PID"/task/*; do
         comm=$(cat "$t/comm" 2>/dev/null) || continue
         case $comm in pgline-core*) g=core ;; pgline-control) g=control ;; *) g=other ;; esac
         echo "$g $(awk '{print $14 + $15}' "$t/stat") $(awk '/^(non)?voluntary_ctxt/ {s += $2} END {print s}' "$t/status")"
@@ -53,17 +47,7 @@ threads() { # group cpu_ticks switches, one line per thread of PID
 
 run() { # binary clients
     local bin=$1 c=$2 ticks n tps
-    "$bin" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" --memory "$MEMORY" \
-        --set api.listen="\"127.0.0.1:$API_PORT\"" --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
-        --set replication.slot="\"$SLOT\"" --set replication.publication="\"$SLOT\"" \
-        --set log.level='"warn"' >"$TMPD/pgline.log" 2>&1 &
-    PID=$!
-    for _ in $(seq 1 300); do
-        redis-cli -p "$PGLINE_PORT" INFO replication 2>/dev/null | grep -q 'serving_hits:1' \
-            && pg_isready -q -h 127.0.0.1 -p "$PGWIRE_PORT" && break
-        kill -0 "$PID" 2>/dev/null || { cat "$TMPD/pgline.log" >&2; exit 1; }
-        sleep 0.1
-    done
+    pgline_serve "$bin" "$MEMORY"
     pgbench -n -S -M prepared -h 127.0.0.1 -p "$PGWIRE_PORT" -c "$c" -j 2 -T 7 -P 1 "$DB" \
         >"$TMPD/pgbench.out" 2>&1 &
     local bench=$!
@@ -72,10 +56,7 @@ run() { # binary clients
     sleep 4
     threads >"$TMPD/after"
     wait "$bench" || { cat "$TMPD/pgbench.out" >&2; exit 1; }
-    kill "$PID"
-    wait "$PID" 2>/dev/null || true
-    PID=""
-    deploy/lab/pg.sh drop-slot "$SLOT" >/dev/null || true
+    pgline_stop
     # Lookups in the counted seconds: pgbench's progress lines 3 to 6 (seconds 2-6).
     n=$(grep '^progress' "$TMPD/pgbench.out" | sed -n 3,6p | awk '{s += $4} END {print s + 0}')
     tps=$(awk '/^tps/ {printf "%.0f", $3}' "$TMPD/pgbench.out")

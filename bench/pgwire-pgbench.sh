@@ -60,6 +60,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pgbouncer.sh
+. bench/lib-pgline.sh
 
 SMOKE=0
 case "${1:-}" in
@@ -108,9 +109,8 @@ fi
 LABEL=${LABEL:-$PGLINE_BIN}
 ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for p in "$PGLINE_PORT" "$API_PORT" "$PGWIRE_PORT" "$BOUNCER_PORT"; do
-    if port_busy "$p"; then
+    if bench_port_busy "$p"; then
         echo "pgwire-pgbench.sh: port $p is in use (set PGLINE_PORT/API_PORT/PGWIRE_PORT/BOUNCER_PORT)" >&2
         exit 1
     fi
@@ -140,65 +140,25 @@ TMPD=$(mktemp -d /tmp/pgline-pgbench.XXXXXX)
 chmod 755 "$TMPD"
 export PGLINE_API_TOKEN=${PGLINE_API_TOKEN:-pgbench-$RANDOM$RANDOM}
 API="http://127.0.0.1:$API_PORT"
-PGLINE_PID="" BOUNCER_PID=""
-stop_pid() { # pid: TERM, wait
-    [ -n "$1" ] || return 0
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-}
-stop_pgline() { stop_pid "$PGLINE_PID"; PGLINE_PID=""; }
-cleanup() {
-    stop_pgline
-    stop_pid "$BOUNCER_PID"
-    deploy/lab/pg.sh drop-slot "$SLOT" >/dev/null || true
-    psql -q -d "$DB" -c "DROP PUBLICATION IF EXISTS $SLOT" 2>/dev/null || true
-    rm -rf "$TMPD"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
-# The origin's processes (its postmaster is the checkpointer's parent; backends forked later
-# inherit its CPUs), pinned for the run when ORIGIN_CPUS is set: the proxy's CPUs are then its
-# own, as on the appliance, and the origin column gets the same CPUs as the others.
-pin_origin() { # cpu list
-    local checkpointer postmaster
-    checkpointer=$(psql -qtA -d "$DB" -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
-    postmaster=$(ps -o ppid= -p "$checkpointer" | tr -d ' ')
-    for p in "$postmaster" $(pgrep -P "$postmaster"); do
-        taskset -a -p -c "$1" "$p" >/dev/null 2>&1 || true
-    done
-}
+# The origin pinned for the run when ORIGIN_CPUS is set (pin_origin, bench/lib-pgline.sh): the
+# proxy's CPUs are then its own, as on the appliance, and the origin column gets the same CPUs
+# as the others.
 if [ -n "$ORIGIN_CPUS" ]; then
     pin_origin "$ORIGIN_CPUS"
-    trap 'pin_origin "0-$(($(nproc) - 1))"; cleanup' EXIT
+    trap 'pin_origin "0-$(($(nproc) - 1))"; bench_cleanup' EXIT
 fi
 
 # PgBouncer, as a new user would set it up for transaction pooling (bench/pgbouncer.sh).
 start_pgbouncer "$TMPD/pgbouncer" "$BOUNCER_PORT" "$DB" "${PIN_SERVER[@]}"
+BENCH_KILL=$BOUNCER_PID
 BOUNCER_VERSION=$("$BOUNCER" --version | head -1)
 
 start_pgline() { # memory extra-args...
     local memory=$1; shift
-    for _ in $(seq 1 100); do # the previous instance's listeners may take a moment to go
-        port_busy "$PGLINE_PORT" || port_busy "$API_PORT" || port_busy "$PGWIRE_PORT" || break
-        sleep 0.1
-    done
-    "${PIN_SERVER[@]}" "$PGLINE_BIN" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" \
-        --memory "$memory" \
-        --set api.listen="\"127.0.0.1:$API_PORT\"" \
-        --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
-        --set replication.slot="\"$SLOT\"" --set replication.publication="\"$SLOT\"" \
-        --set log.level='"warn"' "$@" ${PGLINE_EXTRA:-} >"$TMPD/pgline.log" 2>&1 &
-    PGLINE_PID=$!
-    for _ in $(seq 1 300); do
-        kill -0 "$PGLINE_PID" 2>/dev/null || break
-        redis-cli -p "$PGLINE_PORT" INFO replication 2>/dev/null | grep -q 'serving_hits:1' \
-            && pg_isready -q -h 127.0.0.1 -p "$PGWIRE_PORT" && kill -0 "$PGLINE_PID" 2>/dev/null \
-            && return 0
-        sleep 0.1
-    done
-    echo "pgwire-pgbench.sh: pgline did not start serving; its log:" >&2
-    cat "$TMPD/pgline.log" >&2
-    exit 1
+    # shellcheck disable=SC2086 # PGLINE_EXTRA: more arguments, split on spaces
+    pgline_serve "$PGLINE_BIN" "$memory" "$@" ${PGLINE_EXTRA:-}
 }
 info_counts() { # "hits misses" of the pgline store, from RESP INFO
     redis-cli -p "$PGLINE_PORT" INFO stats 2>/dev/null | tr -d '\r' \
@@ -346,7 +306,7 @@ for c in $CLIENTS; do
         if has_cell coldw; then cold_cell coldw prepared without "$c" "$r"; fi
     done
 done
-stop_pgline
+pgline_stop
 
 # Warm cells: a store that holds every account before the first measured transaction.
 if has_cell warm; then
@@ -361,7 +321,7 @@ if has_cell warm; then
             for t in $(targets_for "$r" without); do run warm "$t" prepared "$c" "$r" -S; done
         done
     done
-    stop_pgline
+    pgline_stop
 fi
 
 python3 bench/pgwire-pgbench-report.py --check "$JSONL"

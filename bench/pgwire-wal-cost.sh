@@ -16,6 +16,7 @@
 # Against the lab origin (deploy/lab/pg.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib-pgline.sh
 DB=${DB:-pgline_pgbench_s10}
 CLIENTS=${CLIENTS:-8}
 ROUNDS=${ROUNDS:-3}
@@ -30,29 +31,11 @@ export PGHOST PGPORT PGUSER PGPASSWORD
 psql -qtA -d "$DB" -c "SELECT count(*) FROM pgbench_branches" >/dev/null 2>&1 \
     || { echo "pgwire-wal-cost.sh: no pgbench database $DB (pgbench -i -s 10 $DB)" >&2; exit 1; }
 ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
-LOG=$(mktemp)
-PID=""
-stop_pgline() {
-    [ -z "$PID" ] && return 0
-    kill "$PID" 2>/dev/null || true
-    wait "$PID" 2>/dev/null || true
-    PID=""
-    # The slot would hold the origin's WAL, and a walsender still exiting keeps it active.
-    deploy/lab/pg.sh drop-slot "$SLOT" >/dev/null || true
-}
-trap 'stop_pgline; psql -qtA -d "$DB" -c "DROP PUBLICATION IF EXISTS $SLOT" >/dev/null 2>&1; rm -f "$LOG"' EXIT
+TMPD=$(mktemp -d)
+trap bench_cleanup EXIT
 
 start_pgline() {
-    "$PGLINE_BIN" serve --origin "$ORIGIN" --listen "127.0.0.1:$PGLINE_PORT" --memory 256MiB \
-        --set api.listen="\"127.0.0.1:$API_PORT\"" --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
-        --set replication.slot="\"$SLOT\"" --set replication.publication="\"$SLOT\"" \
-        --set log.level='"warn"' >"$LOG" 2>&1 &
-    PID=$!
-    for _ in $(seq 1 100); do
-        pg_isready -q -h 127.0.0.1 -p "$PGWIRE_PORT" && break
-        kill -0 "$PID" 2>/dev/null || { cat "$LOG" >&2; exit 1; }
-        sleep 0.1
-    done
+    pgline_serve "$PGLINE_BIN" 256MiB
     sleep 2 # the slot is made and the walsender streams
 }
 
@@ -65,7 +48,7 @@ run() { # with|without
         start_pgline
         ws=$(psql -d postgres -qtA -c "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '$SLOT'")
         [ -n "$ws" ] || { echo "pgwire-wal-cost.sh: no walsender for $SLOT" >&2; exit 1; }
-        w0=$(ticks "$ws") p0=$(ticks "$PID")
+        w0=$(ticks "$ws") p0=$(ticks "$PGLINE_PID")
     fi
     local out
     out=$(pgbench -n -b tpcb-like -h 127.0.0.1 -p "$PGPORT" -c "$CLIENTS" -j 2 -T "$DURATION" "$DB" 2>&1)
@@ -74,8 +57,8 @@ run() { # with|without
     tps=$(awk '/^tps/ {printf "%.0f", $3}' <<<"$out")
     if [ "$1" = with ]; then
         local w1 p1
-        w1=$(ticks "$ws") p1=$(ticks "$PID")
-        stop_pgline
+        w1=$(ticks "$ws") p1=$(ticks "$PGLINE_PID")
+        pgline_stop
         printf 'pgline tailing the WAL  clients=%-3s tps=%6s walsender_us/txn=%5.1f pgline_us/txn=%5.1f\n' "$CLIENTS" "$tps" \
             "$(awk -v d=$((w1 - w0)) -v hz="$HZ" -v n="$n" 'BEGIN {print d * 1e6 / hz / n}')" \
             "$(awk -v d=$((p1 - p0)) -v hz="$HZ" -v n="$n" 'BEGIN {print d * 1e6 / hz / n}')"

@@ -13,6 +13,7 @@
 # API_PORT (6398), PGWIRE_PORT (6433). PGLINE_BIN (target/release/pgline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib-pgline.sh
 ROUNDS=${ROUNDS:-2} DURATION=${DURATION:-5}
 PGLINE_PORT=${PGLINE_PORT:-6397} API_PORT=${API_PORT:-6398} PGWIRE_PORT=${PGWIRE_PORT:-6433}
 PGLINE_BIN=${PGLINE_BIN:-target/release/pgline}
@@ -26,30 +27,12 @@ export PGHOST PGPORT PGUSER PGPASSWORD
 psql -qtA -d "$DB" -c "SELECT count(*) FROM pgbench_accounts" >/dev/null 2>&1 \
     || { echo "pgwire-warm-client.sh: no $DB; run bench/pgwire-pgbench.sh once" >&2; exit 1; }
 export PGLINE_API_TOKEN=warm-$RANDOM$RANDOM$RANDOM
+ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
 TMPD=$(mktemp -d)
-PID=""
-cleanup() {
-    [ -z "$PID" ] || kill "$PID" 2>/dev/null || true
-    wait 2>/dev/null || true
-    # A slot left behind holds the origin's WAL, and its name is the one other scripts use.
-    deploy/lab/pg.sh drop-slot "$SLOT" >/dev/null || true
-    rm -rf "$TMPD"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
-"$PGLINE_BIN" serve --origin "host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB" \
-    --listen "127.0.0.1:$PGLINE_PORT" --memory 1GiB \
-    --set api.listen="\"127.0.0.1:$API_PORT\"" --set pgwire.listen="\"127.0.0.1:$PGWIRE_PORT\"" \
-    --set replication.slot="\"$SLOT\"" --set replication.publication="\"$SLOT\"" \
-    --set 'catalog.tables=["public.pgbench_branches","public.pgbench_tellers"]' \
-    --set log.level='"warn"' >"$TMPD/pgline.log" 2>&1 &
-PID=$!
-for _ in $(seq 1 300); do
-    redis-cli -p "$PGLINE_PORT" INFO replication 2>/dev/null | grep -q 'serving_hits:1' \
-        && pg_isready -q -h 127.0.0.1 -p "$PGWIRE_PORT" && break
-    kill -0 "$PID" 2>/dev/null || { cat "$TMPD/pgline.log" >&2; exit 1; }
-    sleep 0.1
-done
+pgline_serve "$PGLINE_BIN" 1GiB \
+    --set 'catalog.tables=["public.pgbench_branches","public.pgbench_tellers"]'
 "$PGLINE_BIN" tables add public.pgbench_accounts --warm --api "http://127.0.0.1:$API_PORT" >/dev/null
 pgbench -n -S -M prepared -h 127.0.0.1 -p "$PGWIRE_PORT" -c 8 -j 2 -T 5 "$DB" >/dev/null 2>&1
 for _ in $(seq 1 "$ROUNDS"); do

@@ -106,7 +106,49 @@ struct CoreState {
     backoff: Duration,
     /// Reads answered and not yet offered to the writer (fewer than [`INSTALL_BURST`]); a task
     /// of the core's runtime offers them [`INSTALL_HOLD`] after the first.
-    held: Vec<CoreRead>,
+    held: Held<CoreRead>,
+}
+
+/// A core's answered reads waiting to be offered to the writer together.
+#[derive(Debug)]
+struct Held<T> {
+    items: Vec<T>,
+}
+
+/// What adding reads to [`Held`] asks of the caller.
+#[derive(Debug, PartialEq)]
+enum Hold<T> {
+    /// The first reads held: offer what is held [`INSTALL_HOLD`] from now.
+    StartTimer,
+    /// [`INSTALL_BURST`] or more were held: offer these now (none stay held).
+    Burst(Vec<T>),
+    /// Held behind the timer already running.
+    Wait,
+}
+
+impl<T> Held<T> {
+    const fn new() -> Held<T> {
+        Held { items: Vec::new() }
+    }
+
+    fn add(&mut self, items: Vec<T>) -> Hold<T> {
+        if items.is_empty() {
+            return Hold::Wait;
+        }
+        let first = self.items.is_empty();
+        self.items.extend(items);
+        if self.items.len() >= INSTALL_BURST {
+            Hold::Burst(std::mem::take(&mut self.items))
+        } else if first {
+            Hold::StartTimer
+        } else {
+            Hold::Wait
+        }
+    }
+
+    fn take(&mut self) -> Vec<T> {
+        std::mem::take(&mut self.items)
+    }
 }
 
 /// A miss waiting for its read.
@@ -155,7 +197,7 @@ impl CoreFills {
                     running_keys: 0,
                     down_until: None,
                     backoff: FIRST_BACKOFF,
-                    held: Vec::new(),
+                    held: Held::new(),
                 })
             })
             .collect();
@@ -378,28 +420,22 @@ impl CoreFills {
         let Some(state) = self.cores.get(core) else {
             return;
         };
-        if reads.is_empty() {
-            return;
-        }
-        let mut st = lock(state);
-        let first = st.held.is_empty();
-        st.held.extend(reads);
-        if st.held.len() >= INSTALL_BURST {
-            let burst = std::mem::take(&mut st.held);
-            drop(st);
-            self.offer(burst);
-        } else if first {
-            drop(st);
-            // A task of the core's runtime (this runs in a read task). A timer left behind by
-            // a burst sent early only offers the next reads sooner.
-            let fills = self.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(INSTALL_HOLD).await;
-                if let Some(state) = fills.cores.get(core) {
-                    let burst = std::mem::take(&mut lock(state).held);
-                    fills.offer(burst);
-                }
-            });
+        let hold = lock(state).held.add(reads);
+        match hold {
+            Hold::Burst(burst) => self.offer(burst),
+            Hold::StartTimer => {
+                // A task of the core's runtime (this runs in a read task). A timer left behind
+                // by a burst sent early only offers the next reads sooner.
+                let fills = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(INSTALL_HOLD).await;
+                    if let Some(state) = fills.cores.get(core) {
+                        let burst = lock(state).held.take();
+                        fills.offer(burst);
+                    }
+                });
+            }
+            Hold::Wait => {}
         }
     }
 
@@ -411,5 +447,40 @@ impl CoreFills {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_reads_go_to_the_writer_at_the_bound() {
+        let mut held = Held::new();
+        assert_eq!(held.add(vec![0]), Hold::StartTimer);
+        for i in 1..INSTALL_BURST - 1 {
+            assert_eq!(held.add(vec![i]), Hold::Wait, "read {i}");
+        }
+        // The one that reaches the bound sends every held read, in order, and none stay.
+        let expected: Vec<usize> = (0..INSTALL_BURST).collect();
+        assert_eq!(held.add(vec![INSTALL_BURST - 1]), Hold::Burst(expected));
+        assert!(held.take().is_empty());
+        // The next read starts a new hold.
+        assert_eq!(held.add(vec![7]), Hold::StartTimer);
+        assert_eq!(held.take(), vec![7]);
+    }
+
+    #[test]
+    fn a_statement_past_the_bound_goes_at_once() {
+        let mut held = Held::new();
+        assert_eq!(held.add(vec![1, 2]), Hold::StartTimer);
+        let many: Vec<usize> = (0..INSTALL_BURST + 40).collect();
+        match held.add(many) {
+            Hold::Burst(burst) => assert_eq!(burst.len(), INSTALL_BURST + 42),
+            other => panic!("expected a burst, got {other:?}"),
+        }
+        // Nothing answered, nothing held, no timer.
+        assert_eq!(held.add(Vec::new()), Hold::Wait);
+        assert!(held.take().is_empty());
     }
 }

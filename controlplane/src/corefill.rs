@@ -351,6 +351,7 @@ impl CoreFills {
         };
         let stats = self.plane.shared().stats(core);
         CoreStats::add(&stats.pg_core_fills, group.len() as u64);
+        CoreStats::add(&stats.pg_core_fill_statements, 1);
         let mut offered = Vec::new();
         let mut again = Vec::new();
         for (i, mut p) in group.into_iter().enumerate() {

@@ -276,6 +276,11 @@ const CORE_COUNTERS: &[(&str, &str, CoreField)] = &[
         |s| &s.pg_core_fill_rereads,
     ),
     (
+        "pgline_core_pg_core_fill_statements",
+        "Fill statements the core ran for those misses; pg_core_fills divided by this is the keys each statement carried.",
+        |s| &s.pg_core_fill_statements,
+    ),
+    (
         "pgline_core_polls",
         "Turns of the core's poll loop.",
         |s| &s.polls,

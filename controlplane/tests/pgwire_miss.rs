@@ -398,12 +398,16 @@ async fn misses_past_the_cores_two_reads_wait_for_the_next() {
     let admin = db.client().await;
     admin.batch_execute(SCHEMA).await.unwrap();
     let p = start(&db, &["origin.fill_delay_ms=600".to_string()]).await;
+    let statements = || p.shared.total(|s| &s.pg_core_fill_statements);
+    let statements_before = statements();
     let (before, after, took) = lookups(&p, &admin, &db, 11..=14, 100).await;
     assert_eq!(
         (after.0.filled - before.0.filled, after.1 - before.1),
         (4, 4),
         "four misses answered from fills, all read on the core: {before:?} -> {after:?}"
     );
+    // The first two each took a statement; the last two shared the third.
+    assert_eq!(statements() - statements_before, 3, "fill statements");
     // About two rounds of the held reads: the waiting two were read as soon as a statement
     // landed, not left to a timeout.
     assert!(

@@ -47,6 +47,8 @@ pub struct CoreStats {
     pub pg_core_fills: AtomicU64,
     /// Keys read again on the core because their first read was not known current.
     pub pg_core_fill_rereads: AtomicU64,
+    /// Fill statements the core ran for them (keys per statement: `pg_core_fills` / this).
+    pub pg_core_fill_statements: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
     pub polls: AtomicU64,

@@ -7,6 +7,8 @@
 #                 scripts never share one;
 #   PGLINE_PORT, API_PORT, PGWIRE_PORT   the RESP, HTTP API and PostgreSQL ports;
 #   TMPD          a scratch directory (removed by bench_cleanup);
+#   DB            the origin database (bench_cleanup drops the publication there; pin_origin
+#                 finds the postmaster through it);
 #   PIN_SERVER    optional, an array: a prefix for pgline's command line (`taskset -c 0`).
 # The pid of the running pgline is in PGLINE_PID (empty when none runs).
 

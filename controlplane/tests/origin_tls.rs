@@ -481,16 +481,9 @@ async fn multi_host_follows_target_session_attrs() {
         .await
         .unwrap();
     // The same database on the plain lab cluster, read-write.
-    let plain = pgline_testkit::origin::admin_client().await;
+    // Dropped with the slot pgline's stream makes there, whatever the test's outcome.
+    let _plain_db = pgline_testkit::origin::TestDb::named(db.name.clone()).await;
     let (_, plain_port, _, _) = pgline_testkit::origin::origin_base();
-    plain
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
-        .await
-        .unwrap();
-    plain
-        .batch_execute(&format!("CREATE DATABASE {}", db.name))
-        .await
-        .unwrap();
     let url = |attrs: &str| {
         format!(
             "host=127.0.0.1,127.0.0.1,127.0.0.1 port=1,{PORT},{plain_port} user=postgres \
@@ -540,9 +533,6 @@ async fn multi_host_follows_target_session_attrs() {
         .expect("replication login on the read-write host");
     wal.identify_system().await.unwrap();
     drop(wal);
-    let _ = plain
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
-        .await;
 }
 
 /// `pgline check --origin <url>`: the `origin TLS` line (and the line after it, the fix).
@@ -706,16 +696,9 @@ async fn a_relayed_login_on_a_read_only_host_moves_on() {
         ))
         .await
         .unwrap();
-    let plain = pgline_testkit::origin::admin_client().await;
+    // Dropped with the slot pgline's stream makes there, whatever the test's outcome.
+    let _plain_db = pgline_testkit::origin::TestDb::named(db.name.clone()).await;
     let (_, plain_port, _, _) = pgline_testkit::origin::origin_base();
-    plain
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
-        .await
-        .unwrap();
-    plain
-        .batch_execute(&format!("CREATE DATABASE {}", db.name))
-        .await
-        .unwrap();
     let plain_db =
         pgline_testkit::origin::connect(&pgline_testkit::origin::conn_string(&db.name)).await;
     plain_db
@@ -752,6 +735,7 @@ async fn a_relayed_login_on_a_read_only_host_moves_on() {
     drop(client);
 
     // "Failover": the plain cluster's database turns read-only, the TLS one read-write.
+    let plain = pgline_testkit::origin::admin_client().await;
     plain
         .batch_execute(&format!(
             "ALTER DATABASE {} SET default_transaction_read_only = on",
@@ -784,9 +768,6 @@ async fn a_relayed_login_on_a_read_only_host_moves_on() {
     drop(client);
     p.shutdown().await;
     drop(plain_db);
-    let _ = plain
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
-        .await;
 }
 
 /// A FATAL ErrorResponse with `message` (whole message).

@@ -45,10 +45,16 @@ impl TestDb {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
+        TestDb::named(name).await
+    }
+
+    /// A fresh database named `name` (dropped first if it exists): for a test that needs the
+    /// same name on this origin as on another cluster. Dropped with its slots like any other.
+    pub async fn named(name: String) -> TestDb {
         let admin = admin_client().await;
         // Two statements: DROP/CREATE DATABASE cannot share one implicit transaction.
         admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .await
             .expect("drop stale test database");
         admin

@@ -73,6 +73,14 @@ impl Harness {
         }
     }
 
+    /// A stalled applier that still takes events off the channel: keeps them in `held`, in
+    /// order, applying none.
+    fn hold_arrived(&mut self, held: &mut Vec<WalEvent>) {
+        while let Ok(ev) = self.rx.try_recv() {
+            held.push(ev);
+        }
+    }
+
     /// The fake applier: applies Progress, returns the next transaction (applied too).
     async fn next_txn(&mut self) -> WalTxn {
         loop {
@@ -347,20 +355,33 @@ async fn feedback_never_passes_applied() {
         h.next_txn().await;
     }
     let applied = h.state.applied_lsn.load(Ordering::Acquire);
-    // Stop applying: more transactions arrive (the channel holds 16) but are not applied.
+    // Stop applying: more transactions arrive and are taken off the channel, but not applied.
+    // (Taken off, so that the channel, 16 events, cannot fill: the Progress events other
+    // tests' WAL makes beside these ten transactions filled it once, and the consumer then
+    // waited for room and received nothing more.)
+    let mut held = Vec::new();
     for i in 5..15 {
         client
             .execute("INSERT INTO t VALUES ($1)", &[&i])
             .await
             .expect("insert");
+        h.hold_arrived(&mut held);
     }
     let end = current_lsn(&client).await;
-    h.wait_until("received the new WAL", |s| {
-        s.received_lsn.load(Ordering::Acquire) >= end - 200
-    })
-    .await;
+    let deadline = Instant::now() + WAIT;
+    while h.state.received_lsn.load(Ordering::Acquire) < end - 200 {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the new WAL"
+        );
+        h.hold_arrived(&mut held);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Several status intervals pass.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for _ in 0..50 {
+        h.hold_arrived(&mut held);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let confirmed = slot::confirmed_flush_lsn(&client, &h.slot)
         .await
         .expect("query slot")
@@ -371,7 +392,18 @@ async fn feedback_never_passes_applied() {
     );
     assert!(h.state.received_lsn.load(Ordering::Acquire) > applied);
     // After applying the rest, feedback catches up.
-    for _ in 5..15 {
+    let mut txns = 0;
+    for ev in held {
+        match ev {
+            WalEvent::Txn(t) => {
+                h.apply(t.end_lsn);
+                txns += 1;
+            }
+            WalEvent::Progress { lsn } => h.apply(lsn),
+            WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
+        }
+    }
+    for _ in txns..10 {
         h.next_txn().await;
     }
     let applied = h.state.applied_lsn.load(Ordering::Acquire);

@@ -64,7 +64,7 @@ run() { # binary-or-pgbouncer clients
     local bench=$!
     sleep 0.5
     perf stat -x, -e task-clock,raw_syscalls:sys_enter,context-switches \
-        -e syscalls:sys_enter_write,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield \
+        -e syscalls:sys_enter_write,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield,syscalls:sys_enter_recvfrom,syscalls:sys_enter_sendto,syscalls:sys_enter_read \
         -p "$PID" -- sleep "$DURATION" 2>"$TMPD/perf.csv"
     wait "$bench" || { cat "$TMPD/pgbench.out" >&2; exit 1; }
     if [ "$bin" = pgbouncer ]; then
@@ -81,10 +81,11 @@ run() { # binary-or-pgbouncer clients
         { v[$3] = $1 }
         END {
             n = tps * d
-            printf "%-28s clients=%-3s tps=%7.0f cpu_us/txn=%6.1f syscalls/txn=%5.2f (%5.2f without sched_yield) write/txn=%4.2f epoll_wait/txn=%4.2f cs/txn=%4.2f\n",
+            printf "%-28s clients=%-3s tps=%7.0f cpu_us/txn=%6.1f syscalls/txn=%5.2f (%5.2f without sched_yield) write/txn=%4.2f epoll_wait/txn=%4.2f recv/txn=%4.2f send/txn=%4.2f read/txn=%4.2f cs/txn=%4.2f\n",
                 bin, c, tps, v["task-clock"] * 1000 / n, v["raw_syscalls:sys_enter"] / n,
                 (v["raw_syscalls:sys_enter"] - v["syscalls:sys_enter_sched_yield"]) / n,
                 v["syscalls:sys_enter_write"] / n, v["syscalls:sys_enter_epoll_wait"] / n,
+                v["syscalls:sys_enter_recvfrom"] / n, v["syscalls:sys_enter_sendto"] / n, v["syscalls:sys_enter_read"] / n,
                 v["context-switches"] / n
         }' "$TMPD/perf.csv"
 }

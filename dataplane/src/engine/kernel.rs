@@ -35,8 +35,9 @@
 //! (`AsyncFd`), so a client's bytes, the relay's reply (the core's waker) and an origin's answer
 //! each wake the one thread. No request or reply crosses threads. Since tokio's driver already
 //! polls that epoll between turns, a hosting core's turn reads its own epoll fd only when the
-//! driver saw it readable (or the turn is the first, follows a sleep, or follows a read that
-//! filled the event buffer or failed): one `epoll_wait` per spin turn, not two.
+//! driver saw it readable (or the turn is the first, follows a sleep that the fd ended, or
+//! follows a read that filled the event buffer or failed): one `epoll_wait` per spin turn, not
+//! two, and none for the fd after a sleep that a relay reply ended.
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -339,8 +340,8 @@ impl Core {
         self.asleep.hosted.store(true, Ordering::Relaxed);
         let mut idle = 0u32;
         // Whether the next turn must read the epoll fd whatever tokio last saw of it: at the
-        // start, after a sleep (which consumed its readiness) and after a read that filled
-        // `events` (more may be waiting) or failed.
+        // start, after a sleep the fd ended (which consumed its readiness) and after a read
+        // that filled `events` (more may be waiting) or failed.
         let mut read_anyway = true;
         while !stop.load(Ordering::Relaxed) {
             let read_fd = read_anyway || epoll.as_ref().map_or(true, fd_ready);
@@ -379,16 +380,20 @@ impl Core {
                     Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
                 }
             };
-            let _ = tokio::time::timeout(Duration::from_millis(100), async {
+            let by_fd = tokio::time::timeout(Duration::from_millis(100), async {
                 tokio::select! {
                     biased;
-                    () = ready => {}
-                    () = woken => {}
+                    () = ready => true,
+                    () = woken => false,
                 }
             })
             .await;
             self.asleep.leave();
-            read_anyway = true;
+            // Woken by its own fd, the sleep consumed the readiness the next turn would read:
+            // read the fd anyway. Woken by a reply (or the timeout), the runtime's record of
+            // the fd is intact and says whether to read it: one `epoll_wait` fewer per reply
+            // that ends a sleep.
+            read_anyway = by_fd.unwrap_or(false);
         }
     }
 

@@ -353,7 +353,9 @@ impl Core {
             } else {
                 idle = idle.saturating_add(1);
             }
-            if idle < self.worker.cfg.spin_polls || self.slots.has_active() {
+            // Not asleep with events known to wait in the fd (`read_anyway` after a full read):
+            // the fd's readiness edge is spent, so no wake-up would come for them.
+            if idle < self.worker.cfg.spin_polls || self.slots.has_active() || read_anyway {
                 if !worked {
                     // As in `run_alone`: PostgreSQL or another thread may want this CPU.
                     std::thread::yield_now();
@@ -393,6 +395,7 @@ impl Core {
             // read the fd anyway. Woken by a reply (or the timeout), the runtime's record of
             // the fd is intact and says whether to read it: one `epoll_wait` fewer per reply
             // that ends a sleep.
+            // (`read_anyway` was false: see the spin's condition.)
             read_anyway = by_fd.unwrap_or(false);
         }
     }

@@ -18,9 +18,9 @@
 # with SCRIPT= and a DB that pgbench -i made), DB (pgline_cost), PGWIRE_PORT (6443), PGLINE_PORT (6441), API_PORT (6442),
 # BOUNCER_PORT (6444).
 # One line per run: tps, the proxy's CPU µs per transaction, system calls per transaction
-# (all, and without sched_yield, which a spinning core makes when idle), eventfd/epoll calls
-# per transaction, and context switches per transaction. Needs `perf` (linux-perf) and root or
-# perf_event_paranoid <= 1; against the lab origin (deploy/lab/pg.sh).
+# (all, and without sched_yield, which a spinning core makes when idle), eventfd/epoll and
+# recvfrom/sendto/read calls per transaction, and context switches per transaction. Needs
+# `perf` (linux-perf) and root or perf_event_paranoid <= 1; against the lab origin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pgbouncer.sh

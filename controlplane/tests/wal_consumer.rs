@@ -65,11 +65,22 @@ impl Harness {
     /// databases' WAL included, which parallel tests write).
     fn apply_arrived(&mut self) {
         while let Ok(ev) = self.rx.try_recv() {
-            match ev {
-                WalEvent::Txn(t) => self.apply(t.end_lsn),
-                WalEvent::Progress { lsn } => self.apply(lsn),
-                WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
+            self.apply_event(ev);
+        }
+    }
+
+    /// The fake applier's step: applies a transaction or Progress; returns the transaction.
+    fn apply_event(&self, ev: WalEvent) -> Option<WalTxn> {
+        match ev {
+            WalEvent::Txn(t) => {
+                self.apply(t.end_lsn);
+                Some(t)
             }
+            WalEvent::Progress { lsn } => {
+                self.apply(lsn);
+                None
+            }
+            WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
         }
     }
 
@@ -84,13 +95,9 @@ impl Harness {
     /// The fake applier: applies Progress, returns the next transaction (applied too).
     async fn next_txn(&mut self) -> WalTxn {
         loop {
-            match self.next_event().await {
-                WalEvent::Txn(t) => {
-                    self.apply(t.end_lsn);
-                    return t;
-                }
-                WalEvent::Progress { lsn } => self.apply(lsn),
-                WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
+            let ev = self.next_event().await;
+            if let Some(t) = self.apply_event(ev) {
+                return t;
             }
         }
     }
@@ -392,17 +399,7 @@ async fn feedback_never_passes_applied() {
     );
     assert!(h.state.received_lsn.load(Ordering::Acquire) > applied);
     // After applying the rest, feedback catches up.
-    let mut txns = 0;
-    for ev in held {
-        match ev {
-            WalEvent::Txn(t) => {
-                h.apply(t.end_lsn);
-                txns += 1;
-            }
-            WalEvent::Progress { lsn } => h.apply(lsn),
-            WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
-        }
-    }
+    let txns = held.into_iter().filter_map(|ev| h.apply_event(ev)).count();
     for _ in txns..10 {
         h.next_txn().await;
     }

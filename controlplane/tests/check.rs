@@ -133,6 +133,37 @@ async fn passes_against_the_test_origin_and_names_bad_tables() {
         "{out}"
     );
     assert!(line(&out, "table users").0.starts_with("PASS"), "{out}");
+
+    // Custom settings that a policy reads and a function sets: named until followed.
+    assert!(line(&out, "custom settings").0.starts_with("PASS"), "{out}");
+    c.batch_execute(
+        "ALTER TABLE users ENABLE ROW LEVEL SECURITY; \
+         CREATE POLICY by_tenant ON users USING (id = current_setting('App.Tenant', true)::int); \
+         CREATE FUNCTION set_region(r text) RETURNS text LANGUAGE sql \
+           AS $$ SELECT set_config('app.region', r, false) $$",
+    )
+    .await
+    .unwrap();
+    let mut args = base.to_vec();
+    args.extend(["--set", "catalog.tables=[\"users\"]", "--set", &pgo_slot]);
+    let (code, out, _) = pgline(&args);
+    assert_eq!(code, 0, "{out}");
+    let (l, fix) = line(&out, "custom settings");
+    assert!(
+        l.starts_with("WARN") && l.contains("app.region, app.tenant"),
+        "{out}"
+    );
+    assert!(
+        fix.contains(r#"pgwire.custom_settings=["app.region", "app.tenant"]"#),
+        "{out}"
+    );
+    args.extend([
+        "--set",
+        r#"pgwire.custom_settings=["app.tenant", "app.region"]"#,
+    ]);
+    let (code, out, _) = pgline(&args);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "custom settings").0.starts_with("PASS"), "{out}");
 }
 
 #[test]

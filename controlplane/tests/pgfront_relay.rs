@@ -1121,6 +1121,71 @@ async fn a_channel_or_a_held_cursor_made_by_a_function_stays_with_its_session() 
     teardown(db, d, &role).await;
 }
 
+/// A custom setting a function sets (`set_config('app.tenant', .., false)`, which no statement
+/// text shows and `pg_settings` does not list) never reaches another session when the relay
+/// follows it (`pgwire.custom_settings`): the fenced batch's backend stays with its session
+/// rather than going back to the pool, a reserved backend another session takes is handed back
+/// to its owner rather than used (without the list, session 3 read another session's tenant),
+/// each owner keeps its value, and a backend whose reset leaves `''` where a new connection
+/// reads NULL is closed, not pooled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_setting_made_by_a_function_stays_with_its_session() {
+    let (db, d, role) = setup_with("pgf_custom", |cfg| {
+        cfg.pgwire.pool_size = 2;
+        cfg.pgwire.pool_wait_ms = 500;
+        cfg.pgwire.custom_settings = vec!["app.tenant".into()];
+    })
+    .await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION set_tenant(t int) RETURNS int LANGUAGE plpgsql AS \
+               $$ BEGIN PERFORM set_config('app.tenant', t::text, false); RETURN t; END $$",
+        )
+        .await
+        .unwrap();
+    // origin.url's user: its pool opens connections on demand (the last step needs one).
+    let (_, _, user, password) = origin::origin_base();
+    for s in 1..=3 {
+        let r = d.startup(s, &user, &db.name, &password).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    let tenant = "SELECT coalesce(current_setting('app.tenant', true), '<null>')";
+    let r = d.query(1, "SELECT set_tenant(42)").await;
+    assert_eq!(first_values(&r.bytes), ["42"]);
+    let r = d.query_unfenced(2, "SELECT set_tenant(7)").await;
+    assert_eq!(first_values(&r.bytes), ["7"]);
+    // Both backends hold a session's setting: session 3 waits for one and is refused, it
+    // never reads another session's tenant.
+    let r = d.query_unfenced(3, tenant).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(
+        first_values(&r.bytes).is_empty(),
+        "{:?}",
+        first_values(&r.bytes)
+    );
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("53300"));
+    for (s, want) in [(1, "42"), (2, "7")] {
+        let r = d.query_unfenced(s, tenant).await;
+        assert_eq!(first_values(&r.bytes), [want], "session {s}");
+    }
+    // Session 1 ends: `DISCARD ALL` leaves '' where a new connection reads NULL, so its
+    // backend is closed; session 3 gets a new one.
+    d.push(1, PgRequestKind::Close, Vec::new());
+    let until = Instant::now() + Duration::from_secs(10);
+    while d.relay.pool_counts(&user, &db.name).1 != 1 {
+        assert!(
+            Instant::now() < until,
+            "{:?}",
+            d.relay.pool_counts(&user, &db.name)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = d.query_unfenced(3, tenant).await;
+    assert_eq!(first_values(&r.bytes), ["<null>"]);
+    teardown(db, d, &role).await;
+}
+
 /// A batch the core marks state-free (one statement of constants) puts a backend it took in
 /// the login state back into the pool without a state read, so that sessions outnumbering the
 /// backends do not steal each other's; a backend whose state is not known stays reserved

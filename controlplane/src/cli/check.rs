@@ -491,7 +491,74 @@ async fn origin_checks(
     check_slot(cfg, c, r).await?;
     check_failover(cfg, c, r).await?;
     check_publication(cfg, c, r, superuser).await?;
-    check_tables(cfg, c, r).await
+    check_tables(cfg, c, r).await?;
+    check_custom_settings(cfg, c, r).await
+}
+
+/// Custom settings (`app.tenant`) that row-level security policies or functions of the origin
+/// database name in `current_setting('..')` or `set_config('..', ..)` with a literal, against
+/// `pgwire.custom_settings`: the relay follows only the settings listed there, and one a
+/// function sets unseen on an unlisted name reaches the next session of its pool.
+async fn check_custom_settings(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    const CHECK: &str = "custom settings";
+    const NAMES_SQL: &str = r#"SELECT DISTINCT lower(m[1]) FROM (
+          SELECT pg_get_expr(p.polqual, p.polrelid) AS src FROM pg_policy p
+          UNION ALL SELECT pg_get_expr(p.polwithcheck, p.polrelid) FROM pg_policy p
+          UNION ALL SELECT f.prosrc FROM pg_proc f
+            JOIN pg_language l ON l.oid = f.prolang
+            JOIN pg_namespace n ON n.oid = f.pronamespace
+           WHERE l.lanname NOT IN ('internal', 'c')
+             AND n.nspname NOT IN ('pg_catalog', 'information_schema')) s,
+        regexp_matches(s.src,
+          '(?:current_setting|set_config)\s*\(\s*''([a-z_][a-z0-9_$]*(?:\.[a-z_][a-z0-9_$]*)+)''',
+          'gi') m
+        ORDER BY 1"#;
+    if !cfg.pgwire.enabled {
+        r.skip(CHECK, "the PostgreSQL front is off (pgwire.enabled)");
+        return Ok(());
+    }
+    let found: Vec<String> = c
+        .query(NAMES_SQL, &[])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let listed = &cfg.pgwire.custom_settings;
+    let missing: Vec<&str> = found
+        .iter()
+        .filter(|f| !listed.iter().any(|l| l.eq_ignore_ascii_case(f)))
+        .map(String::as_str)
+        .collect();
+    if found.is_empty() {
+        r.pass(CHECK, "no policy or function names a custom setting");
+    } else if missing.is_empty() {
+        r.pass(
+            CHECK,
+            format!("followed (pgwire.custom_settings): {}", found.join(", ")),
+        );
+    } else {
+        let all: Vec<String> = listed
+            .iter()
+            .map(String::as_str)
+            .chain(missing.iter().copied())
+            .map(|n| format!("\"{n}\""))
+            .collect();
+        r.warn(
+            CHECK,
+            format!(
+                "policies or functions read or set {} but pgwire.custom_settings does not list \
+                 them: a function that sets one with set_config(.., false) would hand it to the \
+                 next session of its pool",
+                missing.join(", ")
+            ),
+            format!("--set 'pgwire.custom_settings=[{}]'", all.join(", ")),
+        );
+    }
+    Ok(())
 }
 
 async fn check_capacity(

@@ -23,6 +23,9 @@ pub const DEFAULT_PG_POOL_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_PG_POOL_WAIT_MS: u64 = 30_000;
 pub const DEFAULT_PG_MAX_POOLS: usize = 256;
 pub const DEFAULT_PG_MAX_ORIGIN_STATEMENTS: usize = 1_000;
+/// `pgwire.custom_settings` names at most: each is one more column of every fence and state
+/// read.
+pub const MAX_CUSTOM_SETTINGS: usize = 64;
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -81,6 +84,12 @@ pub struct PgwireConfig {
     /// TLS on this front: `off` (SSLRequest → `N`), `on` (`S`), `required` (a plaintext
     /// StartupMessage is refused with PostgreSQL's hostssl-only FATAL 28000); needs `[tls]`.
     pub tls: super::PgwireTls,
+    /// Custom settings (`app.tenant`) read with every backend's state, so that one a function
+    /// sets with `set_config(.., false)` keeps the backend with its session and never reaches
+    /// another: PostgreSQL lists no custom setting in `pg_settings`, so the relay finds only
+    /// those it is told of. List those that row-level security policies or functions read
+    /// (`pgline check` names the ones it finds). At most 64 names.
+    pub custom_settings: Vec<String>,
 }
 
 impl Default for PgwireConfig {
@@ -105,6 +114,7 @@ impl Default for PgwireConfig {
             max_session_statement_bytes: DEFAULT_MAX_PG_STATEMENT_BYTES,
             max_origin_statements: DEFAULT_PG_MAX_ORIGIN_STATEMENTS,
             tls: super::PgwireTls::Off,
+            custom_settings: Vec::new(),
         }
     }
 }
@@ -166,7 +176,45 @@ impl PgwireConfig {
             "pgwire.max_origin_statements",
             "must be 16..=1000000",
         )?;
+        self.validate_custom_settings()?;
         self.validate_origin_protection()
+    }
+
+    /// Each a setting's name as PostgreSQL spells one (identifiers joined by `.`; the relay
+    /// writes them into its state query as literals), none twice, at most
+    /// [`MAX_CUSTOM_SETTINGS`].
+    fn validate_custom_settings(&self) -> Result<(), ConfigError> {
+        let names = &self.custom_settings;
+        check(
+            names.len() <= MAX_CUSTOM_SETTINGS,
+            "pgwire.custom_settings",
+            "at most 64 names",
+        )?;
+        for (i, name) in names.iter().enumerate() {
+            let part_ok = |p: &str| {
+                p.bytes()
+                    .next()
+                    .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                    && p.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
+            };
+            if name.len() > 128 || !name.contains('.') || !name.split('.').all(part_ok) {
+                return Err(ConfigError::Invalid {
+                    key: "pgwire.custom_settings",
+                    reason: format!(
+                        "{name:?} is not a custom setting's name (identifiers joined by '.', \
+                         such as app.tenant; at most 128 bytes)"
+                    ),
+                });
+            }
+            if names[..i].iter().any(|n| n.eq_ignore_ascii_case(name)) {
+                return Err(ConfigError::Invalid {
+                    key: "pgwire.custom_settings",
+                    reason: format!("{name:?} is listed twice"),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The keys that spare the origin: startups in authentication, idle pools.
@@ -207,6 +255,45 @@ impl PgwireConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn custom_settings_are_names_of_custom_settings() {
+        let with = |names: &[&str]| PgwireConfig {
+            custom_settings: names.iter().map(|n| (*n).to_owned()).collect(),
+            ..PgwireConfig::default()
+        };
+        assert!(with(&["app.tenant", "my_ext.x$1", "a.b.c"])
+            .validate()
+            .is_ok());
+        for bad in [
+            &["tenant"][..],
+            &["app.ten'ant"],
+            &["app."],
+            &[".tenant"],
+            &["1app.tenant"],
+            &["app.tenant", "APP.Tenant"],
+            &["app.tenant; DROP TABLE t"],
+        ] {
+            assert!(
+                matches!(
+                    with(bad).validate(),
+                    Err(ConfigError::Invalid {
+                        key: "pgwire.custom_settings",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        let long = format!("app.{}", "x".repeat(125));
+        assert!(with(&[&long]).validate().is_err());
+        let many: Vec<String> = (0..=MAX_CUSTOM_SETTINGS)
+            .map(|i| format!("app.s{i}"))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(with(&many).validate().is_err());
+        assert!(with(&many[..MAX_CUSTOM_SETTINGS]).validate().is_ok());
+    }
 
     #[test]
     fn defaults_validate_and_bad_values_are_named() {

@@ -116,6 +116,9 @@ pub struct RelayConfig {
     pub max_pools: usize,
     /// pgline's prepared statements on one origin connection before they are closed.
     pub max_origin_statements: usize,
+    /// The fence and state statements, with the custom settings the relay follows
+    /// (`pgwire.custom_settings`).
+    pub own_sql: state::OwnSql,
 }
 
 impl RelayConfig {
@@ -146,6 +149,7 @@ impl RelayConfig {
             pool_wait: Duration::from_millis(cfg.pgwire.pool_wait_ms),
             max_pools: cfg.pgwire.max_pools,
             max_origin_statements: cfg.pgwire.max_origin_statements,
+            own_sql: state::OwnSql::new(&cfg.pgwire.custom_settings),
         })
     }
 }

@@ -573,9 +573,14 @@ fn put_frame(out: &mut BytesMut, tag: u8, body: &[u8]) {
 /// `[Parse] Bind Execute Sync`, whose replies up to ReadyForQuery are hidden as one act (see
 /// [`Tracker::fence`]).
 /// `async_commits`: the session's fence is the insert position whatever its setting
-/// ([`state::fence_statement`](super::state::fence_statement)).
-pub fn add_fence(plan: &mut Plan, prepared: &mut HashSet<String>, async_commits: bool) {
-    let (name, sql) = super::state::fence_statement(async_commits);
+/// ([`OwnSql::fence`](super::state::OwnSql::fence)).
+pub fn add_fence(
+    plan: &mut Plan,
+    prepared: &mut HashSet<String>,
+    sql: &super::state::OwnSql,
+    async_commits: bool,
+) {
+    let (name, sql) = sql.fence(async_commits);
     let out = own_statement(name, sql, prepared);
     plan.out.extend_from_slice(&out);
     plan.acts.push(Act::Query { hidden: true });
@@ -612,9 +617,9 @@ pub fn add_snapshot(plan: &mut Plan) {
 /// statement with a Sync of its own (its reply is hidden; see [`Tracker::checked`]): the state
 /// of a stolen backend read in the batch's own round trip. The batch behind it runs whatever
 /// the state is, so the caller sends only a batch that [`only_starts_transaction`].
-pub fn add_check(plan: &mut Plan, prepared: &mut HashSet<String>) {
+pub fn add_check(plan: &mut Plan, prepared: &mut HashSet<String>, sql: &super::state::OwnSql) {
     let state = super::state::STATE_STATEMENT;
-    let out = own_statement(state, super::state::STATE_SQL, prepared);
+    let out = own_statement(state, sql.state(), prepared);
     put_first(plan, out, Act::Check);
 }
 

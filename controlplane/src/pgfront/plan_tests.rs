@@ -1,4 +1,5 @@
 use super::*;
+use crate::pgfront::state::OwnSql;
 
 fn msgs(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
     let mut b = BytesMut::new();
@@ -103,17 +104,17 @@ fn error_skips_to_sync_and_forgets_failed_parse() {
         frontend::sync(b);
     });
     let mut plan = plan_batch(&m, &mut stmts, &Unnamed::default(), &mut prepared).unwrap();
-    add_fence(&mut plan, &mut prepared, false);
+    add_fence(&mut plan, &mut prepared, &OwnSql::default(), false);
     // The fence is pgline's prepared statement: parsed once, then bound and executed.
     assert!(plan.out.windows(9).any(|w| w == b"pgl_fence"));
     let mut again = Plan::default();
     let mut fenced = prepared.clone();
-    add_fence(&mut again, &mut fenced, false);
+    add_fence(&mut again, &mut fenced, &OwnSql::default(), false);
     assert_eq!(tags(&again.out), b"BES");
     // A session that may have committed asynchronously has its own fence statement, parsed
     // once on the backend beside the other.
     let mut other = Plan::default();
-    add_fence(&mut other, &mut fenced, true);
+    add_fence(&mut other, &mut fenced, &OwnSql::default(), true);
     assert!(tags(&other.out).ends_with(b"PBES"));
     assert!(other.out.windows(15).any(|w| w == b"pgl_fence_async"));
     assert!(fenced.contains("pgl_fence") && fenced.contains("pgl_fence_async"));
@@ -440,7 +441,7 @@ fn the_check_goes_first_and_its_state_is_kept_hidden() {
     let mut prepared = HashSet::new();
     let m = msgs(|b| frontend::query("BEGIN", b).unwrap());
     let mut plan = plan_batch(&m, &mut HashMap::new(), &Unnamed::default(), &mut prepared).unwrap();
-    add_check(&mut plan, &mut prepared);
+    add_check(&mut plan, &mut prepared, &OwnSql::default());
     // Close first: whatever a client's SQL-level PREPARE put under the name goes.
     assert_eq!(tags(&plan.out), b"CPBESQ");
     assert!(prepared.contains(super::super::state::STATE_STATEMENT));

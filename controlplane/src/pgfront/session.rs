@@ -479,11 +479,13 @@ impl Session {
                     // With the WAL position: a session sees every write committed before it
                     // connected, as a new PostgreSQL session does, so its cached answers wait
                     // for pgline's WAL to reach that position (the fence).
-                    let asked = match ask_fence(&mut b, false).await {
+                    let asked = match ask_fence(&mut b, &self.relay.cfg.own_sql, false).await {
                         Ok(Some((lsn, s))) => Ok((Some(lsn), s)),
                         Ok(None) => {
                             fence_refused(&mut self.no_fence, self.id, &self.user);
-                            state::ask_state(&mut b).await.map(|s| (None, s))
+                            state::ask_state(&mut b, &self.relay.cfg.own_sql)
+                                .await
+                                .map(|s| (None, s))
                         }
                         Err(e) => Err(e),
                     };
@@ -659,7 +661,7 @@ impl Session {
     async fn check_stolen(&self, settling: Settling, mut b: Backend) -> Option<Backend> {
         // However this ends (kept, handed back, broken, or this task dropped mid-read), the
         // owner stops waiting for its connection (`settling` dropped).
-        match state::ask_state(&mut b).await {
+        match state::ask_state(&mut b, &self.relay.cfg.own_sql).await {
             Ok(Some(s)) if s.fingerprint() == self.login_state => return Some(b),
             Ok(_) => {}
             Err(_) => {
@@ -676,7 +678,7 @@ impl Session {
     /// returns it if that brought the login state back.
     async fn hand_back(&self, settling: &Settling, b: Backend) -> Option<Backend> {
         let mut b = settling.pool.reserve(settling.owner, b, true)?;
-        if reset(&mut b, &self.login_state).await {
+        if reset(&mut b, &self.relay.cfg.own_sql, &self.login_state).await {
             return Some(b);
         }
         self.discard();
@@ -785,7 +787,7 @@ impl Session {
         let copy = sql.iter().any(|t| t.traits.copy);
         let may_open_tx = sql.iter().any(|t| t.traits.may_open_tx);
         self.async_commits |= sql.iter().any(|t| t.traits.synchronous_commit);
-        let (fence_name, _) = state::fence_statement(self.async_commits);
+        let fence_name = state::fence_name(self.async_commits);
         let pipelined = want_fence && idle_before && !copy && !may_open_tx;
         // The answer may be stored: a cacheable statement run with the session idle, in a
         // session whose startup set nothing.
@@ -799,10 +801,15 @@ impl Session {
         }
         let fresh = pipelined && b.fence_parsed_fresh(fence_name);
         if pipelined {
-            plan::add_fence(&mut plan, &mut b.prepared, self.async_commits);
+            plan::add_fence(
+                &mut plan,
+                &mut b.prepared,
+                &self.relay.cfg.own_sql,
+                self.async_commits,
+            );
         }
         if unread.is_some() {
-            plan::add_check(&mut plan, &mut b.prepared);
+            plan::add_check(&mut plan, &mut b.prepared, &self.relay.cfg.own_sql);
         }
         if added.is_some() {
             plan::hide_added_describe(&mut plan);
@@ -979,7 +986,7 @@ impl Session {
         sql: &[Arc<Text>],
         (want_fence, pipelined, mut fresh, state_free): (bool, bool, bool, bool),
     ) -> Option<u64> {
-        let (fence_name, _) = state::fence_statement(self.async_commits);
+        let fence_name = state::fence_name(self.async_commits);
         self.verdict_trusted = false;
         self.status = status;
         // Known again only from a state read after this batch.
@@ -1006,7 +1013,7 @@ impl Session {
         }
         if status == b'I' && want_fence && fence.is_none() {
             let parse = b.fence_parsed_fresh(fence_name);
-            match ask_fence(&mut b, self.async_commits).await {
+            match ask_fence(&mut b, &self.relay.cfg.own_sql, self.async_commits).await {
                 Ok(Some((lsn, s))) => {
                     fence = Some(lsn);
                     after = s;
@@ -1100,7 +1107,7 @@ impl Session {
             .backend(tokio::time::Instant::now() + self.relay.cfg.pool_wait, None)
             .await
         {
-            match ask_fence(&mut b, self.async_commits).await {
+            match ask_fence(&mut b, &self.relay.cfg.own_sql, self.async_commits).await {
                 Ok(Some((lsn, _))) => {
                     self.put_back(b);
                     return lsn;
@@ -1269,7 +1276,7 @@ impl Session {
             if std::mem::take(&mut b.state_suspect) {
                 b.prepared.remove(state::STATE_STATEMENT);
             }
-            match state::ask_state(&mut b).await {
+            match state::ask_state(&mut b, &self.relay.cfg.own_sql).await {
                 Ok(Some(s)) if s.fingerprint() == self.login_state => {
                     return self.put_back(b);
                 }
@@ -1280,7 +1287,7 @@ impl Session {
         // Pooled again only in the state its pool's sessions logged in to: DISCARD ALL resets
         // what SET, SET ROLE and set_config did, but not, say, a temporary schema's objects
         // whose dropping failed, or a state the login itself did not have.
-        if clean && reset(&mut b, &self.login_state).await {
+        if clean && reset(&mut b, &self.relay.cfg.own_sql, &self.login_state).await {
             self.put_back(b);
         } else {
             self.discard();
@@ -1311,12 +1318,12 @@ impl Drop for Settling {
 }
 
 /// `DISCARD ALL` on an idle backend, then whether its state is `login_state` again.
-async fn reset(b: &mut Backend, login_state: &str) -> bool {
+async fn reset(b: &mut Backend, sql: &state::OwnSql, login_state: &str) -> bool {
     if !matches!(b.simple("DISCARD ALL").await, Ok(Some(_))) {
         return false;
     }
     b.prepared.clear();
-    matches!(state::ask_state(b).await, Ok(Some(s)) if s.fingerprint() == login_state)
+    matches!(state::ask_state(b, sql).await, Ok(Some(s)) if s.fingerprint() == login_state)
 }
 
 /// The origin's WAL position and the state, asked over `b` (once its cancels have landed, see
@@ -1327,9 +1334,10 @@ async fn reset(b: &mut Backend, login_state: &str) -> bool {
 /// connection error is an error: `b` is not to be reused.
 async fn ask_fence(
     b: &mut Backend,
+    sql: &state::OwnSql,
     async_commits: bool,
 ) -> std::io::Result<Option<(u64, Option<OriginState>)>> {
-    let (name, sql) = state::fence_statement(async_commits);
+    let (name, sql) = sql.fence(async_commits);
     for _ in 0..2 {
         let Some(cols) = state::query_row(b, name, sql).await? else {
             continue;

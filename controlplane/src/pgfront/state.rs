@@ -27,7 +27,10 @@
 //!   get the notifications or find the cursor (fingerprint only; both cheap to ask: the
 //!   backend's own lists). Not asked: SQL-level prepared statements and session advisory locks
 //!   made inside a function (`pg_prepared_statements` and `pg_locks` cost a scan of every
-//!   prepared statement, of every lock), see `docs/pgwire.md`.
+//!   prepared statement, of every lock), see `docs/pgwire.md`;
+//! - the custom settings the relay is told to follow (`pgwire.custom_settings`, [`OwnSql`]):
+//!   `pg_settings` lists none, so a function's `set_config('app.tenant', .., false)` shows only
+//!   to a read by name (fingerprint only).
 //!
 //! Every name in the query is schema-qualified: a session with `pg_catalog` late on its path
 //! cannot substitute its own `current_setting`.
@@ -203,13 +206,66 @@ pub const OWN_STATEMENTS: [&str; 3] = [FENCE_STATEMENT, FENCE_ASYNC_STATEMENT, S
 /// Both fence statements.
 pub const FENCE_STATEMENTS: [&str; 2] = [FENCE_STATEMENT, FENCE_ASYNC_STATEMENT];
 
-/// The fence statement's name and text for a session that may (`true`) or may not have
-/// committed with `synchronous_commit = off` in a way its current setting does not show.
-pub fn fence_statement(async_commits: bool) -> (&'static str, &'static str) {
+/// The fence statement's name for a session that may (`true`) or may not have committed with
+/// `synchronous_commit = off` in a way its current setting does not show.
+pub fn fence_name(async_commits: bool) -> &'static str {
     if async_commits {
-        (FENCE_ASYNC_STATEMENT, FENCE_ASYNC_SQL)
+        FENCE_ASYNC_STATEMENT
     } else {
-        (FENCE_STATEMENT, FENCE_SQL)
+        FENCE_STATEMENT
+    }
+}
+
+/// The texts of the fence and state statements of one relay: [`FENCE_SQL`],
+/// [`FENCE_ASYNC_SQL`] and [`STATE_SQL`] with a column per custom setting it follows
+/// (`pgwire.custom_settings`), read as `current_setting(name, true)`, NULL where the backend
+/// never defined it. PostgreSQL lists no custom setting (`app.tenant`) in `pg_settings`, so
+/// only a name can find one: a function that sets it with `set_config(.., false)` changes no
+/// other column.
+#[derive(Debug, Clone)]
+pub struct OwnSql {
+    fence: String,
+    fence_async: String,
+    state: String,
+}
+
+impl OwnSql {
+    /// For `custom` (names `config::PgwireConfig::validate` accepted: letters, digits, `_`, `$`
+    /// and `.`, so no quote can end the literal).
+    pub fn new(custom: &[String]) -> OwnSql {
+        let mut extra = String::new();
+        for name in custom {
+            debug_assert!(name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_$.".contains(&b)));
+            extra.push_str(&format!(", pg_catalog.current_setting('{name}', true)"));
+        }
+        OwnSql {
+            fence: format!("{FENCE_SQL}{extra}"),
+            fence_async: format!("{FENCE_ASYNC_SQL}{extra}"),
+            state: format!("{STATE_SQL}{extra}"),
+        }
+    }
+
+    /// The fence statement's name and text (see [`fence_name`]).
+    pub fn fence(&self, async_commits: bool) -> (&'static str, &str) {
+        let sql = if async_commits {
+            &self.fence_async
+        } else {
+            &self.fence
+        };
+        (fence_name(async_commits), sql)
+    }
+
+    /// The state statement's text (prepared as [`STATE_STATEMENT`]).
+    pub fn state(&self) -> &str {
+        &self.state
+    }
+}
+
+impl Default for OwnSql {
+    fn default() -> Self {
+        OwnSql::new(&[])
     }
 }
 
@@ -217,9 +273,13 @@ pub fn fence_statement(async_commits: bool) -> (&'static str, &'static str) {
 /// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.
 pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
 
+/// The columns of [`STATE_SQL`] (and of the fence statements after their LSN), before the
+/// custom settings of [`OwnSql`].
+pub const STATE_COLUMNS: usize = 23;
+
 /// A clean state's columns as the origin sends them, in [`OriginState`]'s order (for tests).
 #[cfg(test)]
-pub(super) const CLEAN_COLUMNS: [&str; 23] = [
+pub(super) const CLEAN_COLUMNS: [&str; STATE_COLUMNS] = [
     "app",
     "app",
     "pg_catalog,public",
@@ -308,10 +368,14 @@ pub struct OriginState {
     pub search_path_setting: String,
     /// Listens on a channel or holds a cursor `WITH HOLD` (fingerprint only).
     pub session_objects: bool,
+    /// The custom settings the relay follows ([`OwnSql`]), in order; `None` where undefined
+    /// (fingerprint only: a statement that reads one is never answered from cache).
+    pub custom: Vec<Option<String>>,
 }
 
 impl OriginState {
-    /// From the text columns of the state query (`None` when any is missing or NULL).
+    /// From the text columns of the state query (`None` when any is missing or NULL); the
+    /// columns past [`STATE_COLUMNS`] are the custom settings, which may be NULL.
     pub fn from_columns(cols: &[Option<String>]) -> Option<OriginState> {
         let text = |i: usize| cols.get(i).cloned().flatten();
         Some(OriginState {
@@ -333,6 +397,7 @@ impl OriginState {
             reported: [text(8)?, text(9)?, text(10)?, text(11)?, text(12)?],
             search_path_setting: text(13)?,
             session_objects: text(14)? == "true",
+            custom: cols.get(STATE_COLUMNS..).unwrap_or_default().to_vec(),
         })
     }
 
@@ -358,6 +423,14 @@ impl OriginState {
         if self.session_objects {
             f.push_str("\u{1f}objects");
         }
+        // Length-prefixed, and NULL apart from '' (what `DISCARD ALL` leaves of a custom
+        // setting, where a new connection reads NULL).
+        for v in &self.custom {
+            match v {
+                Some(v) => f.push_str(&format!("\u{1e}{}:{v}", v.len())),
+                None => f.push_str("\u{1e}null"),
+            }
+        }
         f
     }
 }
@@ -369,9 +442,9 @@ pub async fn query_row(b: &mut Backend, name: &str, sql: &str) -> io::Result<Opt
     Ok(b.query_prepared(name, sql).await?.flatten())
 }
 
-/// The backend's state, read with [`STATE_SQL`] (prepared as [`STATE_STATEMENT`]).
-pub async fn ask_state(b: &mut Backend) -> io::Result<Option<OriginState>> {
-    Ok(b.query_prepared(STATE_STATEMENT, STATE_SQL)
+/// The backend's state, read with `sql`'s state statement (prepared as [`STATE_STATEMENT`]).
+pub async fn ask_state(b: &mut Backend, sql: &OwnSql) -> io::Result<Option<OriginState>> {
+    Ok(b.query_prepared(STATE_STATEMENT, sql.state())
         .await?
         .flatten()
         .as_deref()
@@ -490,6 +563,51 @@ mod tests {
                 .find(&read)
                 .unwrap_or_else(|| panic!("{n} not read after byte {at} of the query"));
         }
+    }
+
+    /// A followed custom setting is one more column of each of pgline's statements, and part
+    /// of the fingerprint, where NULL (never defined on the backend) is not '' (what `DISCARD
+    /// ALL` leaves); it does not touch the cache verdict (`current_setting` is never cached).
+    #[test]
+    fn custom_settings_are_read_and_fingerprinted() {
+        let sql = OwnSql::new(&["app.tenant".to_owned(), "app.region".to_owned()]);
+        let (name, fence) = sql.fence(false);
+        assert_eq!(name, FENCE_STATEMENT);
+        for text in [fence, sql.fence(true).1, sql.state()] {
+            assert!(text.ends_with(
+                ", pg_catalog.current_setting('app.tenant', true), \
+                 pg_catalog.current_setting('app.region', true)"
+            ));
+        }
+        assert_eq!(OwnSql::default().state(), STATE_SQL);
+        let with = |custom: &[Option<&str>]| {
+            let mut c = clean();
+            c.extend(custom.iter().map(|v| v.map(str::to_owned)));
+            OriginState::from_columns(&c).unwrap()
+        };
+        let login = with(&[None, Some("eu")]);
+        assert_eq!(login.custom, [None, Some("eu".to_owned())]);
+        assert!(login.serves_cache("app", &baseline()));
+        for other in [
+            with(&[Some(""), Some("eu")]),
+            with(&[Some("42"), Some("eu")]),
+            with(&[None, Some("us")]),
+            with(&[None, None]),
+        ] {
+            assert_ne!(
+                other.fingerprint(),
+                login.fingerprint(),
+                "{:?}",
+                other.custom
+            );
+            assert!(other.serves_cache("app", &baseline()));
+        }
+        assert_eq!(with(&[None, Some("eu")]).fingerprint(), login.fingerprint());
+        // Values cannot run into each other.
+        assert_ne!(
+            with(&[Some("a"), Some("b")]).fingerprint(),
+            with(&[Some("a\u{1e}1:b"), None]).fingerprint()
+        );
     }
 
     #[test]

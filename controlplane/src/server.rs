@@ -428,6 +428,14 @@ fn start_control_plane(
                 )
             });
             relay.host_on_cores(core_fills.as_ref());
+            // One read at start, not waited for at shutdown.
+            tokio::spawn(tokio::time::timeout(
+                Duration::from_secs(10),
+                crate::pgfront::warn_unlisted_custom_settings(
+                    relay.clone(),
+                    cfg.pgwire.custom_settings.clone(),
+                ),
+            ));
             tasks.push(tokio::spawn(crate::pgfront::run(
                 relay.clone(),
                 relay_wake,

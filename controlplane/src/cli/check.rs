@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pgline_controlplane::config::{Config, NicMode};
-use pgline_controlplane::origin;
+use pgline_controlplane::{origin, pgfront};
 use serde::Serialize;
 use tokio_postgres::Client;
 
@@ -505,34 +505,18 @@ async fn check_custom_settings(
     r: &mut Report,
 ) -> Result<(), tokio_postgres::Error> {
     const CHECK: &str = "custom settings";
-    const NAMES_SQL: &str = r#"SELECT DISTINCT lower(m[1]) FROM (
-          SELECT pg_get_expr(p.polqual, p.polrelid) AS src FROM pg_policy p
-          UNION ALL SELECT pg_get_expr(p.polwithcheck, p.polrelid) FROM pg_policy p
-          UNION ALL SELECT f.prosrc FROM pg_proc f
-            JOIN pg_language l ON l.oid = f.prolang
-            JOIN pg_namespace n ON n.oid = f.pronamespace
-           WHERE l.lanname NOT IN ('internal', 'c')
-             AND n.nspname NOT IN ('pg_catalog', 'information_schema')) s,
-        regexp_matches(s.src,
-          '(?:current_setting|set_config)\s*\(\s*''([a-z_][a-z0-9_$]*(?:\.[a-z_][a-z0-9_$]*)+)''',
-          'gi') m
-        ORDER BY 1"#;
     if !cfg.pgwire.enabled {
         r.skip(CHECK, "the PostgreSQL front is off (pgwire.enabled)");
         return Ok(());
     }
     let found: Vec<String> = c
-        .query(NAMES_SQL, &[])
+        .query(pgfront::CUSTOM_SETTING_NAMES_SQL, &[])
         .await?
         .iter()
         .map(|row| row.get(0))
         .collect();
     let listed = &cfg.pgwire.custom_settings;
-    let missing: Vec<&str> = found
-        .iter()
-        .filter(|f| !listed.iter().any(|l| l.eq_ignore_ascii_case(f)))
-        .map(String::as_str)
-        .collect();
+    let missing = pgfront::unlisted_custom_settings(&found, listed);
     if found.is_empty() {
         r.pass(CHECK, "no policy or function names a custom setting");
     } else if missing.is_empty() {

@@ -83,6 +83,7 @@ pub use backend::OriginAddr;
 use backend::{CancelGate, CancelSent};
 pub use plan::{backend_name, leaves_session_state, PlanError, FENCE_SQL};
 pub use pool::PoolError;
+pub use state::{unlisted_custom_settings, CUSTOM_SETTING_NAMES_SQL};
 pub use stats::{normalize, StatementStats};
 
 use crate::config::{Config, ConfigError};
@@ -613,6 +614,39 @@ pub async fn run(state: Arc<RelayState>, wake: Arc<Notify>, mut shutdown: watch:
     }
     state.stopping.store(true, Ordering::Relaxed);
     lock(&state.sessions).clear();
+}
+
+/// Warns once, at start, when the origin database's policies or functions name custom settings
+/// that `listed` (`pgwire.custom_settings`) lacks (what `pgline check` reports): a function that
+/// sets one unseen hands it to the next session of its pool. Quiet when the origin cannot be
+/// read (start-up reports that elsewhere).
+pub async fn warn_unlisted_custom_settings(state: Arc<RelayState>, listed: Vec<String>) {
+    let Some(cfg) = state.cfg.own_session.as_ref() else {
+        return;
+    };
+    let Ok((client, conn)) = cfg.connect(state.cfg.origin.pg_tls()).await else {
+        return;
+    };
+    let task = tokio::spawn(conn);
+    let rows = client.query(state::CUSTOM_SETTING_NAMES_SQL, &[]).await;
+    drop(client);
+    let _ = task.await;
+    let found: Vec<String> = match rows {
+        Ok(rows) => rows.iter().filter_map(|r| r.try_get(0).ok()).collect(),
+        Err(e) => {
+            tracing::debug!(error = %e, "pgwire: custom settings not looked for");
+            return;
+        }
+    };
+    let missing = unlisted_custom_settings(&found, &listed);
+    if !missing.is_empty() {
+        tracing::warn!(
+            unlisted = %missing.join(", "),
+            "pgwire: policies or functions of the origin database use custom settings that \
+             pgwire.custom_settings does not list; one a function sets with set_config(.., false) \
+             reaches the next session of its pool (see docs/pgwire.md)"
+        );
+    }
 }
 
 #[cfg(test)]

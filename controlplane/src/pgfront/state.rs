@@ -269,6 +269,35 @@ impl Default for OwnSql {
     }
 }
 
+/// The custom settings (`app.tenant`) that the current database's row-level security policies
+/// (`polqual`, `polwithcheck`) and the bodies of its functions not written in C pass as literals
+/// to `current_setting` or `set_config`, lower-cased, one per row. A name built at run time
+/// (`format('app.%s', ..)`) is not found.
+pub const CUSTOM_SETTING_NAMES_SQL: &str = r#"SELECT DISTINCT pg_catalog.lower(m[1]) FROM (
+      SELECT pg_catalog.pg_get_expr(p.polqual, p.polrelid) AS src FROM pg_catalog.pg_policy p
+      UNION ALL
+      SELECT pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid) FROM pg_catalog.pg_policy p
+      UNION ALL
+      SELECT f.prosrc FROM pg_catalog.pg_proc f
+        JOIN pg_catalog.pg_language l ON l.oid = f.prolang
+        JOIN pg_catalog.pg_namespace n ON n.oid = f.pronamespace
+       WHERE l.lanname NOT IN ('internal', 'c')
+         AND n.nspname NOT IN ('pg_catalog', 'information_schema')) s,
+    pg_catalog.regexp_matches(s.src,
+      '(?:current_setting|set_config)\s*\(\s*''([a-z_][a-z0-9_$]*(?:\.[a-z_][a-z0-9_$]*)+)''',
+      'gi') m
+    ORDER BY 1"#;
+
+/// The names of `found` ([`CUSTOM_SETTING_NAMES_SQL`]) that `listed` (`pgwire.custom_settings`)
+/// lacks; setting names compare without case, as PostgreSQL's do.
+pub fn unlisted_custom_settings<'a>(found: &'a [String], listed: &[String]) -> Vec<&'a str> {
+    found
+        .iter()
+        .filter(|f| !listed.iter().any(|l| l.eq_ignore_ascii_case(f)))
+        .map(String::as_str)
+        .collect()
+}
+
 /// The one search path whose name resolution the store follows: unqualified names are read as
 /// `public`'s (`KeySpace::pg_table_named`), functions and operators as `pg_catalog`'s.
 pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
@@ -608,6 +637,14 @@ mod tests {
             with(&[Some("a"), Some("b")]).fingerprint(),
             with(&[Some("a\u{1e}1:b"), None]).fingerprint()
         );
+    }
+
+    #[test]
+    fn unlisted_custom_settings_compare_without_case() {
+        let found = ["app.region".to_owned(), "app.tenant".to_owned()];
+        let listed = ["App.Tenant".to_owned()];
+        assert_eq!(unlisted_custom_settings(&found, &listed), ["app.region"]);
+        assert!(unlisted_custom_settings(&found, &found).is_empty());
     }
 
     #[test]

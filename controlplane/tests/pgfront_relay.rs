@@ -1186,6 +1186,60 @@ async fn a_custom_setting_made_by_a_function_stays_with_its_session() {
     teardown(db, d, &role).await;
 }
 
+/// `currval` and `lastval` are session state no state read sees: a session whose batch runs on
+/// a backend another session used first (taken while reserved, or from the pool after a fenced
+/// batch) gets PostgreSQL's answer for a session that never used the sequence (SQLSTATE 55000),
+/// never the other session's value (before: session 2 read session 1's `1`), while a session on its own backend
+/// keeps its values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_values_stay_with_their_session() {
+    let (db, d, role) = setup_with("pgf_seq", |cfg| {
+        cfg.pgwire.pool_size = 1;
+        cfg.pgwire.pool_wait_ms = 2_000;
+    })
+    .await;
+    db.client()
+        .await
+        .batch_execute("CREATE TABLE seq_t (id serial PRIMARY KEY, v text)")
+        .await
+        .unwrap();
+    let (_, _, user, password) = origin::origin_base();
+    for s in 1..=2 {
+        let r = d.startup(s, &user, &db.name, &password).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    let undefined = |r: &Reply, what: &str| {
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'), "{what}");
+        assert_eq!(
+            error_code(&r.bytes).as_deref(),
+            Some("55000"),
+            "{what}: {:?}",
+            first_values(&r.bytes)
+        );
+    };
+    // Reserved for session 1 after its insert (a batch nobody vouched for).
+    d.query_unfenced(1, "INSERT INTO seq_t (v) VALUES ('a')")
+        .await;
+    let r = d.query_unfenced(1, "SELECT lastval()").await;
+    assert_eq!(first_values(&r.bytes), ["1"]);
+    // Session 2 takes it (the pool's only backend; its state is the login state).
+    let r = d.query_unfenced(2, "SELECT lastval()").await;
+    undefined(&r, "session 2 on session 1's reserved backend");
+    let r = d.query_unfenced(2, "SELECT nextval('seq_t_id_seq')").await;
+    assert_eq!(first_values(&r.bytes), ["2"]);
+    // A fenced batch puts the backend back in the pool (its state read shows the login state).
+    let r = d
+        .query(
+            2,
+            "INSERT INTO seq_t (v) VALUES ('b'); SELECT v FROM t WHERE id = 1",
+        )
+        .await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    let r = d.query_unfenced(1, "SELECT currval('seq_t_id_seq')").await;
+    undefined(&r, "session 1 on the pooled backend session 2 used");
+    teardown(db, d, &role).await;
+}
+
 /// A batch the core marks state-free (one statement of constants) puts a backend it took in
 /// the login state back into the pool without a state read, so that sessions outnumbering the
 /// backends do not steal each other's; a backend whose state is not known stays reserved

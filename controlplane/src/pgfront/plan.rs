@@ -123,6 +123,9 @@ pub enum Act {
     /// pgline's own state query before a batch that runs on a stolen backend (hidden; the
     /// state is kept in [`Tracker::checked`]), see [`add_check`].
     Check,
+    /// pgline's `DISCARD SEQUENCES` before a batch on a backend another session may have left
+    /// sequence state on (hidden), see [`add_discard_sequences`].
+    DiscardSequences,
     /// A Describe of the portal pgline added before a cacheable Execute (hidden; the
     /// RowDescription is kept in [`Tracker::described`]).
     HiddenDescribe,
@@ -623,6 +626,17 @@ pub fn add_check(plan: &mut Plan, prepared: &mut HashSet<String>, sql: &super::s
     put_first(plan, out, Act::Check);
 }
 
+/// Puts `DISCARD SEQUENCES` before everything in a plan, as a simple query whose reply is
+/// hidden: the batch reads sequence values (`currval`, `lastval`) on a backend where they may
+/// be another session's (PostgreSQL answers a session that never used a sequence with SQLSTATE
+/// 55000, "not yet defined in this session"). Called before [`add_check`], which then goes
+/// first: the state is read before anything changes it.
+pub fn add_discard_sequences(plan: &mut Plan) {
+    let mut out = BytesMut::new();
+    let _ = frontend::query("DISCARD SEQUENCES", &mut out);
+    put_first(plan, out, Act::DiscardSequences);
+}
+
 fn put_first(plan: &mut Plan, mut out: BytesMut, act: Act) {
     out.extend_from_slice(&plan.out);
     plan.out = out;
@@ -800,7 +814,11 @@ impl Tracker {
     fn advance(&mut self, out: &mut Vec<u8>, prepared: &mut HashSet<String>) {
         while let Some(act) = self.acts.get(self.i) {
             match act {
-                Act::Sync | Act::Query { .. } | Act::Snapshot | Act::Check => break,
+                Act::Sync
+                | Act::Query { .. }
+                | Act::Snapshot
+                | Act::Check
+                | Act::DiscardSequences => break,
                 Act::Local(bytes) if !self.error => out.extend_from_slice(bytes),
                 Act::Fail(bytes) if !self.error => {
                     out.extend_from_slice(bytes);
@@ -829,7 +847,7 @@ impl Tracker {
         let tag = frame[0];
         let hidden_now = matches!(
             self.acts.get(self.i),
-            Some(Act::Query { hidden: true } | Act::Snapshot | Act::Check)
+            Some(Act::Query { hidden: true } | Act::Snapshot | Act::Check | Act::DiscardSequences)
         );
         if matches!(tag, b'N' | b'S' | b'A') {
             // A notification is the session's whenever it arrives (the backend's owner's when
@@ -887,6 +905,16 @@ impl Tracker {
                         self.error = false;
                     }
                     _ => {}
+                }
+                return Step::Continue;
+            }
+            (Act::DiscardSequences, _) => {
+                // An error (none is known for it outside a failed transaction, and a batch
+                // that changes backends starts idle) is the backend's and hidden: the batch
+                // behind it runs either way.
+                if tag == b'Z' {
+                    self.i += 1;
+                    self.error = false;
                 }
                 return Step::Continue;
             }
@@ -1129,6 +1157,9 @@ pub struct Traits {
     /// session's setting at its next fence does not show (`SET LOCAL`, `set_config(.., true)`,
     /// a `RESET` after the commit).
     pub synchronous_commit: bool,
+    /// It names `currval` or `lastval` anywhere: it may read the session's sequence values
+    /// (see `backend::Sequences`).
+    pub reads_sequences: bool,
 }
 
 impl Traits {
@@ -1140,6 +1171,7 @@ impl Traits {
             copy: lower.contains("copy"),
             may_open_tx: lower.contains("begin") || lower.contains("start"),
             synchronous_commit: lower.contains("synchronous_commit"),
+            reads_sequences: lower.contains("currval") || lower.contains("lastval"),
         }
     }
 }

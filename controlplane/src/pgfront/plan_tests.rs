@@ -654,3 +654,46 @@ fn acts_not_answered_when_the_connection_ends_count_as_not_done() {
         .collect();
     assert_eq!(dropped, ["b"]);
 }
+
+/// `DISCARD SEQUENCES` goes before the batch, behind the state read of a stolen backend (which
+/// must see the owner's state), and its replies are hidden.
+#[test]
+fn sequence_values_are_discarded_behind_the_check_and_hidden() {
+    let mut prepared = HashSet::new();
+    let m = msgs(|b| frontend::query("SELECT lastval()", b).unwrap());
+    let mut plan = plan_batch(&m, &mut HashMap::new(), &Unnamed::default(), &mut prepared).unwrap();
+    add_discard_sequences(&mut plan);
+    add_check(&mut plan, &mut prepared, &OwnSql::default());
+    assert_eq!(tags(&plan.out), b"CPBESQQ");
+    assert!(plan.out.windows(17).any(|w| w == b"DISCARD SEQUENCES"));
+    let mut t = Tracker::new(plan.acts);
+    let mut out = Vec::new();
+    let row = data_row(&super::super::state::CLEAN_COLUMNS);
+    for r in [
+        frame(b'3', b""),
+        frame(b'1', b""),
+        frame(b'2', b""),
+        frame(b'D', &row),
+        frame(b'C', b"SELECT 1\0"),
+        frame(b'Z', b"I"),
+        frame(b'C', b"DISCARD SEQUENCES\0"),
+        frame(b'Z', b"I"),
+    ] {
+        assert_eq!(t.on_message(&r, &mut out, &mut prepared), Step::Continue);
+    }
+    assert!(out.is_empty(), "pgline's statements are hidden");
+    let err = frame(
+        b'E',
+        b"SERROR\0C55000\0Mlastval is not yet defined in this session\0\0",
+    );
+    assert_eq!(t.on_message(&err, &mut out, &mut prepared), Step::Continue);
+    assert_eq!(
+        t.on_message(&frame(b'Z', b"I"), &mut out, &mut prepared),
+        Step::ClientDone(b'I')
+    );
+    assert_eq!(tags(&out), b"EZ");
+    assert!(t.checked.is_some());
+    assert!(Traits::of("select LastVal()").reads_sequences);
+    assert!(Traits::of("SELECT currval('t_id_seq')").reads_sequences);
+    assert!(!Traits::of("SELECT pg_sequence_last_value('s')").reads_sequences);
+}

@@ -37,7 +37,7 @@ use pgline_dataplane::plane::{
 use tokio::sync::mpsc;
 
 use super::admit::{self, OriginCounters};
-use super::backend::{Backend, Opener};
+use super::backend::{Backend, Opener, Sequences};
 use super::error::{compose_ready, RelayError, Retry, Source};
 use super::plan::{self, Plan, Step, Stmt, Tracker};
 use super::pool::{Pool, PoolError, Taken};
@@ -808,6 +808,12 @@ impl Session {
                 self.async_commits,
             );
         }
+        // Sequence values another session may have left here go before a batch that reads
+        // them (behind the state read of a stolen backend, which must see the owner's state).
+        if sql.iter().any(|t| t.traits.reads_sequences) && b.sequences.foreign_to(self.id) {
+            plan::add_discard_sequences(&mut plan);
+            b.sequences = Sequences::Clean;
+        }
         if unread.is_some() {
             plan::add_check(&mut plan, &mut b.prepared, &self.relay.cfg.own_sql);
         }
@@ -839,6 +845,9 @@ impl Session {
         let mut o = self.execute(&mut b, plan, &mut out, unread.is_some()).await;
         if !vouched {
             b.distrust_own_statements();
+        }
+        if !req.state_free {
+            b.sequences = b.sequences.used_by(self.id);
         }
         if let Some(settling) = unread {
             let read = o.checked.as_ref().map(OriginState::fingerprint);
@@ -1323,6 +1332,7 @@ async fn reset(b: &mut Backend, sql: &state::OwnSql, login_state: &str) -> bool 
         return false;
     }
     b.prepared.clear();
+    b.sequences = Sequences::Clean;
     matches!(state::ask_state(b, sql).await, Ok(Some(s)) if s.fingerprint() == login_state)
 }
 

@@ -1237,6 +1237,26 @@ async fn sequence_values_stay_with_their_session() {
     assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
     let r = d.query_unfenced(1, "SELECT currval('seq_t_id_seq')").await;
     undefined(&r, "session 1 on the pooled backend session 2 used");
+    // Inside a transaction block that began on a backend another session used, the session's
+    // own values stay (nothing is discarded there).
+    let r = d.query_unfenced(2, "SELECT nextval('seq_t_id_seq')").await;
+    assert_eq!(first_values(&r.bytes), ["4"]);
+    for sql in ["BEGIN", "INSERT INTO seq_t (v) VALUES ('c')"] {
+        let r = d.query_unfenced(1, sql).await;
+        assert_eq!(error_code(&r.bytes), None, "{sql}");
+    }
+    let r = d.query_unfenced(1, "SELECT lastval()").await;
+    assert_eq!(first_values(&r.bytes), ["5"]);
+    assert_eq!(
+        d.query_unfenced(1, "COMMIT").await.end,
+        PgReplyEnd::Ready(b'I')
+    );
+    let r = d.query_unfenced(1, "SELECT lastval()").await;
+    assert_eq!(
+        first_values(&r.bytes),
+        ["5"],
+        "its own backend, after the commit"
+    );
     teardown(db, d, &role).await;
 }
 

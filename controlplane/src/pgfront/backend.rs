@@ -61,12 +61,11 @@ pub struct Backend {
 
 /// Whose sequence values a connection may hold. Any batch not marked state-free may have
 /// called `nextval` (a column default, a trigger, a function), and nothing a query can read
-/// says so; a batch that reads them (`currval` or `lastval` in its text) on a connection
-/// holding another session's runs `DISCARD SEQUENCES` first (`plan::add_discard_sequences`),
-/// so it gets PostgreSQL's answer for a session that never used the sequence (SQLSTATE 55000)
-/// rather than another session's value. Discarding only for such batches leaves the rest of
-/// the pass-through (TPC-B: an extra statement per transaction cost 13-18 % at 8 clients)
-/// alone.
+/// says so; a session's first batch on a connection holding another session's runs
+/// `DISCARD SEQUENCES` first (`plan::add_discard_sequences`), so it never reads another
+/// session's value (PostgreSQL's answer for a session that never used the sequence is SQLSTATE
+/// 55000), and the pool hands a session back the idle connection it last used when it holds
+/// only that session's values (`Pool::try_take`), which needs no discard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sequences {
     /// None used since the connection's login or its last reset.

@@ -627,10 +627,10 @@ pub fn add_check(plan: &mut Plan, prepared: &mut HashSet<String>, sql: &super::s
 }
 
 /// Puts `DISCARD SEQUENCES` before everything in a plan, as a simple query whose reply is
-/// hidden: the batch reads sequence values (`currval`, `lastval`) on a backend where they may
-/// be another session's (PostgreSQL answers a session that never used a sequence with SQLSTATE
-/// 55000, "not yet defined in this session"). Called before [`add_check`], which then goes
-/// first: the state is read before anything changes it.
+/// hidden: the batch is a session's first on a backend whose sequence values (`currval`,
+/// `lastval`) may be another session's (PostgreSQL answers a session that never used a sequence
+/// with SQLSTATE 55000, "not yet defined in this session"). Called before [`add_check`], which
+/// then goes first: the state is read before anything changes it.
 pub fn add_discard_sequences(plan: &mut Plan) {
     let mut out = BytesMut::new();
     let _ = frontend::query("DISCARD SEQUENCES", &mut out);
@@ -1157,9 +1157,6 @@ pub struct Traits {
     /// session's setting at its next fence does not show (`SET LOCAL`, `set_config(.., true)`,
     /// a `RESET` after the commit).
     pub synchronous_commit: bool,
-    /// It names `currval` or `lastval` anywhere: it may read the session's sequence values
-    /// (see `backend::Sequences`).
-    pub reads_sequences: bool,
 }
 
 impl Traits {
@@ -1171,7 +1168,6 @@ impl Traits {
             copy: lower.contains("copy"),
             may_open_tx: lower.contains("begin") || lower.contains("start"),
             synchronous_commit: lower.contains("synchronous_commit"),
-            reads_sequences: lower.contains("currval") || lower.contains("lastval"),
         }
     }
 }

@@ -39,7 +39,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::admit::OriginCounters;
-use super::backend::{Backend, Opener};
+use super::backend::{Backend, Opener, Sequences};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
@@ -245,8 +245,9 @@ impl Pool {
     }
 
     /// Takes a connection for session `owner`, waiting until `deadline` for one: its own
-    /// reserved one, else an idle one (the most recently used), else another session's reserved
-    /// one not known to hold state. Idle connections (and reserved ones holding no known state)
+    /// reserved one, else an idle one (the one it last used if that holds only its sequence
+    /// values, else the most recently used), else another session's reserved one not known to
+    /// hold state. Idle connections (and reserved ones holding no known state)
     /// the origin closed are dropped on the way (`dead` counts them).
     pub async fn take_for(
         &self,
@@ -317,7 +318,15 @@ impl Pool {
         if inner.checking.contains(&owner) {
             return Ok(Step::Settling);
         }
-        while let Some((mut b, _)) = inner.idle.pop() {
+        // The idle connection this session last used first, if it holds only this session's
+        // sequence values (it needs no `DISCARD SEQUENCES`); else the most recent one.
+        while !inner.idle.is_empty() {
+            let i = inner
+                .idle
+                .iter()
+                .rposition(|(b, _)| b.sequences == Sequences::Of(owner))
+                .unwrap_or(inner.idle.len() - 1);
+            let (mut b, _) = inner.idle.remove(i);
             if !b.unusable() {
                 inner.last_used = Instant::now();
                 return Ok(Step::Got(b, Taken::Clean));

@@ -808,9 +808,10 @@ impl Session {
                 self.async_commits,
             );
         }
-        // Sequence values another session may have left here go before a batch that reads
-        // them (behind the state read of a stolen backend, which must see the owner's state).
-        if sql.iter().any(|t| t.traits.reads_sequences) && b.sequences.foreign_to(self.id) {
+        // Sequence values another session may have left here go before the session's first
+        // batch on the backend (behind the state read of a stolen backend, which must see the
+        // owner's state): after it, what the backend holds is the session's own.
+        if self.status == b'I' && b.sequences.foreign_to(self.id) {
             plan::add_discard_sequences(&mut plan);
             b.sequences = Sequences::Clean;
         }

@@ -436,6 +436,21 @@ fn a_batch_that_only_starts_a_transaction() {
     assert!(!only_starts_transaction(&closes, &stmts));
 }
 
+/// The origin's replies to the state read in front of a batch (`add_check`), showing the
+/// clean state: CloseComplete, ParseComplete, BindComplete, the row, CommandComplete,
+/// ReadyForQuery.
+fn check_replies() -> Vec<Vec<u8>> {
+    let row = data_row(&super::super::state::CLEAN_COLUMNS);
+    vec![
+        frame(b'3', b""),
+        frame(b'1', b""),
+        frame(b'2', b""),
+        frame(b'D', &row),
+        frame(b'C', b"SELECT 1\0"),
+        frame(b'Z', b"I"),
+    ]
+}
+
 #[test]
 fn the_check_goes_first_and_its_state_is_kept_hidden() {
     let mut prepared = HashSet::new();
@@ -448,17 +463,10 @@ fn the_check_goes_first_and_its_state_is_kept_hidden() {
     let mut t = Tracker::new(plan.acts);
     let mut out = Vec::new();
     let cols = super::super::state::CLEAN_COLUMNS;
-    let row = data_row(&cols);
-    for r in [
-        frame(b'3', b""),
-        frame(b'1', b""),
-        frame(b'2', b""),
-        frame(b'D', &row),
-        frame(b'C', b"SELECT 1\0"),
-        frame(b'S', b"x\0y\0"),
-        frame(b'Z', b"I"),
-        frame(b'C', b"BEGIN\0"),
-    ] {
+    let mut replies = check_replies();
+    replies.insert(5, frame(b'S', b"x\0y\0"));
+    replies.push(frame(b'C', b"BEGIN\0"));
+    for r in replies {
         assert_eq!(t.on_message(&r, &mut out, &mut prepared), Step::Continue);
     }
     assert_eq!(
@@ -668,17 +676,9 @@ fn sequence_values_are_discarded_behind_the_check_and_hidden() {
     assert!(plan.out.windows(17).any(|w| w == b"DISCARD SEQUENCES"));
     let mut t = Tracker::new(plan.acts);
     let mut out = Vec::new();
-    let row = data_row(&super::super::state::CLEAN_COLUMNS);
-    for r in [
-        frame(b'3', b""),
-        frame(b'1', b""),
-        frame(b'2', b""),
-        frame(b'D', &row),
-        frame(b'C', b"SELECT 1\0"),
-        frame(b'Z', b"I"),
-        frame(b'C', b"DISCARD SEQUENCES\0"),
-        frame(b'Z', b"I"),
-    ] {
+    let mut replies = check_replies();
+    replies.extend([frame(b'C', b"DISCARD SEQUENCES\0"), frame(b'Z', b"I")]);
+    for r in replies {
         assert_eq!(t.on_message(&r, &mut out, &mut prepared), Step::Continue);
     }
     assert!(out.is_empty(), "pgline's statements are hidden");

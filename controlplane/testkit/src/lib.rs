@@ -36,9 +36,33 @@ pub mod resp;
 
 pub use origin::TestDb;
 
-/// A loopback port free at the time of the call, for a server the test starts as a process
-/// (which must be told its port): another process may take it before the server binds.
+/// A loopback port free at the time of the call, for a server the test starts later (which
+/// must be told its port). Chosen at random below the kernel's ephemeral range
+/// (`ip_local_port_range`), so that no outgoing connection, which takes its local port from
+/// that range, can take it before the server binds (a cluster test lost its API port to one);
+/// another test process may still pick the same one, one chance in thousands (this process
+/// never hands one out twice). Where the ephemeral range leaves too little room below it, the
+/// kernel picks.
 pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let ephemeral_lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LO: u16 = 10_000;
+    if ephemeral_lo > LO + 1_000 {
+        for _ in 0..100 {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            let port = LO + (h.finish() % u64::from(ephemeral_lo - LO)) as u16;
+            if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.push(port);
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")

@@ -41,6 +41,10 @@ use tokio::time::Instant;
 use super::admit::OriginCounters;
 use super::backend::{Backend, Opener, Sequences};
 
+/// Idle connections a session's take looks through for the one it last used (a pool may hold
+/// up to `pgwire.pool_size`, 10,000).
+const OWN_SCAN: usize = 64;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
     #[error("no origin connection left for this user and database")]
@@ -319,13 +323,17 @@ impl Pool {
             return Ok(Step::Settling);
         }
         // The idle connection this session last used first, if it holds only this session's
-        // sequence values (it needs no `DISCARD SEQUENCES`); else the most recent one.
+        // sequence values (it needs no `DISCARD SEQUENCES`) and is among the most recent
+        // `OWN_SCAN` (the scan runs under the pool's lock); else the most recent one.
         while !inner.idle.is_empty() {
+            let last = inner.idle.len() - 1;
             let i = inner
                 .idle
                 .iter()
-                .rposition(|(b, _)| b.sequences == Sequences::Of(owner))
-                .unwrap_or(inner.idle.len() - 1);
+                .rev()
+                .take(OWN_SCAN)
+                .position(|(b, _)| b.sequences == Sequences::Of(owner))
+                .map_or(last, |back| last - back);
             let (mut b, _) = inner.idle.remove(i);
             if !b.unusable() {
                 inner.last_used = Instant::now();

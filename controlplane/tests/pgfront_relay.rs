@@ -1186,6 +1186,95 @@ async fn a_custom_setting_made_by_a_function_stays_with_its_session() {
     teardown(db, d, &role).await;
 }
 
+/// A built-in setting a function makes its session's own (`set_config('statement_timeout',
+/// .., false)`: no statement text shows it, no cached answer depends on it, so it is not in
+/// the fingerprint) never reaches another session: the fenced batch's backend stays with its
+/// session, a reserved backend another session takes is handed back to its owner (before,
+/// session 3 ran under session 1's `41s`), and at a session's end `DISCARD ALL` resets it and
+/// the backend is pooled again. A value a configuration reload gives every backend is not a
+/// session's own: the backend that shows it after a fenced batch goes back to the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_made_by_a_function_stays_with_its_session() {
+    let (db, d, role) = setup_with("pgf_watched", |cfg| {
+        cfg.pgwire.pool_size = 2;
+        cfg.pgwire.pool_wait_ms = 500;
+    })
+    .await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION set_timeout(t text) RETURNS text LANGUAGE plpgsql AS \
+               $$ BEGIN RETURN set_config('statement_timeout', t, false); END $$",
+        )
+        .await
+        .unwrap();
+    let (_, _, user, password) = origin::origin_base();
+    for s in 1..=3 {
+        let r = d.startup(s, &user, &db.name, &password).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    let timeout = "SELECT current_setting('statement_timeout')";
+    let r = d.query(1, "SELECT set_timeout('41s')").await;
+    assert_eq!(first_values(&r.bytes), ["41s"]);
+    let r = d.query_unfenced(2, "SELECT set_timeout('7s')").await;
+    assert_eq!(first_values(&r.bytes), ["7s"]);
+    // Both backends hold a session's setting: session 3 waits for one and is refused.
+    let r = d.query_unfenced(3, timeout).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(
+        first_values(&r.bytes).is_empty(),
+        "{:?}",
+        first_values(&r.bytes)
+    );
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("53300"));
+    for (s, want) in [(1, "41s"), (2, "7s")] {
+        let r = d.query_unfenced(s, timeout).await;
+        assert_eq!(first_values(&r.bytes), [want], "session {s}");
+    }
+    // Session 1 ends: `DISCARD ALL` resets the setting and its backend is pooled again.
+    d.push(1, PgRequestKind::Close, Vec::new());
+    let until = Instant::now() + Duration::from_secs(10);
+    while d.relay.pool_counts(&user, &db.name) != (1, 2) {
+        assert!(
+            Instant::now() < until,
+            "{:?}",
+            d.relay.pool_counts(&user, &db.name)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = d.query(3, timeout).await;
+    assert_eq!(first_values(&r.bytes), ["0"]);
+    assert_eq!(d.relay.pool_counts(&user, &db.name), (1, 2));
+    // A reload changes a watched setting on every backend; it is nobody's session state.
+    let admin = db.client().await;
+    let reload = |sql: &'static str| {
+        let admin = &admin;
+        async move {
+            admin.batch_execute(sql).await.unwrap();
+            admin
+                .batch_execute("SELECT pg_reload_conf()")
+                .await
+                .unwrap();
+        }
+    };
+    reload("ALTER SYSTEM SET idle_session_timeout = '1h'").await;
+    let idle = "SELECT current_setting('idle_session_timeout')";
+    let until = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let r = d.query(3, idle).await;
+        let v = first_values(&r.bytes);
+        if v == ["1h"] || Instant::now() > until {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let counts = d.relay.pool_counts(&user, &db.name);
+    reload("ALTER SYSTEM RESET idle_session_timeout").await;
+    assert_eq!(seen, ["1h"]);
+    assert_eq!(counts, (1, 2), "the reloaded backend went back to the pool");
+    teardown(db, d, &role).await;
+}
+
 /// `currval` and `lastval` are session state no state read sees: a session whose batch runs on
 /// a backend another session used first (taken while reserved, or from the pool after a fenced
 /// batch) gets PostgreSQL's answer for a session that never used the sequence (SQLSTATE 55000),

@@ -37,6 +37,9 @@ pub struct Backend {
     pub fence_suspect: bool,
     /// The same for the state statement, until a session's end parses it again.
     pub state_suspect: bool,
+    /// The [`WATCHED`](super::state::WATCHED) settings' values last known not to be its
+    /// session's own (`state::settings_clean`); `None` until known.
+    pub clean_settings: Option<String>,
     /// Whose sequence state (`currval`, `lastval`) this connection may hold: no state read
     /// can see it (see [`Sequences`]).
     pub sequences: Sequences,
@@ -171,6 +174,7 @@ impl Backend {
             prepared: HashSet::new(),
             fence_suspect: false,
             state_suspect: false,
+            clean_settings: None,
             sequences: Sequences::Clean,
             cancels: Arc::new(CancelGate {
                 origin: origin.addrs().get(host).cloned().unwrap_or_default(),

@@ -505,6 +505,8 @@ impl Session {
                         Err(e) => return self.origin_gone(&req, &e).await,
                     };
                     self.login_state = login.fingerprint();
+                    // Nothing has run on it but the login: its settings are not the session's.
+                    b.clean_settings = Some(login.watched.clone());
                     // No fence, no cached answer (its next cacheable read asks for one).
                     self.serve_cached = fence.is_some() && self.serves_cache(&login).await;
                     out.serve_cached = self.serve_cached;
@@ -661,16 +663,22 @@ impl Session {
     async fn check_stolen(&self, settling: Settling, mut b: Backend) -> Option<Backend> {
         // However this ends (kept, handed back, broken, or this task dropped mid-read), the
         // owner stops waiting for its connection (`settling` dropped).
-        match state::ask_state(&mut b, &self.relay.cfg.own_sql).await {
-            Ok(Some(s)) if s.fingerprint() == self.login_state => return Some(b),
-            Ok(_) => {}
+        let read = match state::ask_state(&mut b, &self.relay.cfg.own_sql).await {
+            Ok(Some(s)) if s.fingerprint() == self.login_state => {
+                state::settings_clean(&mut b, &s).await
+            }
+            Ok(_) => Ok(false),
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok(true) => Some(b),
+            Ok(false) => self.hand_back(&settling, b).await,
             Err(_) => {
                 self.discard();
                 tokio::spawn(b.terminate());
-                return None;
+                None
             }
         }
-        self.hand_back(&settling, b).await
     }
 
     /// Gives a stolen backend that holds another session's state back to its owner, pinned;
@@ -851,8 +859,17 @@ impl Session {
             b.sequences = b.sequences.used_by(self.id);
         }
         if let Some(settling) = unread {
-            let read = o.checked.as_ref().map(OriginState::fingerprint);
-            if read.as_deref() != Some(&self.login_state) && o.broken.is_none() && out.sent == 0 {
+            let undoable = o.broken.is_none() && out.sent == 0;
+            let foreign = undoable
+                && match &o.checked {
+                    // The settings are asked after the batch (the read went before it): one the
+                    // batch set itself counts as the owner's, and the batch runs elsewhere.
+                    Some(s) if s.fingerprint() == self.login_state => {
+                        !matches!(state::settings_clean(&mut b, s).await, Ok(true))
+                    }
+                    _ => true,
+                };
+            if foreign {
                 if let Some(status) = o.status {
                     // The transaction started in another session's state (or one not read):
                     // taken back, the backend returned to its owner, the batch run elsewhere.
@@ -1058,6 +1075,18 @@ impl Session {
             match &after {
                 Some(s) => {
                     self.sticky |= s.fingerprint() != self.login_state;
+                    if !self.sticky {
+                        // A setting a function made the session's own (`statement_timeout`,
+                        // `row_security`, ...) keeps the backend here too.
+                        match state::settings_clean(&mut b, s).await {
+                            Ok(clean) => self.sticky = !clean,
+                            Err(_) => {
+                                self.discard();
+                                tokio::spawn(b.terminate());
+                                return fence;
+                            }
+                        }
+                    }
                     self.serve_cached = self.serves_cache(s).await;
                 }
                 None => self.sticky = true,
@@ -1288,7 +1317,11 @@ impl Session {
             }
             match state::ask_state(&mut b, &self.relay.cfg.own_sql).await {
                 Ok(Some(s)) if s.fingerprint() == self.login_state => {
-                    return self.put_back(b);
+                    match state::settings_clean(&mut b, &s).await {
+                        Ok(true) => return self.put_back(b),
+                        Ok(false) => {}
+                        Err(_) => clean = false,
+                    }
                 }
                 Ok(_) => {}
                 Err(_) => clean = false,
@@ -1334,7 +1367,14 @@ async fn reset(b: &mut Backend, sql: &state::OwnSql, login_state: &str) -> bool 
     }
     b.prepared.clear();
     b.sequences = Sequences::Clean;
-    matches!(state::ask_state(b, sql).await, Ok(Some(s)) if s.fingerprint() == login_state)
+    match state::ask_state(b, sql).await {
+        Ok(Some(s)) if s.fingerprint() == login_state => {
+            // RESET ALL is part of DISCARD ALL: no setting is the session's now.
+            b.clean_settings = Some(s.watched);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The origin's WAL position and the state, asked over `b` (once its cancels have landed, see

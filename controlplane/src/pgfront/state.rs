@@ -31,6 +31,10 @@
 //! - the custom settings the relay is told to follow (`pgwire.custom_settings`, [`OwnSql`]):
 //!   `pg_settings` lists none, so a function's `set_config('app.tenant', .., false)` shows only
 //!   to a read by name (fingerprint only).
+//! - the settings that change what a session's statements do without changing cached answers
+//!   ([`WATCHED`]: `row_security`, `statement_timeout`, `session_replication_role`, the
+//!   `default_transaction_*` settings, ...), as one text, compared with the values last known
+//!   not to be the session's own on that backend ([`settings_clean`]; not in the fingerprint).
 //!
 //! Every name in the query is schema-qualified: a session with `pg_catalog` late on its path
 //! cannot substitute its own `current_setting`.
@@ -44,6 +48,7 @@
 //!   end it goes back to the pool only if `DISCARD ALL` brought the fingerprint back.
 
 use std::io;
+use std::sync::LazyLock;
 
 use super::backend::{Backend, Row};
 
@@ -80,6 +85,59 @@ pub const UNREPORTED: [&str; 12] = [
 /// [`UNREPORTED`]'s values, in order.
 pub type Baseline = [String; 12];
 
+/// Settings that change what a session's statements do, or whether they succeed, beside the
+/// output settings and the name resolution: row-level security on or off, triggers and foreign
+/// keys skipped (`session_replication_role`), timeouts, the default transaction mode, commit
+/// durability, XML parsing and printing, string-literal rules, `CREATE FUNCTION`'s checks, the
+/// notices a client gets and the language of errors, where new tables go, and whether an error
+/// ends the session. A function can set any of them for the rest of its session with
+/// `set_config(.., false)`, which no statement text shows; a backend left so must stay with its
+/// session, as one whose fingerprint moved does. They are not in the fingerprint: a
+/// configuration reload changes them on every backend at once, which would pin every session to
+/// its backend (stop 40, `docs/decisions.md`). Instead the state query reads them as one text
+/// (`current_setting(name, true)`, NULL where the server has no such setting, joined by
+/// U+001F), and a text other than the one last seen clean on that backend is explained by
+/// asking the origin which of them the session set ([`SESSION_SETTINGS_SQL`], one read of
+/// `pg_settings`: about 0.7 ms, paid only when the text moved). Planner and memory settings
+/// (`work_mem`, `enable_*`, `jit`) are left out: they change plans, not answers.
+pub const WATCHED: [&str; 22] = [
+    "row_security",
+    "session_replication_role",
+    "default_transaction_read_only",
+    "default_transaction_isolation",
+    "default_transaction_deferrable",
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "transaction_timeout",
+    "synchronous_commit",
+    "xmloption",
+    "xmlbinary",
+    "backslash_quote",
+    "escape_string_warning",
+    "check_function_bodies",
+    "client_min_messages",
+    "lc_messages",
+    "default_tablespace",
+    "temp_tablespaces",
+    "default_table_access_method",
+    "exit_on_error",
+];
+
+/// Which of [`WATCHED`] the backend's session set itself (`SET`, or `set_config(.., false)`
+/// in a function), joined by `,`; NULL when none. The value a configuration reload gave is
+/// `configuration file`'s, a role's or database's default `user`'s or `database`'s, a startup
+/// option `client`'s: none of them is the session's.
+pub static SESSION_SETTINGS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT pg_catalog.string_agg(name, ',' ORDER BY name) FROM pg_catalog.pg_settings \
+         WHERE source OPERATOR(pg_catalog.=) 'session' \
+         AND name OPERATOR(pg_catalog.=) ANY ('{{{}}}'::pg_catalog.text[])",
+        WATCHED.join(",")
+    )
+});
+
 /// How many of [`UNREPORTED`] (the first ones) are part of [`OriginState::fingerprint`]. The
 /// last, `pg_trgm.similarity_threshold`, counts for the cache verdict only: a placeholder keeps
 /// the text as written (`0.30`) until the library loads and prints it as `0.3`, so a backend
@@ -106,7 +164,8 @@ macro_rules! resolution_columns {
 
 /// The state columns of the fence query (after the LSN) and of [`STATE_SQL`]: the
 /// [`Resolution`], the first four [`UNREPORTED`] settings, the reported ones, the written
-/// `search_path`, the session objects, then the other [`UNREPORTED`] settings. A backend that
+/// `search_path`, the session objects, the other [`UNREPORTED`] settings, then the
+/// [`WATCHED`] ones as one text. A backend that
 /// has not loaded `pg_trgm` (or a database without it) has no `pg_trgm.similarity_threshold`
 /// unless something set it, and one that was set and reset holds an empty placeholder: both
 /// are read as the extension's default, 0.3 (what loading the library defines), without a
@@ -137,7 +196,30 @@ macro_rules! state_columns {
          pg_catalog.current_setting('gin_fuzzy_search_limit'), \
          CASE WHEN pg_catalog.current_setting('pg_trgm.similarity_threshold', true) \
          OPERATOR(pg_catalog.<>) '' \
-         THEN pg_catalog.current_setting('pg_trgm.similarity_threshold', true) ELSE '0.3' END"
+         THEN pg_catalog.current_setting('pg_trgm.similarity_threshold', true) ELSE '0.3' END, \
+         pg_catalog.concat_ws(pg_catalog.chr(31), \
+         pg_catalog.current_setting('row_security', true), \
+         pg_catalog.current_setting('session_replication_role', true), \
+         pg_catalog.current_setting('default_transaction_read_only', true), \
+         pg_catalog.current_setting('default_transaction_isolation', true), \
+         pg_catalog.current_setting('default_transaction_deferrable', true), \
+         pg_catalog.current_setting('statement_timeout', true), \
+         pg_catalog.current_setting('lock_timeout', true), \
+         pg_catalog.current_setting('idle_in_transaction_session_timeout', true), \
+         pg_catalog.current_setting('idle_session_timeout', true), \
+         pg_catalog.current_setting('transaction_timeout', true), \
+         pg_catalog.current_setting('synchronous_commit', true), \
+         pg_catalog.current_setting('xmloption', true), \
+         pg_catalog.current_setting('xmlbinary', true), \
+         pg_catalog.current_setting('backslash_quote', true), \
+         pg_catalog.current_setting('escape_string_warning', true), \
+         pg_catalog.current_setting('check_function_bodies', true), \
+         pg_catalog.current_setting('client_min_messages', true), \
+         pg_catalog.current_setting('lc_messages', true), \
+         pg_catalog.current_setting('default_tablespace', true), \
+         pg_catalog.current_setting('temp_tablespaces', true), \
+         pg_catalog.current_setting('default_table_access_method', true), \
+         pg_catalog.current_setting('exit_on_error', true))"
         )
     };
 }
@@ -304,7 +386,7 @@ pub const CACHE_SEARCH_PATH: &str = "pg_catalog,public";
 
 /// The columns of [`STATE_SQL`] (and of the fence statements after their LSN), before the
 /// custom settings of [`OwnSql`].
-pub const STATE_COLUMNS: usize = 23;
+pub const STATE_COLUMNS: usize = 24;
 
 /// A clean state's columns as the origin sends them, in [`OriginState`]'s order (for tests).
 #[cfg(test)]
@@ -332,6 +414,8 @@ pub(super) const CLEAN_COLUMNS: [&str; STATE_COLUMNS] = [
     "Default",
     "0",
     "0.3",
+    "on\u{1f}origin\u{1f}off\u{1f}read committed\u{1f}off\u{1f}0\u{1f}0\u{1f}0\u{1f}0\u{1f}on\u{1f}\
+     content\u{1f}base64\u{1f}safe_encoding\u{1f}on\u{1f}on\u{1f}notice\u{1f}C.UTF-8\u{1f}\u{1f}\u{1f}heap\u{1f}off",
 ];
 
 /// Whose rights a session reads with and how it resolves names: the first columns of its
@@ -400,6 +484,8 @@ pub struct OriginState {
     /// The custom settings the relay follows ([`OwnSql`]), in order; `None` where undefined
     /// (fingerprint only: a statement that reads one is never answered from cache).
     pub custom: Vec<Option<String>>,
+    /// [`WATCHED`]'s values as one text (not in the fingerprint: see [`settings_clean`]).
+    pub watched: String,
 }
 
 impl OriginState {
@@ -427,6 +513,7 @@ impl OriginState {
             search_path_setting: text(13)?,
             session_objects: text(14)? == "true",
             custom: cols.get(STATE_COLUMNS..).unwrap_or_default().to_vec(),
+            watched: text(23)?,
         })
     }
 
@@ -469,6 +556,22 @@ impl OriginState {
 /// no row.
 pub async fn query_row(b: &mut Backend, name: &str, sql: &str) -> io::Result<Option<Row>> {
     Ok(b.query_prepared(name, sql).await?.flatten())
+}
+
+/// Whether `b`, whose state read `s` shows, holds none of [`WATCHED`] as its session's own:
+/// true at once when `s` shows the values last found clean on `b` (at its login, after its
+/// `DISCARD ALL`, or by an earlier ask); otherwise the origin is asked
+/// ([`SESSION_SETTINGS_SQL`]), and values it finds clean (a reload's) are remembered. An error
+/// answer counts as not clean; `b` must be idle or in a transaction that is not aborted.
+pub async fn settings_clean(b: &mut Backend, s: &OriginState) -> io::Result<bool> {
+    if b.clean_settings.as_deref() == Some(s.watched.as_str()) {
+        return Ok(true);
+    }
+    let clean = matches!(b.simple(&SESSION_SETTINGS_SQL).await?, Some(None));
+    if clean {
+        b.clean_settings = Some(s.watched.clone());
+    }
+    Ok(clean)
 }
 
 /// The backend's state, read with `sql`'s state statement (prepared as [`STATE_STATEMENT`]).
@@ -594,6 +697,42 @@ mod tests {
         }
     }
 
+    /// The watched settings are read last, in [`WATCHED`]'s order and as one text.
+    #[test]
+    fn the_watched_settings_are_read_last_as_one_text() {
+        let joined = STATE_SQL
+            .find("pg_catalog.concat_ws(")
+            .expect("one watched column");
+        let mut at = joined;
+        for n in WATCHED {
+            let read = format!("pg_catalog.current_setting('{n}', true)");
+            at += STATE_SQL[at..]
+                .find(&read)
+                .unwrap_or_else(|| panic!("{n} not read after byte {at} of the query"));
+        }
+        assert_eq!(
+            STATE_SQL[joined..].matches("current_setting(").count(),
+            WATCHED.len()
+        );
+    }
+
+    /// The watched settings are not in the fingerprint (a reload changes them on every
+    /// backend at once; `settings_clean` tells a reload's values from a session's).
+    #[test]
+    fn the_watched_settings_are_read_but_not_fingerprinted() {
+        let clean = OriginState::from_columns(&clean()).unwrap();
+        // PostgreSQL 15's values: it has no `transaction_timeout` (NULL, skipped).
+        assert_eq!(clean.watched.split('\u{1f}').count(), WATCHED.len() - 1);
+        let mut c = super::tests::clean();
+        c[23] = Some(clean.watched.replacen("0", "5000", 1));
+        let moved = OriginState::from_columns(&c).unwrap();
+        assert_ne!(moved.watched, clean.watched);
+        assert_eq!(moved.fingerprint(), clean.fingerprint());
+        assert!(moved.serves_cache("app", &baseline()));
+        c[23] = None;
+        assert!(OriginState::from_columns(&c).is_none());
+    }
+
     /// A followed custom setting is one more column of each of pgline's statements, and part
     /// of the fingerprint, where NULL (never defined on the backend) is not '' (what `DISCARD
     /// ALL` leaves); it does not touch the cache verdict (`current_setting` is never cached).
@@ -649,7 +788,7 @@ mod tests {
 
     #[test]
     fn missing_or_null_columns_are_no_state() {
-        assert!(OriginState::from_columns(&clean()[..22]).is_none());
+        assert!(OriginState::from_columns(&clean()[..23]).is_none());
         let mut c = clean();
         c[1] = None;
         assert!(OriginState::from_columns(&c).is_none());

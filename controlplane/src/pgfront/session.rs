@@ -1082,6 +1082,7 @@ impl Session {
                             Ok(clean) => self.sticky = !clean,
                             Err(_) => {
                                 self.discard();
+                                self.sticky = false;
                                 tokio::spawn(b.terminate());
                                 return fence;
                             }

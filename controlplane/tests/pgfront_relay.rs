@@ -1121,6 +1121,54 @@ async fn a_channel_or_a_held_cursor_made_by_a_function_stays_with_its_session() 
     teardown(db, d, &role).await;
 }
 
+/// Sessions 1, 2 and 3 of the origin's user log in to a pool of two; session 1 runs `sets[0]`
+/// in a fenced batch, session 2 `sets[1]` unfenced, each answering its value. With both
+/// backends holding a session's state, session 3's `read` waits for one and is refused (53300)
+/// rather than answered under another session's state; each owner then `read`s its own value.
+async fn two_sessions_keep_what_their_functions_set(
+    d: &Driver,
+    db: &TestDb,
+    read: &str,
+    sets: [(&str, &str); 2],
+) {
+    let (_, _, user, password) = origin::origin_base();
+    for s in 1..=3 {
+        let r = d.startup(s, &user, &db.name, &password).await;
+        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    }
+    let r = d.query(1, sets[0].0).await;
+    assert_eq!(first_values(&r.bytes), [sets[0].1]);
+    let r = d.query_unfenced(2, sets[1].0).await;
+    assert_eq!(first_values(&r.bytes), [sets[1].1]);
+    let r = d.query_unfenced(3, read).await;
+    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
+    assert!(
+        first_values(&r.bytes).is_empty(),
+        "{:?}",
+        first_values(&r.bytes)
+    );
+    assert_eq!(error_code(&r.bytes).as_deref(), Some("53300"));
+    for (s, (_, want)) in [1, 2].into_iter().zip(sets) {
+        let r = d.query_unfenced(s, read).await;
+        assert_eq!(first_values(&r.bytes), [want], "session {s}");
+    }
+}
+
+/// Ends session 1 and waits until the pools of the origin's user hold `counts` (idle, total).
+async fn end_session_1(d: &Driver, db: &TestDb, counts: impl Fn((usize, usize)) -> bool) {
+    let (_, _, user, _) = origin::origin_base();
+    d.push(1, PgRequestKind::Close, Vec::new());
+    let until = Instant::now() + Duration::from_secs(10);
+    while !counts(d.relay.pool_counts(&user, &db.name)) {
+        assert!(
+            Instant::now() < until,
+            "{:?}",
+            d.relay.pool_counts(&user, &db.name)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A custom setting a function sets (`set_config('app.tenant', .., false)`, which no statement
 /// text shows and `pg_settings` does not list) never reaches another session when the relay
 /// follows it (`pgwire.custom_settings`): the fenced batch's backend stays with its session
@@ -1145,42 +1193,15 @@ async fn a_custom_setting_made_by_a_function_stays_with_its_session() {
         .await
         .unwrap();
     // origin.url's user: its pool opens connections on demand (the last step needs one).
-    let (_, _, user, password) = origin::origin_base();
-    for s in 1..=3 {
-        let r = d.startup(s, &user, &db.name, &password).await;
-        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
-    }
     let tenant = "SELECT coalesce(current_setting('app.tenant', true), '<null>')";
-    let r = d.query(1, "SELECT set_tenant(42)").await;
-    assert_eq!(first_values(&r.bytes), ["42"]);
-    let r = d.query_unfenced(2, "SELECT set_tenant(7)").await;
-    assert_eq!(first_values(&r.bytes), ["7"]);
-    // Both backends hold a session's setting: session 3 waits for one and is refused, it
-    // never reads another session's tenant.
-    let r = d.query_unfenced(3, tenant).await;
-    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
-    assert!(
-        first_values(&r.bytes).is_empty(),
-        "{:?}",
-        first_values(&r.bytes)
-    );
-    assert_eq!(error_code(&r.bytes).as_deref(), Some("53300"));
-    for (s, want) in [(1, "42"), (2, "7")] {
-        let r = d.query_unfenced(s, tenant).await;
-        assert_eq!(first_values(&r.bytes), [want], "session {s}");
-    }
+    let sets = [
+        ("SELECT set_tenant(42)", "42"),
+        ("SELECT set_tenant(7)", "7"),
+    ];
+    two_sessions_keep_what_their_functions_set(&d, &db, tenant, sets).await;
     // Session 1 ends: `DISCARD ALL` leaves '' where a new connection reads NULL, so its
     // backend is closed; session 3 gets a new one.
-    d.push(1, PgRequestKind::Close, Vec::new());
-    let until = Instant::now() + Duration::from_secs(10);
-    while d.relay.pool_counts(&user, &db.name).1 != 1 {
-        assert!(
-            Instant::now() < until,
-            "{:?}",
-            d.relay.pool_counts(&user, &db.name)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    end_session_1(&d, &db, |(_, total)| total == 1).await;
     let r = d.query_unfenced(3, tenant).await;
     assert_eq!(first_values(&r.bytes), ["<null>"]);
     teardown(db, d, &role).await;
@@ -1208,40 +1229,15 @@ async fn a_setting_made_by_a_function_stays_with_its_session() {
         )
         .await
         .unwrap();
-    let (_, _, user, password) = origin::origin_base();
-    for s in 1..=3 {
-        let r = d.startup(s, &user, &db.name, &password).await;
-        assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
-    }
+    let (_, _, user, _) = origin::origin_base();
     let timeout = "SELECT current_setting('statement_timeout')";
-    let r = d.query(1, "SELECT set_timeout('41s')").await;
-    assert_eq!(first_values(&r.bytes), ["41s"]);
-    let r = d.query_unfenced(2, "SELECT set_timeout('7s')").await;
-    assert_eq!(first_values(&r.bytes), ["7s"]);
-    // Both backends hold a session's setting: session 3 waits for one and is refused.
-    let r = d.query_unfenced(3, timeout).await;
-    assert_eq!(r.end, PgReplyEnd::Ready(b'I'));
-    assert!(
-        first_values(&r.bytes).is_empty(),
-        "{:?}",
-        first_values(&r.bytes)
-    );
-    assert_eq!(error_code(&r.bytes).as_deref(), Some("53300"));
-    for (s, want) in [(1, "41s"), (2, "7s")] {
-        let r = d.query_unfenced(s, timeout).await;
-        assert_eq!(first_values(&r.bytes), [want], "session {s}");
-    }
+    let sets = [
+        ("SELECT set_timeout('41s')", "41s"),
+        ("SELECT set_timeout('7s')", "7s"),
+    ];
+    two_sessions_keep_what_their_functions_set(&d, &db, timeout, sets).await;
     // Session 1 ends: `DISCARD ALL` resets the setting and its backend is pooled again.
-    d.push(1, PgRequestKind::Close, Vec::new());
-    let until = Instant::now() + Duration::from_secs(10);
-    while d.relay.pool_counts(&user, &db.name) != (1, 2) {
-        assert!(
-            Instant::now() < until,
-            "{:?}",
-            d.relay.pool_counts(&user, &db.name)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    end_session_1(&d, &db, |counts| counts == (1, 2)).await;
     let r = d.query(3, timeout).await;
     assert_eq!(first_values(&r.bytes), ["0"]);
     assert_eq!(d.relay.pool_counts(&user, &db.name), (1, 2));

@@ -164,6 +164,31 @@ async fn passes_against_the_test_origin_and_names_bad_tables() {
     let (code, out, _) = pgline(&args);
     assert_eq!(code, 0, "{out}");
     assert!(line(&out, "custom settings").0.starts_with("PASS"), "{out}");
+
+    // A function that takes a session-level advisory lock is named; the transaction-level
+    // lock is not.
+    assert!(
+        line(&out, "session state in functions")
+            .0
+            .starts_with("PASS"),
+        "{out}"
+    );
+    c.batch_execute(
+        "CREATE FUNCTION lock_tx(k int) RETURNS void LANGUAGE sql \
+           AS $$ SELECT pg_advisory_xact_lock(k) $$; \
+         CREATE FUNCTION lock_job(k int) RETURNS void LANGUAGE plpgsql \
+           AS $$ BEGIN PERFORM pg_advisory_lock (k); END $$",
+    )
+    .await
+    .unwrap();
+    let (code, out, _) = pgline(&args);
+    assert_eq!(code, 0, "{out}");
+    let (l, fix) = line(&out, "session state in functions");
+    assert!(
+        l.starts_with("WARN") && l.contains("public.lock_job take") && !l.contains("lock_tx"),
+        "{out}"
+    );
+    assert!(fix.contains("pg_advisory_xact_lock"), "{out}");
 }
 
 #[test]

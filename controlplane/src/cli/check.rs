@@ -492,7 +492,63 @@ async fn origin_checks(
     check_failover(cfg, c, r).await?;
     check_publication(cfg, c, r, superuser).await?;
     check_tables(cfg, c, r).await?;
-    check_custom_settings(cfg, c, r).await
+    check_custom_settings(cfg, c, r).await?;
+    check_session_functions(cfg, c, r).await
+}
+
+/// Functions of the origin database (not written in C, outside `pg_catalog` and
+/// `information_schema`) whose bodies take a session-level advisory lock or prepare a
+/// statement, schema-qualified, one per row. The relay pins a session whose own statement text
+/// does either (`pgfront::leaves_session_state`) but cannot see it done inside a function, and
+/// no state read finds it cheaply (`docs/pgwire.md`; a channel listened to or a cursor held
+/// through a function is found by the state read).
+const SESSION_FUNCTIONS_SQL: &str = r#"SELECT DISTINCT n.nspname || '.' || f.proname
+      FROM pg_catalog.pg_proc f
+      JOIN pg_catalog.pg_language l ON l.oid = f.prolang
+      JOIN pg_catalog.pg_namespace n ON n.oid = f.pronamespace
+     WHERE l.lanname NOT IN ('internal', 'c')
+       AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+       AND f.prosrc ~* '\m(pg_try_advisory_lock|pg_advisory_lock)(_shared)?\s*\(|\mprepare\s+\w+\s*(\(|as\M)'
+     ORDER BY 1"#;
+
+/// The functions [`SESSION_FUNCTIONS_SQL`] finds: through the relay's pool, what they leave on
+/// an origin connection can reach another session.
+async fn check_session_functions(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+) -> Result<(), tokio_postgres::Error> {
+    const CHECK: &str = "session state in functions";
+    if !cfg.pgwire.enabled {
+        r.skip(CHECK, "the PostgreSQL front is off (pgwire.enabled)");
+        return Ok(());
+    }
+    let found: Vec<String> = c
+        .query(SESSION_FUNCTIONS_SQL, &[])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    if found.is_empty() {
+        r.pass(
+            CHECK,
+            "no function takes a session-level advisory lock or prepares a statement",
+        );
+    } else {
+        r.warn(
+            CHECK,
+            format!(
+                "{} take a session-level advisory lock or prepare a statement in their bodies: \
+                 through pgline a session calling them is not kept on its origin connection, so \
+                 the lock or statement can stay with a connection another session gets next",
+                found.join(", ")
+            ),
+            "take pg_advisory_xact_lock inside a transaction, or write the call so that \
+             pg_advisory_lock or PREPARE is in the statement text (pgline then keeps \
+             the session on its connection); docs/pgwire.md, \"What pins a session\"",
+        );
+    }
+    Ok(())
 }
 
 /// Custom settings (`app.tenant`) that row-level security policies or functions of the origin

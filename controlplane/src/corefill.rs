@@ -46,7 +46,8 @@
 //!   [`CoreRead`] (dropped when the writer's queue is full: a dropped install costs a later
 //!   miss), and the writer installs it only under its own rules (`Writer::install_core_read`).
 //!   Those rules do not depend on when the read arrives: one held for [`INSTALL_HOLD`] is
-//!   checked against everything applied meanwhile, and refused if pruning forgot what it needs.
+//!   checked against everything applied meanwhile, and refused if pruning forgot what it needs
+//!   or an operator flushed after its statement was sent (`CoreRead::asked`).
 //! - The session's fence is raised to the fill statement's WAL position, as for a writer fill.
 //!
 //! Bounds: per core, at most [`FILLS_PER_CORE`] statements in flight, `resp.miss_queue`
@@ -290,6 +291,8 @@ impl CoreFills {
         let left = Duration::from_millis(timeout_ms).saturating_sub(first.elapsed());
         let pks: Vec<Box<[u8]>> = group.iter().map(|p| p.pk.clone()).collect();
         let info = self.catalog.get(table);
+        // Before the statement leaves: a flush the writer takes after this refuses the read.
+        let asked = Instant::now();
         let result = match (&info, down) {
             (_, true) => Err(FillError::Unavailable("fill connection down".into())),
             (None, _) => Err(FillError::TableChanged(table.to_string())),
@@ -309,7 +312,7 @@ impl CoreFills {
                     .unwrap_or(Err(FillError::Timeout(timeout_ms)))
             }
         };
-        self.land(core, table, group, result, down);
+        self.land(core, table, group, result, down, asked);
         self.start(core);
     }
 
@@ -321,6 +324,7 @@ impl CoreFills {
         group: Vec<Pending>,
         result: Result<FetchedBatch, FillError>,
         down: bool,
+        asked: Instant,
     ) {
         if let Some(state) = self.cores.get(core) {
             let mut st = lock(state);
@@ -378,6 +382,7 @@ impl CoreFills {
                                     pk: p.pk.clone(),
                                     row: row.cloned(),
                                     snapshot: snap,
+                                    asked,
                                 });
                             }
                             (answer, lsn)

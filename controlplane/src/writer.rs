@@ -68,6 +68,8 @@ pub struct CoreRead {
     pub row: Option<Arc<pgline_dataplane::plane::RowBytes>>,
     /// The statement snapshot it was read under.
     pub snapshot: Arc<Snapshot>,
+    /// When the read's statement was sent: a flush the writer took after it refuses the read.
+    pub asked: Instant,
 }
 
 /// Core reads waiting for the writer; past this they are dropped (a later miss reads again).
@@ -157,6 +159,9 @@ pub struct Writer {
     catalog_cell: Arc<CatalogCell>,
     /// Install time of each key the writer put in the store (see the module doc).
     installed: HashMap<Key, Instant>,
+    /// When an operator last flushed keys (all, a table, a key, a removed table): core reads
+    /// asked before it are not installed, whichever keys they carry.
+    flushed_at: Option<Instant>,
     /// Tables removed by the API: they do not rejoin on sight in every-table mode.
     excluded: HashSet<u32>,
     /// Tables named in `catalog.disabled`: misses read the origin and install nothing.
@@ -225,6 +230,7 @@ impl Writer {
             runtime,
             catalog_cell,
             installed: HashMap::new(),
+            flushed_at: None,
             excluded: HashSet::new(),
             disabled: HashSet::new(),
             entry_counts,
@@ -580,6 +586,11 @@ impl Writer {
     fn install_core_read(&mut self, read: CoreRead) {
         self.seen.horizon(read.snapshot.xmin, self.next_id);
         if self.disabled.contains(&read.table) || self.catalog.get(read.table).is_none() {
+            return;
+        }
+        // Read before an operator's flush: installing it would bring back what the flush
+        // dropped (the flush is how an operator makes pgline read the origin again).
+        if self.flushed_at.is_some_and(|at| read.asked <= at) {
             return;
         }
         if self.lookup(read.table, &read.pk).is_some() {

@@ -692,6 +692,73 @@ async fn misses_racing_updates_never_serve_stale() {
     p.shutdown().await;
 }
 
+/// A core read asked before an operator's flush is not installed after it: the flush is how an
+/// operator makes pgline read the origin again, and a read that was in flight (or held on the
+/// core for the writer, `corefill::INSTALL_HOLD`) carries what the origin had before. The old
+/// code installed it: the next lookup was a hit on the value read before the flush (this is how
+/// `misses_racing_updates_never_serve_stale` once read behind the origin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_asked_before_a_flush_is_not_installed_after_it() {
+    let db = TestDb::create("pgw_miss_flush").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(&db, &["origin.fill_delay_ms=600".to_string()]).await;
+    lab::sync(&p, &admin).await;
+    let c = std::sync::Arc::new(lab::pg_client(&p, &db).await);
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    let cached = p.dump().await.len();
+    let core_fills = p.shared.total(|s| &s.pg_core_fills);
+    // The read is sent, then held by the fill delay; the flush lands meanwhile.
+    let reading = {
+        let (c, select) = (c.clone(), select.clone());
+        tokio::spawn(async move {
+            c.query_one(&select, &[&3i64])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!reading.is_finished(), "the read is held by the fill delay");
+    p.flush_all().await;
+    assert_eq!(reading.await.unwrap(), 30, "the read answers its session");
+    assert_eq!(
+        p.shared.total(|s| &s.pg_core_fills) - core_fills,
+        1,
+        "the lookup was read on the core"
+    );
+    // Past the core's hold and the writer's turn, nothing came back into the store.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lab::sync(&p, &admin).await;
+    let dumped = p.dump().await;
+    assert!(
+        dumped.is_empty(),
+        "installed after the flush (cached before it: {cached}): {dumped:?}"
+    );
+    // A read asked after the flush is installed as before.
+    let hits = counts(&p).hits;
+    assert_eq!(
+        c.query_one(&select, &[&3i64])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        30
+    );
+    lab::wait_cached(&p, 1).await;
+    assert_eq!(
+        c.query_one(&select, &[&3i64])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        30
+    );
+    assert_eq!(counts(&p).hits, hits + 1, "the second lookup hit");
+    p.shutdown().await;
+}
+
 /// A fill reads the origin ahead of the applied WAL: a session answered from it must not then
 /// read an older row from the store. The stream is cut (the walsender terminated, reconnect
 /// held back) so that the store cannot apply a transaction that changed two rows; the session

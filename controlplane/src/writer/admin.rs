@@ -84,6 +84,16 @@ pub struct KeyMeta {
 
 impl Writer {
     pub(super) fn admin(&mut self, cmd: AdminCmd) {
+        if matches!(
+            cmd,
+            AdminCmd::FlushAll(_)
+                | AdminCmd::FlushTable(..)
+                | AdminCmd::FlushKey(..)
+                | AdminCmd::RemoveTable(..)
+        ) {
+            // Core reads held or in flight now land after the flush (`install_core_read`).
+            self.flushed_at = Some(Instant::now());
+        }
         match cmd {
             AdminCmd::FlushAll(tx) => {
                 let n = self.store.stats().entries;

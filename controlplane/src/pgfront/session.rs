@@ -656,6 +656,21 @@ impl Session {
         plan::parse_only(messages, &mut self.stmts, |name| pool.knows(name))
     }
 
+    /// Whether `b`, whose state read `s` shows, is in this session's login state: the
+    /// fingerprint it logged in with, and none of the watched settings its session's own
+    /// (`state::settings_clean`, which may ask the origin). Every check of a backend's state
+    /// goes through here, so that a state added to one is not missed at another.
+    async fn in_login_state(
+        &self,
+        b: &mut Backend,
+        s: &state::OriginState,
+    ) -> std::io::Result<bool> {
+        if s.fingerprint() != self.login_state {
+            return Ok(false);
+        }
+        state::settings_clean(b, s).await
+    }
+
     /// Another session's reserved backend: usable here only if the origin says it is in the
     /// pool's login state. Otherwise it holds its owner's session state: it goes back to the
     /// owner, pinned (or, if the owner has ended meanwhile, is reset as a pinned one is at a
@@ -664,10 +679,8 @@ impl Session {
         // However this ends (kept, handed back, broken, or this task dropped mid-read), the
         // owner stops waiting for its connection (`settling` dropped).
         let read = match state::ask_state(&mut b, &self.relay.cfg.own_sql).await {
-            Ok(Some(s)) if s.fingerprint() == self.login_state => {
-                state::settings_clean(&mut b, &s).await
-            }
-            Ok(_) => Ok(false),
+            Ok(Some(s)) => self.in_login_state(&mut b, &s).await,
+            Ok(None) => Ok(false),
             Err(e) => Err(e),
         };
         match read {
@@ -864,10 +877,8 @@ impl Session {
                 && match &o.checked {
                     // The settings are asked after the batch (the read went before it): one the
                     // batch set itself counts as the owner's, and the batch runs elsewhere.
-                    Some(s) if s.fingerprint() == self.login_state => {
-                        !matches!(state::settings_clean(&mut b, s).await, Ok(true))
-                    }
-                    _ => true,
+                    Some(s) => !matches!(self.in_login_state(&mut b, s).await, Ok(true)),
+                    None => true,
                 };
             if foreign {
                 if let Some(status) = o.status {
@@ -1074,11 +1085,10 @@ impl Session {
             // in its login state stays with this session and is reset at its end.
             match &after {
                 Some(s) => {
-                    self.sticky |= s.fingerprint() != self.login_state;
                     if !self.sticky {
                         // A setting a function made the session's own (`statement_timeout`,
                         // `row_security`, ...) keeps the backend here too.
-                        match state::settings_clean(&mut b, s).await {
+                        match self.in_login_state(&mut b, s).await {
                             Ok(clean) => self.sticky = !clean,
                             Err(_) => {
                                 self.discard();
@@ -1317,14 +1327,12 @@ impl Session {
                 b.prepared.remove(state::STATE_STATEMENT);
             }
             match state::ask_state(&mut b, &self.relay.cfg.own_sql).await {
-                Ok(Some(s)) if s.fingerprint() == self.login_state => {
-                    match state::settings_clean(&mut b, &s).await {
-                        Ok(true) => return self.put_back(b),
-                        Ok(false) => {}
-                        Err(_) => clean = false,
-                    }
-                }
-                Ok(_) => {}
+                Ok(Some(s)) => match self.in_login_state(&mut b, &s).await {
+                    Ok(true) => return self.put_back(b),
+                    Ok(false) => {}
+                    Err(_) => clean = false,
+                },
+                Ok(None) => {}
                 Err(_) => clean = false,
             }
         }

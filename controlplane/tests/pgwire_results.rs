@@ -166,6 +166,50 @@ async fn join_aggregate_is_cached_byte_for_byte_and_never_stale() {
     p.shutdown().await;
 }
 
+/// An answer computed before an operator's flush is not stored after it: the statement is
+/// held at the origin by another session's lock while the flush lands. The old code voided no
+/// lease on a flush: the answer was stored when it landed, and the next run was a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_computed_before_a_flush_is_not_stored_after_it() {
+    let Lab {
+        db,
+        origin_client: _origin_client,
+        p,
+        mut origin,
+        mut c,
+    } = lab("pgw_results_flush").await;
+    let expected = origin.simple(JOIN_AGG).await;
+    until_hit(&p, &mut c, Q::Simple(JOIN_AGG), &expected).await;
+    p.flush_all().await;
+    let locker = db.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let running = tokio::spawn(async move {
+        let got = c.simple(JOIN_AGG).await;
+        (c, got)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!running.is_finished(), "the statement waits for the lock");
+    p.flush_all().await;
+    locker.batch_execute("COMMIT").await.unwrap();
+    let (mut c, got) = running.await.unwrap();
+    assert_eq!(got, expected);
+    // Past the writer's turn for the landed answer: not stored, the next run is forwarded.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = hits(&p);
+    assert_eq!(c.simple(JOIN_AGG).await, expected);
+    assert_eq!(
+        hits(&p),
+        before,
+        "the answer read before the flush was stored"
+    );
+    // One computed after the flush is stored as before.
+    until_hit(&p, &mut c, Q::Simple(JOIN_AGG), &expected).await;
+    p.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_results_survive_other_tenants_writes() {
     let Lab {

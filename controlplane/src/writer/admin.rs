@@ -101,6 +101,8 @@ impl Writer {
                 self.invalidations.push(Invalidation::All);
                 self.inflight.clear();
                 self.installed.clear();
+                // Answers of forwarded queries still to land were computed before the flush.
+                self.results.clear(&self.leases);
                 let _ = tx.send(n);
             }
             AdminCmd::FlushTable(t, tx) => {

@@ -45,6 +45,20 @@ use super::backend::{Backend, Opener, Sequences};
 /// up to `pgwire.pool_size`, 10,000).
 const OWN_SCAN: usize = 64;
 
+/// The index in a non-empty idle list (oldest first) that a take by `owner` uses: the
+/// connection whose sequence values are only `owner`'s, if it is among the most recent
+/// [`OWN_SCAN`], else the most recent one.
+fn idle_pick(
+    idle: impl DoubleEndedIterator<Item = Sequences> + ExactSizeIterator,
+    owner: u64,
+) -> usize {
+    let last = idle.len() - 1;
+    idle.rev()
+        .take(OWN_SCAN)
+        .position(|s| s == Sequences::Of(owner))
+        .map_or(last, |back| last - back)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
     #[error("no origin connection left for this user and database")]
@@ -326,14 +340,7 @@ impl Pool {
         // sequence values (it needs no `DISCARD SEQUENCES`) and is among the most recent
         // `OWN_SCAN` (the scan runs under the pool's lock); else the most recent one.
         while !inner.idle.is_empty() {
-            let last = inner.idle.len() - 1;
-            let i = inner
-                .idle
-                .iter()
-                .rev()
-                .take(OWN_SCAN)
-                .position(|(b, _)| b.sequences == Sequences::Of(owner))
-                .map_or(last, |back| last - back);
+            let i = idle_pick(inner.idle.iter().map(|(b, _)| b.sequences), owner);
             let (mut b, _) = inner.idle.remove(i);
             if !b.unusable() {
                 inner.last_used = Instant::now();
@@ -472,5 +479,36 @@ impl Pool {
     pub fn counts(&self) -> (usize, usize) {
         let inner = self.lock();
         (inner.idle.len(), inner.total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A take looks at most [`OWN_SCAN`] idle connections deep for the session's own (the scan
+    /// runs under the pool's lock, and a pool may hold 10,000): deeper, it takes the most
+    /// recent, whose sequence values the relay then discards.
+    #[test]
+    fn a_take_looks_for_its_own_connection_only_among_the_most_recent() {
+        let n = OWN_SCAN + 10;
+        let idle = |own_at: usize| -> Vec<Sequences> {
+            (0..n)
+                .map(|i| match i {
+                    _ if i == own_at => Sequences::Of(7),
+                    _ if i % 2 == 0 => Sequences::Of(8),
+                    _ => Sequences::Clean,
+                })
+                .collect()
+        };
+        // The deepest one still looked at: `OWN_SCAN` from the end.
+        let deepest = n - OWN_SCAN;
+        assert_eq!(idle_pick(idle(deepest).into_iter(), 7), deepest);
+        assert_eq!(idle_pick(idle(n - 1).into_iter(), 7), n - 1);
+        // One deeper is not: the most recent is taken.
+        assert_eq!(idle_pick(idle(deepest - 1).into_iter(), 7), n - 1);
+        // No connection of its own: the most recent.
+        assert_eq!(idle_pick(idle(deepest).into_iter(), 9), n - 1);
+        assert_eq!(idle_pick([Sequences::Mixed].into_iter(), 7), 0);
     }
 }

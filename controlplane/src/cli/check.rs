@@ -511,6 +511,23 @@ const SESSION_FUNCTIONS_SQL: &str = r#"SELECT DISTINCT n.nspname || '.' || f.pro
        AND f.prosrc ~* '\m(pg_try_advisory_lock|pg_advisory_lock)(_shared)?\s*\(|\mprepare\s+\w+\s*(\(|as\M)'
      ORDER BY 1"#;
 
+/// The names `sql` reads (its first column) for a check of the PostgreSQL front; `None`, with
+/// `check` marked skipped, when the front is off.
+async fn pgwire_names(
+    cfg: &Config,
+    c: &Client,
+    r: &mut Report,
+    check: &str,
+    sql: &str,
+) -> Result<Option<Vec<String>>, tokio_postgres::Error> {
+    if !cfg.pgwire.enabled {
+        r.skip(check, "the PostgreSQL front is off (pgwire.enabled)");
+        return Ok(None);
+    }
+    let rows = c.query(sql, &[]).await?;
+    Ok(Some(rows.iter().map(|row| row.get(0)).collect()))
+}
+
 /// The functions [`SESSION_FUNCTIONS_SQL`] finds: through the relay's pool, what they leave on
 /// an origin connection can reach another session.
 async fn check_session_functions(
@@ -519,16 +536,9 @@ async fn check_session_functions(
     r: &mut Report,
 ) -> Result<(), tokio_postgres::Error> {
     const CHECK: &str = "session state in functions";
-    if !cfg.pgwire.enabled {
-        r.skip(CHECK, "the PostgreSQL front is off (pgwire.enabled)");
+    let Some(found) = pgwire_names(cfg, c, r, CHECK, SESSION_FUNCTIONS_SQL).await? else {
         return Ok(());
-    }
-    let found: Vec<String> = c
-        .query(SESSION_FUNCTIONS_SQL, &[])
-        .await?
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    };
     if found.is_empty() {
         r.pass(
             CHECK,
@@ -561,16 +571,10 @@ async fn check_custom_settings(
     r: &mut Report,
 ) -> Result<(), tokio_postgres::Error> {
     const CHECK: &str = "custom settings";
-    if !cfg.pgwire.enabled {
-        r.skip(CHECK, "the PostgreSQL front is off (pgwire.enabled)");
+    let Some(found) = pgwire_names(cfg, c, r, CHECK, pgfront::CUSTOM_SETTING_NAMES_SQL).await?
+    else {
         return Ok(());
-    }
-    let found: Vec<String> = c
-        .query(pgfront::CUSTOM_SETTING_NAMES_SQL, &[])
-        .await?
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    };
     let listed = &cfg.pgwire.custom_settings;
     let missing = pgfront::unlisted_custom_settings(&found, listed);
     if found.is_empty() {

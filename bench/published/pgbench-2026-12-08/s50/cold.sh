@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# cold.sh: one run from an empty store; BIN, C, T
+set -euo pipefail
+cd /work/main
+. bench/lib-pgline.sh
+eval "$(deploy/lab/pg.sh env)"; export PGHOST PGPORT PGUSER PGPASSWORD
+DB=${DB:-pgline_pgbench_s10}; C=${C:-8}; BIN=${BIN:-target/release/pgline}
+ORIGIN="host=$PGHOST port=$PGPORT user=$PGUSER password=$PGPASSWORD dbname=$DB"
+PGWIRE_PORT=6443 PGLINE_PORT=6441 API_PORT=6442 SLOT=$DB TMPD=$(mktemp -d)
+trap bench_cleanup EXIT
+pgline_serve "$BIN" 256MiB ${EXTRA:-}
+pgbench -n -S -M prepared -h 127.0.0.1 -p 6443 -c $C -j 2 -T ${T:-8} $DB > $TMPD/out 2>&1
+echo "$(basename $BIN) c=$C $(awk '/^tps/ {print "tps=" $3}' $TMPD/out)"
+pgline_stop

@@ -719,6 +719,8 @@ impl Writer {
             }
             WalEvent::Reset { reason, lsn } => {
                 tracing::warn!(%reason, "flushing the cache");
+                // A core read taken before the new slot may miss a change the slot never streams.
+                self.flushed_at = Some(Instant::now());
                 self.store.clear();
                 self.invalidations.clear();
                 self.invalidations.push(Invalidation::All);

@@ -759,6 +759,91 @@ async fn a_read_asked_before_a_flush_is_not_installed_after_it() {
     p.shutdown().await;
 }
 
+/// A core read asked before the slot was lost and re-created is not installed after the flush
+/// that follows: the new slot streams nothing committed before it, so a row changed between the
+/// read and the new slot would stay old in the store for good. The read is held by the fill
+/// delay while the slot is dropped, the row updated in the gap, and the slot re-created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_asked_before_the_slot_was_recreated_is_not_installed() {
+    let db = TestDb::create("pgw_miss_reset").await;
+    let admin = db.client().await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let p = start(
+        &db,
+        &[
+            "origin.fill_delay_ms=4000".to_string(),
+            "origin.query_timeout_ms=20000".to_string(),
+            "replication.reconnect_backoff_ms=300".to_string(),
+        ],
+    )
+    .await;
+    lab::sync(&p, &admin).await;
+    let c = std::sync::Arc::new(lab::pg_client(&p, &db).await);
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    let reading = {
+        let (c, select) = (c.clone(), select.clone());
+        tokio::spawn(async move {
+            c.query_one(&select, &[&4i64])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        })
+    };
+    // The read has run (its snapshot taken) and is held by the fill delay.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let slot = lab::slot_name(&db);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await
+            .unwrap();
+        match admin
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+        {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "slot never dropped: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    // Never streamed: no slot exists.
+    admin
+        .batch_execute("UPDATE acct SET bal = 4444 WHERE id = 4")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while p.repl.resets.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the slot was never re-created");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !reading.is_finished(),
+        "the read landed before the reset: the test proves nothing"
+    );
+    assert_eq!(
+        reading.await.unwrap(),
+        40,
+        "the read answers as of its snapshot"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lab::sync(&p, &admin).await;
+    let stale = lab::stale_entries(&p, &admin).await;
+    assert!(stale.is_empty(), "stale entries: {stale:?}");
+    let bal: i64 = c.query_one(&select, &[&4i64]).await.unwrap().get(0);
+    assert_eq!(bal, 4444);
+    p.shutdown().await;
+}
+
 /// A fill reads the origin ahead of the applied WAL: a session answered from it must not then
 /// read an older row from the store. The stream is cut (the walsender terminated, reconnect
 /// held back) so that the store cannot apply a transaction that changed two rows; the session

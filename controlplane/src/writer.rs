@@ -159,8 +159,9 @@ pub struct Writer {
     catalog_cell: Arc<CatalogCell>,
     /// Install time of each key the writer put in the store (see the module doc).
     installed: HashMap<Key, Instant>,
-    /// When an operator last flushed keys (all, a table, a key, a removed table): core reads
-    /// asked before it are not installed, whichever keys they carry.
+    /// When keys were last flushed (by an operator: all, a table, a key, a removed table; or
+    /// by the slot's re-creation): core reads asked before it are not installed, whichever keys
+    /// they carry.
     flushed_at: Option<Instant>,
     /// Tables removed by the API: they do not rejoin on sight in every-table mode.
     excluded: HashSet<u32>,

@@ -383,6 +383,7 @@ impl CoreFills {
                                     row: row.cloned(),
                                     snapshot: snap,
                                     asked,
+                                    lsn,
                                 });
                             }
                             (answer, lsn)

@@ -29,6 +29,7 @@
 //! "age"); it is pruned of evicted keys when it grows past twice the store's entry count.
 
 mod admin;
+mod ahead;
 mod ddl;
 mod results;
 mod visibility;
@@ -70,6 +71,8 @@ pub struct CoreRead {
     pub snapshot: Arc<Snapshot>,
     /// When the read's statement was sent: a flush the writer took after it refuses the read.
     pub asked: Instant,
+    /// The origin's WAL position after the read (the fill statement's).
+    pub lsn: u64,
 }
 
 /// Core reads waiting for the writer; past this they are dropped (a later miss reads again).
@@ -163,6 +166,8 @@ pub struct Writer {
     /// by the slot's re-creation): core reads asked before it are not installed, whichever keys
     /// they carry.
     flushed_at: Option<Instant>,
+    /// Rows installed from reads ahead of the applied WAL (see [`ahead`]).
+    ahead: ahead::Ahead,
     /// Tables removed by the API: they do not rejoin on sight in every-table mode.
     excluded: HashSet<u32>,
     /// Tables named in `catalog.disabled`: misses read the origin and install nothing.
@@ -232,6 +237,7 @@ impl Writer {
             catalog_cell,
             installed: HashMap::new(),
             flushed_at: None,
+            ahead: ahead::Ahead::default(),
             excluded: HashSet::new(),
             disabled: HashSet::new(),
             entry_counts,
@@ -544,7 +550,9 @@ impl Writer {
                                 negative: false,
                                 lsn,
                             };
-                            self.install(map_key.0, &map_key.1, &entry);
+                            if self.install(map_key.0, &map_key.1, &entry) {
+                                self.ahead.note(map_key.clone(), read_lsn, lsn);
+                            }
                         }
                         FillResult::Row(row.clone())
                     }
@@ -555,7 +563,9 @@ impl Writer {
                                 negative: true,
                                 lsn,
                             };
-                            self.install(map_key.0, &map_key.1, &entry);
+                            if self.install(map_key.0, &map_key.1, &entry) {
+                                self.ahead.note(map_key.clone(), read_lsn, lsn);
+                            }
                         }
                         FillResult::Absent
                     }
@@ -604,7 +614,7 @@ impl Writer {
             return;
         }
         let lsn = self.repl.applied_lsn.load(Ordering::Relaxed);
-        match &read.row {
+        let installed = match &read.row {
             Some(row) => {
                 let sections: [&[u8]; 2] = [&row.resp_json, &row.columns];
                 let entry = EntryData {
@@ -612,7 +622,7 @@ impl Writer {
                     negative: false,
                     lsn,
                 };
-                self.install(key.0, &key.1, &entry);
+                self.install(key.0, &key.1, &entry)
             }
             None => {
                 let entry = EntryData {
@@ -620,8 +630,11 @@ impl Writer {
                     negative: true,
                     lsn,
                 };
-                self.install(key.0, &key.1, &entry);
+                self.install(key.0, &key.1, &entry)
             }
+        };
+        if installed {
+            self.ahead.note(key, read.lsn, lsn);
         }
     }
 
@@ -727,13 +740,52 @@ impl Writer {
                 self.invalidations.push(Invalidation::All);
                 self.inflight.clear();
                 self.installed.clear();
+                self.ahead.clear();
                 self.results.clear(&self.leases);
                 // The stream restarts at `lsn`, which after a failover may lie below what was
                 // applied on the old timeline: the consumer skips nothing above it.
                 self.repl.applied_lsn.store(lsn, Ordering::Release);
             }
+            WalEvent::Failover { fork } => self.kept_over_failover(fork),
         }
+        self.ahead
+            .applied(self.repl.applied_lsn.load(Ordering::Acquire));
         self.publish_gauges();
+    }
+
+    /// A failover kept the cache: the new primary's timeline forks from the old one at `fork`.
+    /// What was read on the old primary past the fork may hold commits that died with it, and
+    /// no WAL will ever correct it (see [`ahead`]): rows read past it go, stored answers all go
+    /// (they are recomputed on demand), and reads still in flight are refused.
+    fn kept_over_failover(&mut self, fork: u64) {
+        self.flushed_at = Some(Instant::now());
+        self.inflight.clear();
+        self.results
+            .drop_every_answer(&mut self.store, &self.leases);
+        match self.ahead.past(fork) {
+            Some(keys) => {
+                tracing::info!(
+                    rows = keys.len(),
+                    "failover: dropping the rows read on the old primary past the fork"
+                );
+                for (t, pk) in keys {
+                    self.void(t, &pk);
+                    self.uninstall(t, &pk);
+                }
+            }
+            None => {
+                tracing::warn!(
+                    "failover: more rows were read past the applied WAL than are tracked \
+                     ({}); flushing the cache",
+                    ahead::MAX_AHEAD
+                );
+                self.store.clear();
+                self.invalidations.clear();
+                self.invalidations.push(Invalidation::All);
+                self.installed.clear();
+                self.results.clear(&self.leases);
+            }
+        }
     }
 
     async fn apply_txn(&mut self, txn: WalTxn) {

@@ -21,6 +21,7 @@ use pgline_testkit::lab;
 use pgline_testkit::origin::origin_json;
 use pgline_testkit::pair::{pg18_bin, Pair};
 use rand::Rng;
+use redis::AsyncCommands;
 
 const ROWS: i32 = 500;
 const DB: &str = "failover";
@@ -353,4 +354,111 @@ async fn pg15_failover_flushes() {
         "the cache was not flushed although the slot was missing"
     );
     assert_eq!(out.failover_flushes, 1);
+}
+
+/// PostgreSQL 18, synced failover slot, the standby cut off before the crash: a commit the
+/// standby never received dies with the old primary. pgline is not sent it (the primary's
+/// `synchronized_standby_slots`), but its fills read it: one row updated, one inserted, both
+/// cached from reads ahead of the applied WAL. The promotion keeps the cache (the slot was
+/// synced, nothing applied lies past the fork), and those two rows must go with the commit:
+/// the old code kept them, and served a row and a value the new primary never had, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pg18_rows_read_past_the_fork_do_not_survive_the_failover() {
+    let _serial = SERIAL.lock().await;
+    let Some(bin) = pg18_or_skip() else { return };
+    let pair = Pair::start(&bin, "/var/tmp/pgline-pair-failover", 54340, 54341, true).await;
+    let admin = pair.primary("postgres").await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {DB}"))
+        .await
+        .unwrap();
+    let primary = pair.primary(DB).await;
+    primary
+        .batch_execute(
+            "CREATE TABLE items (id int4 PRIMARY KEY, v int8 NOT NULL, note text);
+             INSERT INTO items SELECT g, 0, 'n' || g FROM generate_series(1, 10) g;",
+        )
+        .await
+        .unwrap();
+    // Hits stay on while the held-back stream lags (the test reads within seconds anyway).
+    let extra = ["replication.max_lag_ms=600000".to_string()];
+    let p = Arc::new(lab::start(lab::config_with(&pair.url(DB), SLOT, 1, &extra)).await);
+    wait_slot_synced(&pair).await;
+    let mut r = lab::redis(&p).await;
+    let kept: Option<String> = r.get("items:1").await.unwrap();
+    assert!(kept.is_some());
+    lab::sync(&p, &primary).await;
+    // The standby stops receiving WAL.
+    let standby = pair.standby("postgres").await;
+    // (Two statements: ALTER SYSTEM cannot run in the implicit transaction of one batch.)
+    for sql in [
+        "ALTER SYSTEM SET primary_conninfo = ''",
+        "SELECT pg_reload_conf()",
+    ] {
+        standby.batch_execute(sql).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let receiving: i64 = standby
+            .query_one("SELECT count(*) FROM pg_stat_wal_receiver", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if receiving == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby kept its WAL receiver"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    primary
+        .batch_execute(
+            "UPDATE items SET v = 777 WHERE id = 2; INSERT INTO items VALUES (11, 1, 'lost')",
+        )
+        .await
+        .unwrap();
+    let applied = p.repl.applied_lsn.load(Ordering::Acquire);
+    let two: Option<String> = r.get("items:2").await.unwrap();
+    let eleven: Option<String> = r.get("items:11").await.unwrap();
+    assert!(two.as_deref().is_some_and(|v| v.contains("777")), "{two:?}");
+    assert!(eleven.is_some(), "the fill read the inserted row");
+    assert_eq!(
+        p.repl.applied_lsn.load(Ordering::Acquire),
+        applied,
+        "pgline was sent WAL the standby lacks: the test proves nothing"
+    );
+    let cached = p.dump().await.len();
+    assert!(cached >= 3, "items:1, 2 and 11 cached ({cached})");
+    pair.kill_primary().await;
+    pair.promote().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while p.repl.failovers.load(Ordering::Acquire) == 0 || !p.repl.streaming.load(Ordering::Acquire)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "pgline never resumed streaming after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !p.repl.last_failover_flushed.load(Ordering::Acquire),
+        "the cache was flushed: the test proves nothing"
+    );
+    let new_primary = pair.standby(DB).await;
+    lab::sync(&p, &new_primary).await;
+    let stale = lab::stale_entries(&p, &new_primary).await;
+    assert!(stale.is_empty(), "stale after the failover: {stale:?}");
+    assert_eq!(
+        p.dump().await.len(),
+        cached - 2,
+        "only the two rows read past the fork were dropped"
+    );
+    let two: Option<String> = r.get("items:2").await.unwrap();
+    assert_eq!(two, origin_json(&new_primary, "items", 2).await);
+    assert!(two.is_some_and(|v| !v.contains("777")));
+    let eleven: Option<String> = r.get("items:11").await.unwrap();
+    assert_eq!(eleven, None, "a row the new primary never had");
+    p.shutdown().await;
 }

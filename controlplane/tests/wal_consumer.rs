@@ -81,6 +81,7 @@ impl Harness {
                 None
             }
             WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
+            WalEvent::Failover { fork } => panic!("unexpected failover (fork {fork})"),
         }
     }
 
@@ -505,6 +506,7 @@ async fn reconnects_without_losing_txns() {
             }
             WalEvent::Progress { lsn } => h.apply(lsn),
             WalEvent::Reset { reason, .. } => panic!("unexpected reset: {reason}"),
+            WalEvent::Failover { fork } => panic!("unexpected failover (fork {fork})"),
         }
     }
     writer.await.expect("writer");
@@ -559,6 +561,7 @@ async fn dropped_slot_resets_and_resumes() {
             WalEvent::Reset { .. } => break,
             WalEvent::Progress { lsn } => h.apply(lsn),
             WalEvent::Txn(t) => panic!("txn before reset: {t:?}"),
+            WalEvent::Failover { fork } => panic!("failover before reset (fork {fork})"),
         }
     }
     assert_eq!(h.state.resets.load(Ordering::Relaxed), 1);

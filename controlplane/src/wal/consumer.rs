@@ -208,6 +208,8 @@ impl Session<'_> {
         // A failover: the server differs from the one the last stream came from.
         let mut failover = false;
         let mut lost = None;
+        // Where the new primary's timeline forked from the old one, when the cache may be kept.
+        let mut fork = None;
         if let Some(prev) = streamed_from.as_ref().filter(|_| *streamed_before) {
             if prev.system_id != system.system_id {
                 failover = true;
@@ -229,7 +231,7 @@ impl Session<'_> {
                             system.timeline
                         ))
                     }
-                    Some(_) => {}
+                    Some(end) => fork = Some(end),
                     None => {
                         lost = Some(format!(
                             "timeline {} is not an ancestor of the new timeline {}",
@@ -289,6 +291,11 @@ impl Session<'_> {
                     _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
                     _ = wait_shutdown(self.shutdown) => return Ok(Stop::Shutdown),
                 }
+            }
+        } else if let Some(fork) = fork {
+            // The cache is kept; what was read on the old primary past the fork is not.
+            if let Some(stop) = self.deliver(WalEvent::Failover { fork }).await {
+                return Ok(stop);
             }
         }
         let applied = self.state.applied_lsn.load(Ordering::Acquire);

@@ -293,4 +293,10 @@ pub enum WalEvent {
         reason: String,
         lsn: u64,
     },
+    /// The stream moved to a promoted standby and the cache is kept: its timeline forked from
+    /// the old one at `fork`. Rows read on the old primary past it must go (the writer's
+    /// `ahead` module). Sent before anything of the new timeline.
+    Failover {
+        fork: u64,
+    },
 }

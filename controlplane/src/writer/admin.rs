@@ -101,6 +101,7 @@ impl Writer {
                 self.invalidations.push(Invalidation::All);
                 self.inflight.clear();
                 self.installed.clear();
+                self.ahead.clear();
                 // Answers of forwarded queries still to land were computed before the flush.
                 self.results.clear(&self.leases);
                 let _ = tx.send(n);

@@ -38,7 +38,9 @@
 //!   if the slot is there and usable and nothing applied lies past the point where the old
 //!   timeline ended (`TIMELINE_HISTORY`); otherwise [`WalEvent::Reset`], whose `lsn` (the restart
 //!   point, possibly below the old `applied_lsn`) the writer stores into `applied_lsn` before
-//!   the consumer streams on. See `docs/consistency.md`, "Failover".
+//!   the consumer streams on. A kept cache is told [`WalEvent::Failover`] with the fork point
+//!   before anything of the new timeline, so that the writer drops what fills read on the old
+//!   primary past it. See `docs/consistency.md`, "Failover".
 //!
 //! Thread model: one task; [`ReplicationState`] is shared, all atomics, read by metrics/REST and
 //! the serving layer, written by this task except `applied_lsn` / `applied_commit_ts_us`

@@ -73,6 +73,25 @@ async fn wait_slot_synced(pair: &Pair) {
     }
 }
 
+/// Database [`DB`] on the pair's primary, its table `items` holding rows 1 to `rows` (`v` 0):
+/// a client of it.
+async fn items_db(pair: &Pair, rows: i32) -> tokio_postgres::Client {
+    pair.primary("postgres")
+        .await
+        .batch_execute(&format!("CREATE DATABASE {DB}"))
+        .await
+        .unwrap();
+    let primary = pair.primary(DB).await;
+    primary
+        .batch_execute(&format!(
+            "CREATE TABLE items (id int4 PRIMARY KEY, v int8 NOT NULL, note text);
+             INSERT INTO items SELECT g, 0, 'n' || g FROM generate_series(1, {rows}) g;"
+        ))
+        .await
+        .unwrap();
+    primary
+}
+
 /// One writer: updates random rows through the multi-host URL, reconnecting after errors;
 /// records every key it wrote.
 async fn writer(
@@ -145,19 +164,7 @@ async fn run_failover(bin: &str, sync_slots: bool, wait_synced: bool) -> Outcome
     )
     .await;
     eprintln!("pair started in {:.1} s", t0.elapsed().as_secs_f64());
-    let admin = pair.primary("postgres").await;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {DB}"))
-        .await
-        .unwrap();
-    let primary = pair.primary(DB).await;
-    primary
-        .batch_execute(&format!(
-            "CREATE TABLE items (id int4 PRIMARY KEY, v int8 NOT NULL, note text);
-             INSERT INTO items SELECT g, 0, 'n' || g FROM generate_series(1, {ROWS}) g;"
-        ))
-        .await
-        .unwrap();
+    let primary = items_db(&pair, ROWS).await;
     let url = pair.url(DB);
     let check = check_failover_line(&url);
     eprintln!("pgline check: {check}");
@@ -262,7 +269,6 @@ async fn run_failover(bin: &str, sync_slots: bool, wait_synced: bool) -> Outcome
     p.shutdown().await;
     drop(new_primary);
     drop(primary);
-    drop(admin);
     out
 }
 
@@ -367,19 +373,7 @@ async fn pg18_rows_read_past_the_fork_do_not_survive_the_failover() {
     let _serial = SERIAL.lock().await;
     let Some(bin) = pg18_or_skip() else { return };
     let pair = Pair::start(&bin, "/var/tmp/pgline-pair-failover", 54340, 54341, true).await;
-    let admin = pair.primary("postgres").await;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {DB}"))
-        .await
-        .unwrap();
-    let primary = pair.primary(DB).await;
-    primary
-        .batch_execute(
-            "CREATE TABLE items (id int4 PRIMARY KEY, v int8 NOT NULL, note text);
-             INSERT INTO items SELECT g, 0, 'n' || g FROM generate_series(1, 10) g;",
-        )
-        .await
-        .unwrap();
+    let primary = items_db(&pair, 10).await;
     // Hits stay on while the held-back stream lags (the test reads within seconds anyway).
     let extra = ["replication.max_lag_ms=600000".to_string()];
     let p = Arc::new(lab::start(lab::config_with(&pair.url(DB), SLOT, 1, &extra)).await);

@@ -692,6 +692,31 @@ async fn misses_racing_updates_never_serve_stale() {
     p.shutdown().await;
 }
 
+/// A session's lookup of `acct` row `id`, sent on a new session of `p` (started with a fill
+/// delay, so that its core read is held) and left running 200 ms: the session, its prepared
+/// lookup, and the task that returns the balance read.
+async fn held_lookup(
+    p: &Pgline,
+    db: &TestDb,
+    id: i64,
+) -> (
+    std::sync::Arc<tokio_postgres::Client>,
+    tokio_postgres::Statement,
+    tokio::task::JoinHandle<i64>,
+) {
+    let c = std::sync::Arc::new(lab::pg_client(p, db).await);
+    let select = c
+        .prepare("SELECT bal FROM acct WHERE id = $1")
+        .await
+        .unwrap();
+    let reading = {
+        let (c, select) = (c.clone(), select.clone());
+        tokio::spawn(async move { c.query_one(&select, &[&id]).await.unwrap().get::<_, i64>(0) })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (c, select, reading)
+}
+
 /// A core read asked before an operator's flush is not installed after it: the flush is how an
 /// operator makes pgline read the origin again, and a read that was in flight (or held on the
 /// core for the writer, `corefill::INSTALL_HOLD`) carries what the origin had before. The old
@@ -704,24 +729,10 @@ async fn a_read_asked_before_a_flush_is_not_installed_after_it() {
     admin.batch_execute(SCHEMA).await.unwrap();
     let p = start(&db, &["origin.fill_delay_ms=600".to_string()]).await;
     lab::sync(&p, &admin).await;
-    let c = std::sync::Arc::new(lab::pg_client(&p, &db).await);
-    let select = c
-        .prepare("SELECT bal FROM acct WHERE id = $1")
-        .await
-        .unwrap();
     let cached = p.dump().await.len();
     let core_fills = p.shared.total(|s| &s.pg_core_fills);
     // The read is sent, then held by the fill delay; the flush lands meanwhile.
-    let reading = {
-        let (c, select) = (c.clone(), select.clone());
-        tokio::spawn(async move {
-            c.query_one(&select, &[&3i64])
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (c, select, reading) = held_lookup(&p, &db, 3).await;
     assert!(!reading.is_finished(), "the read is held by the fill delay");
     p.flush_all().await;
     assert_eq!(reading.await.unwrap(), 30, "the read answers its session");
@@ -778,44 +789,11 @@ async fn a_read_asked_before_the_slot_was_recreated_is_not_installed() {
     )
     .await;
     lab::sync(&p, &admin).await;
-    let c = std::sync::Arc::new(lab::pg_client(&p, &db).await);
-    let select = c
-        .prepare("SELECT bal FROM acct WHERE id = $1")
-        .await
-        .unwrap();
-    let reading = {
-        let (c, select) = (c.clone(), select.clone());
-        tokio::spawn(async move {
-            c.query_one(&select, &[&4i64])
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-        })
-    };
     // The read has run (its snapshot taken) and is held by the fill delay.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (c, select, reading) = held_lookup(&p, &db, 4).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let slot = lab::slot_name(&db);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        admin
-            .execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
-                &[&slot],
-            )
-            .await
-            .unwrap();
-        match admin
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-            .await
-        {
-            Ok(_) => break,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "slot never dropped: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+    lab::drop_slot(&admin, &slot).await;
     // Never streamed: no slot exists.
     admin
         .batch_execute("UPDATE acct SET bal = 4444 WHERE id = 4")

@@ -436,27 +436,7 @@ async fn a_dropped_slot_is_recreated_and_the_cache_flushed() {
     assert_eq!(dbsize(&mut r).await, 20);
     assert_eq!(p.repl.resets.load(Ordering::Relaxed), 0);
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        origin
-            .execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
-                &[&slot],
-            )
-            .await
-            .unwrap();
-        match origin
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-            .await
-        {
-            Ok(_) => break,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "slot never dropped: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+    lab::drop_slot(&origin, &slot).await;
     // Written while no slot exists: this change is never streamed.
     origin
         .batch_execute("UPDATE t SET v = 'written while the slot was gone' WHERE id = 1")

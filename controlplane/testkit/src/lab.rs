@@ -194,3 +194,32 @@ pub async fn metric(api: &str, name: &str) -> f64 {
     assert!(!values.is_empty(), "no sample {name} in /metrics");
     values.iter().sum()
 }
+
+/// Drops replication slot `slot` under a running pgline: its walsender is terminated, and the
+/// drop retried (for up to 5 s) until the slot is no longer active.
+pub async fn drop_slot(client: &tokio_postgres::Client, slot: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        client
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await
+            .unwrap();
+        match client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+        {
+            Ok(_) => return,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "slot {slot} never dropped: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}

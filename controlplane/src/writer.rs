@@ -599,8 +599,8 @@ impl Writer {
         if self.disabled.contains(&read.table) || self.catalog.get(read.table).is_none() {
             return;
         }
-        // Read before an operator's flush: installing it would bring back what the flush
-        // dropped (the flush is how an operator makes pgline read the origin again).
+        // Read before a flush (an operator's, the slot's re-creation) or a failover that kept
+        // the cache: installing it could bring back what the flush or the failover dropped.
         if self.flushed_at.is_some_and(|at| read.asked <= at) {
             return;
         }

@@ -733,15 +733,8 @@ impl Writer {
             }
             WalEvent::Reset { reason, lsn } => {
                 tracing::warn!(%reason, "flushing the cache");
-                // A core read taken before the new slot may miss a change the slot never streams.
-                self.flushed_at = Some(Instant::now());
-                self.store.clear();
-                self.invalidations.clear();
-                self.invalidations.push(Invalidation::All);
-                self.inflight.clear();
-                self.installed.clear();
-                self.ahead.clear();
-                self.results.clear(&self.leases);
+                // A read taken before the new slot may miss a change the slot never streams.
+                self.flush_all();
                 // The stream restarts at `lsn`, which after a failover may lie below what was
                 // applied on the old timeline: the consumer skips nothing above it.
                 self.repl.applied_lsn.store(lsn, Ordering::Release);
@@ -779,13 +772,23 @@ impl Writer {
                      ({}); flushing the cache",
                     ahead::MAX_AHEAD
                 );
-                self.store.clear();
-                self.invalidations.clear();
-                self.invalidations.push(Invalidation::All);
-                self.installed.clear();
-                self.results.clear(&self.leases);
+                self.flush_all();
             }
         }
+    }
+
+    /// Empties the store and everything that describes it, and refuses every read still to
+    /// land (fills, core reads, result answers): each was taken before the flush. An operator's
+    /// `FLUSHALL`, a re-created slot and a failover that lost track of its reads all flush so.
+    fn flush_all(&mut self) {
+        self.flushed_at = Some(Instant::now());
+        self.store.clear();
+        self.invalidations.clear();
+        self.invalidations.push(Invalidation::All);
+        self.inflight.clear();
+        self.installed.clear();
+        self.ahead.clear();
+        self.results.clear(&self.leases);
     }
 
     async fn apply_txn(&mut self, txn: WalTxn) {

@@ -18,7 +18,6 @@ use tokio::sync::oneshot;
 use super::{bulk_payload, DumpedEntry, Fill, FillKey, Writer};
 use crate::catalog::TableInfo;
 use crate::config::CatalogConfig;
-use pgline_dataplane::plane::Invalidation;
 
 /// Requests from the API and tests to the writer.
 pub enum AdminCmd {
@@ -97,13 +96,7 @@ impl Writer {
         match cmd {
             AdminCmd::FlushAll(tx) => {
                 let n = self.store.stats().entries;
-                self.store.clear();
-                self.invalidations.push(Invalidation::All);
-                self.inflight.clear();
-                self.installed.clear();
-                self.ahead.clear();
-                // Answers of forwarded queries still to land were computed before the flush.
-                self.results.clear(&self.leases);
+                self.flush_all();
                 let _ = tx.send(n);
             }
             AdminCmd::FlushTable(t, tx) => {
